@@ -1,0 +1,135 @@
+//! Dense linear algebra on the CPU, on top of the `gemm` crate (chosen over `matrixmultiply` by
+//! `cargo bench --bench gemm`: see that benchmark for the comparison).
+
+use gemm::Parallelism;
+
+/// Below this many multiply-adds a product runs on the calling thread: handing a tiny product to
+/// the pool costs more than it saves.
+pub const PARALLEL_MIN_MACS: usize = 1 << 18;
+
+/// How many threads a product may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Threads(pub usize);
+
+impl Threads {
+    fn parallelism(self, macs: usize) -> Parallelism {
+        if self.0 <= 1 || macs < PARALLEL_MIN_MACS { Parallelism::None } else { Parallelism::Rayon(self.0) }
+    }
+}
+
+/// `y[rows, n] = x[rows, k] · wᵀ (+ y if accumulate)`, with `w` row-major `[n, k]` (a
+/// `torch.nn.Linear` weight). All matrices are dense row-major.
+///
+/// Panics if a slice is shorter than its shape says.
+pub fn matmul_wt(x: &[f32], w: &[f32], y: &mut [f32], rows: usize, k: usize, n: usize, accumulate: bool, threads: Threads) {
+    assert!(x.len() >= rows * k, "x holds {} values, needs {}", x.len(), rows * k);
+    assert!(w.len() >= n * k, "w holds {} values, needs {}", w.len(), n * k);
+    assert!(y.len() >= rows * n, "y holds {} values, needs {}", y.len(), rows * n);
+    if rows == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            y[..rows * n].fill(0.0);
+        }
+        return;
+    }
+    // SAFETY: the asserts above guarantee every element gemm addresses lies inside its slice:
+    // dst (rows × n, row stride n, col stride 1), lhs x (rows × k, row stride k), rhs = wᵀ
+    // (k × n: element (i, j) = w[j·k + i], so row stride 1 and col stride k). `y` is borrowed
+    // mutably, so it aliases neither input. With read_dst = false gemm never reads `y`.
+    unsafe {
+        gemm::gemm(
+            rows,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            threads.parallelism(rows * n * k),
+        );
+    }
+}
+
+/// `y = x · wᵀ + b` for each of `rows` rows, then ReLU if `relu`.
+#[allow(clippy::too_many_arguments)]
+pub fn linear(
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    y: &mut [f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+    relu: bool,
+    threads: Threads,
+) {
+    assert_eq!(b.len(), n, "bias length");
+    for row in y[..rows * n].chunks_exact_mut(n) {
+        row.copy_from_slice(b);
+    }
+    matmul_wt(x, w, y, rows, k, n, true, threads);
+    if relu {
+        y[..rows * n].iter_mut().for_each(|v| *v = v.max(0.0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(x: &[f32], w: &[f32], b: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut y = vec![0.0; rows * n];
+        for r in 0..rows {
+            for j in 0..n {
+                let mut acc = b[j] as f64;
+                for i in 0..k {
+                    acc += x[r * k + i] as f64 * w[j * k + i] as f64;
+                }
+                y[r * n + j] = acc as f32;
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn linear_matches_naive_for_awkward_shapes() {
+        for &(rows, k, n) in &[(1, 1, 1), (3, 5, 7), (17, 33, 9), (64, 128, 96), (2, 300, 513)] {
+            let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 9.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| i as f32 * 0.01).collect();
+            let want = naive(&x, &w, &b, rows, k, n);
+            for threads in [Threads(1), Threads(2)] {
+                let mut y = vec![f32::NAN; rows * n];
+                linear(&x, &w, &b, &mut y, rows, k, n, false, threads);
+                for (a, e) in y.iter().zip(&want) {
+                    assert!((a - e).abs() <= 1e-4 * (1.0 + e.abs()), "{rows}x{k}x{n}: {a} vs {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn relu_clamps_and_accumulate_adds() {
+        let x = [1.0, -2.0];
+        let w = [1.0, 1.0, -1.0, 0.0]; // rows: (1,1), (-1,0)
+        let mut y = [0.0; 2];
+        linear(&x, &w, &[0.0, 0.0], &mut y, 1, 2, 2, true, Threads(1));
+        assert_eq!(y, [0.0, 0.0]); // (-1 → 0, -1 → 0)
+        let mut y = [10.0, 10.0];
+        matmul_wt(&x, &w, &mut y, 1, 2, 2, true, Threads(1));
+        assert_eq!(y, [9.0, 9.0]);
+    }
+}

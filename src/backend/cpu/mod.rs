@@ -1,0 +1,96 @@
+//! The CPU backend: the embedded default and what CI exercises.
+//!
+//! A real backend, not a mock: GEMM from the `gemm` crate on a thread pool with an explicit core
+//! count, one ordered stream thread per worker, and per-stream completion counters read by the
+//! same poller code the CUDA backend uses.
+
+pub mod gemm;
+mod mlp;
+pub mod stream;
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, BackendKind, Notify, Runner};
+use crate::error::{Error, Result};
+use crate::model::Network;
+
+pub use stream::{CpuSignal, CpuStream, Job};
+
+/// CPU features relevant to the GEMM kernels, as `name: bool` pairs.
+pub fn cpu_features() -> Vec<(&'static str, bool)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        vec![
+            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
+            ("avx", std::arch::is_x86_feature_detected!("avx")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+        ]
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        vec![("neon", std::arch::is_aarch64_feature_detected!("neon"))]
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        Vec::new()
+    }
+}
+
+/// The CPU backend: a compute pool of `threads` threads shared by every model and worker.
+pub struct CpuBackend {
+    pool: Arc<rayon::ThreadPool>,
+    threads: usize,
+}
+
+impl CpuBackend {
+    /// `threads` = 0 means one per available core.
+    pub fn new(threads: usize) -> Result<CpuBackend> {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("serve-cpu-{i}"))
+            .build()
+            .map_err(|e| Error::internal(format!("cannot start the CPU thread pool: {e}")))?;
+        Ok(CpuBackend { pool: Arc::new(pool), threads })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+}
+
+impl Backend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn describe(&self) -> String {
+        let feats: Vec<&str> = cpu_features().into_iter().filter(|f| f.1).map(|f| f.0).collect();
+        format!("cpu: {} compute thread(s), features [{}]", self.threads, feats.join(" "))
+    }
+
+    fn prepare(
+        &self,
+        net: Arc<Network>,
+        workers: usize,
+        max_batch: usize,
+        notify: Notify,
+    ) -> Result<Box<dyn Runner>> {
+        match &*net {
+            Network::Mlp(_) => Ok(Box::new(mlp::MlpRunner::new(
+                net.clone(),
+                workers,
+                max_batch,
+                self.pool.clone(),
+                self.threads,
+                notify,
+            )?)),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Backends: where batched tasks execute.
+//!
+//! Every backend offers the same shape (DESIGN §1.2): a model is *prepared* on it as a
+//! [`Runner`] with one ordered stream per worker; the runtime launches a task on a worker's stream
+//! and learns of its completion only through that worker's [`CompletionSignal`], a counter that
+//! the executing side increments once per finished task (a CPU thread's atomic store here; the
+//! signaling kernel's system-scope write on CUDA). The poller thread reads the counters with
+//! acquire loads; nothing else reports completion.
+
+pub mod cpu;
+pub mod cuda;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Code, Error, Result};
+use crate::model::Network;
+
+/// Which backend a runtime should use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// CUDA when a usable device is found and the CUDA backend is built, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl BackendChoice {
+    pub fn parse(s: &str) -> Option<BackendChoice> {
+        match s {
+            "auto" => Some(BackendChoice::Auto),
+            "cpu" => Some(BackendChoice::Cpu),
+            "cuda" => Some(BackendChoice::Cuda),
+            _ => None,
+        }
+    }
+}
+
+/// The backend a runtime actually uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// A per-stream completion counter: the number of tasks finished on the stream so far.
+/// One writer (the stream), any number of readers doing acquire loads.
+pub trait CompletionSignal: Send + Sync {
+    /// Tasks completed so far. An acquire load: the task's outputs are visible once counted.
+    fn completed(&self) -> u64;
+}
+
+/// Called by a stream after it has advanced its counter, so a sleeping poller wakes at once.
+/// (The CUDA poller spins instead; the counter stays the only source of truth.)
+pub type Notify = Arc<dyn Fn() + Send + Sync>;
+
+/// The host-side data of one batched task. The engine fills `input`, the stream writes `output`
+/// (or `error`) before it advances its counter, and the engine reads them after it sees the count.
+#[derive(Debug)]
+pub struct TaskData {
+    /// Rows computed (including padding rows).
+    pub rows: usize,
+    pub io: Mutex<TaskIo>,
+}
+
+#[derive(Debug, Default)]
+pub struct TaskIo {
+    /// `rows × input_len` values, row-major; padding rows are zeros.
+    pub input: Vec<f32>,
+    /// `rows × output_len` values once the task has completed.
+    pub output: Vec<f32>,
+    /// Set when the task failed; every request of the task then completes with it.
+    pub error: Option<Error>,
+}
+
+impl TaskData {
+    pub fn new(rows: usize, input: Vec<f32>) -> Arc<TaskData> {
+        Arc::new(TaskData { rows, io: Mutex::new(TaskIo { input, ..TaskIo::default() }) })
+    }
+}
+
+/// A model prepared on a backend: weights in place, one stream and its buffers per worker.
+pub trait Runner: Send + Sync {
+    fn workers(&self) -> usize;
+    /// The completion counter of `worker`'s stream.
+    fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal>;
+    /// Enqueue `task` on `worker`'s stream. Returns the value the worker's counter reaches when
+    /// the task has completed (successfully or with `TaskIo::error` set).
+    fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64>;
+    /// Values per input row and per output row.
+    fn io_lens(&self) -> (usize, usize);
+}
+
+/// A backend that can prepare models.
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    /// One line describing the backend (device, threads, features).
+    fn describe(&self) -> String;
+    /// Prepare `net` with `workers` streams for batches of up to `max_batch` rows.
+    fn prepare(&self, net: Arc<Network>, workers: usize, max_batch: usize, notify: Notify)
+    -> Result<Box<dyn Runner>>;
+}
+
+/// Create the backend for `choice`. `cpu_threads` = 0 means all cores.
+pub fn create(choice: BackendChoice, cpu_threads: usize) -> Result<Arc<dyn Backend>> {
+    match choice {
+        BackendChoice::Cpu | BackendChoice::Auto => Ok(Arc::new(cpu::CpuBackend::new(cpu_threads)?)),
+        BackendChoice::Cuda => {
+            let probe = cuda::probe();
+            if probe.devices == 0 {
+                return Err(Error::new(Code::Unavailable, format!("no CUDA device: {}", probe.summary())));
+            }
+            Err(Error::new(
+                Code::Unsupported,
+                format!("{}; the CUDA backend is not part of this build yet", probe.summary()),
+            ))
+        }
+    }
+}

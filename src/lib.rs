@@ -1,0 +1,25 @@
+//! libserve: the scheduling and GPU-plumbing core of a deep-learning inference server.
+//!
+//! Rust users start with [`Runtime::builder`]; C users with `include/libserve.h` (the [`ffi`]
+//! module). The design is in `DESIGN.md`; the layout follows it: sans-IO policies in [`sched`],
+//! model formats in [`model`], backends in [`backend`], the runtime's threads in [`runtime`].
+
+pub mod backend;
+pub mod error;
+
+pub mod model;
+pub mod runtime;
+pub mod sched;
+
+
+pub use backend::{BackendChoice, BackendKind};
+pub use error::{Code, Error, Result};
+pub use model::{Input, ModelKind, Network, Output};
+pub use runtime::{
+    Completion, CompletionQueue, Model, ModelOptions, PolicyConfig, Runtime, RuntimeBuilder, StatsSnapshot,
+    SubmitOptions, Ticket,
+};
+pub use sched::baseline::timeout::TimeoutConfig;
+
+/// The crate version, `MAJOR.MINOR.PATCH`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,323 @@
+//! The engine thread: drives each model's sans-IO policy with the wall clock and carries out its
+//! decisions (launch a task on a worker's stream, complete a request).
+//!
+//! Every event (arrival, cancel, task done, shutdown) arrives through one channel; the engine owns
+//! all request and task state, so nothing here is shared or locked.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::Instant;
+
+use crate::backend::{Runner, TaskData};
+use crate::error::{Code, Error, Result};
+use crate::model::{Input, Output};
+use crate::runtime::poller::PollerCmd;
+use crate::runtime::queue::{Completion, QueueShared};
+use crate::runtime::request::{Reply, flush};
+use crate::runtime::stats::Stats;
+use crate::sched::{Arrival, Decision, Launch, Policy, RequestId, TaskId, Time};
+
+/// A request admitted by submit, on its way to the engine.
+pub(crate) struct Pending {
+    pub model: usize,
+    pub input: Input,
+    pub deadline: Option<Instant>,
+    pub priority: i32,
+    pub reply: Reply,
+}
+
+/// A model as the engine sees it.
+pub(crate) struct EngineModel {
+    pub policy: Box<dyn Policy>,
+    pub runner: Arc<dyn Runner>,
+    /// Decremented for every completed request of the model (admission control).
+    pub on_complete: Box<dyn Fn() + Send>,
+}
+
+pub(crate) enum Event {
+    AddModel(usize, Box<EngineModel>),
+    Arrive(Box<Pending>),
+    Cancel(RequestId),
+    TaskDone { model: usize, task: TaskId },
+    /// Stop accepting; finish what is pending until `drain_until`, then cancel the rest and exit.
+    Shutdown { drain_until: Instant },
+}
+
+struct Request {
+    pending: Pending,
+    /// The result computed by the request's task, set when the task finishes.
+    result: Option<Result<Output>>,
+}
+
+struct TaskEntry {
+    data: Arc<TaskData>,
+    requests: Vec<RequestId>,
+}
+
+struct ModelState {
+    m: EngineModel,
+    tasks: HashMap<TaskId, TaskEntry>,
+    /// Input and output values per row.
+    io: (usize, usize),
+}
+
+pub(crate) struct Engine {
+    epoch: Instant,
+    models: Vec<Option<ModelState>>,
+    requests: HashMap<RequestId, Request>,
+    poller: Sender<PollerCmd>,
+    stats: Arc<Stats>,
+    outbox: Vec<(Arc<QueueShared>, Completion)>,
+    drain_until: Option<Instant>,
+}
+
+impl Engine {
+    pub(crate) fn new(epoch: Instant, poller: Sender<PollerCmd>, stats: Arc<Stats>) -> Engine {
+        Engine {
+            epoch,
+            models: Vec::new(),
+            requests: HashMap::new(),
+            poller,
+            stats,
+            outbox: Vec::new(),
+            drain_until: None,
+        }
+    }
+
+    fn time(&self, at: Instant) -> Time {
+        Time(u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn now(&self) -> Time {
+        self.time(Instant::now())
+    }
+
+    /// The engine loop; returns when shut down and every request has completed.
+    pub(crate) fn run(mut self, events: Receiver<Event>) {
+        loop {
+            let wake = self.next_wakeup();
+            let ev = match wake {
+                None => events.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(at) => events.recv_timeout(at.saturating_duration_since(Instant::now())),
+            };
+            match ev {
+                Ok(ev) => {
+                    self.handle(ev);
+                    // Take whatever else is already waiting before looking at timers.
+                    while let Ok(ev) = events.try_recv() {
+                        self.handle(ev);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self.drain_until = Some(Instant::now()),
+            }
+            self.tick_due();
+            self.publish();
+            if let Some(until) = self.drain_until {
+                if self.requests.is_empty() {
+                    break;
+                }
+                if Instant::now() >= until {
+                    self.cancel_everything();
+                    break;
+                }
+            }
+        }
+        // Requests still in the channel (none, with the submit gate closed first) are dropped with
+        // it; their replies complete them `Cancelled`.
+        let _ = self.poller.send(PollerCmd::Stop);
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        flush(&mut self.outbox);
+        let (queued, running) = self
+            .models
+            .iter()
+            .flatten()
+            .fold((0, 0), |(q, r), s| (q + s.m.policy.queued(), r + s.m.policy.running()));
+        self.stats.set_gauges(queued, running);
+    }
+
+    fn next_wakeup(&self) -> Option<Instant> {
+        let policy = self
+            .models
+            .iter()
+            .flatten()
+            .filter_map(|s| s.m.policy.next_wakeup())
+            .min()
+            .map(|t| self.epoch + std::time::Duration::from_nanos(t.0));
+        match (policy, self.drain_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn tick_due(&mut self) {
+        let now = self.now();
+        for idx in 0..self.models.len() {
+            let due = matches!(&self.models[idx], Some(s) if s.m.policy.next_wakeup().is_some_and(|t| t <= now));
+            if due {
+                self.with_policy(idx, |p| p.tick(now));
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::AddModel(idx, m) => {
+                if self.models.len() <= idx {
+                    self.models.resize_with(idx + 1, || None);
+                }
+                let io = m.runner.io_lens();
+                self.models[idx] = Some(ModelState { m: *m, tasks: HashMap::new(), io });
+            }
+            Event::Arrive(p) => {
+                let id = p.reply.id();
+                let model = p.model;
+                let arrival = Arrival {
+                    id,
+                    deadline: p.deadline.map(|d| self.time(d)),
+                    priority: p.priority,
+                };
+                self.requests.insert(id, Request { pending: *p, result: None });
+                let now = self.now();
+                self.with_policy(model, |pol| pol.arrive(now, arrival));
+            }
+            Event::Cancel(id) => {
+                if let Some(model) = self.requests.get(&id).map(|r| r.pending.model) {
+                    let now = self.now();
+                    self.with_policy(model, |p| p.cancel(now, id));
+                }
+            }
+            Event::TaskDone { model, task } => self.task_done(model, task),
+            Event::Shutdown { drain_until } => {
+                self.drain_until = Some(self.drain_until.map_or(drain_until, |d| d.min(drain_until)));
+            }
+        }
+    }
+
+    /// Split a finished task's output among its requests, then tell the policy.
+    fn task_done(&mut self, model: usize, task: TaskId) {
+        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+        let Some(entry) = state.tasks.remove(&task) else { return };
+        let out_len = state.io.1;
+        let mut io = entry.data.io.lock().unwrap_or_else(|p| p.into_inner());
+        let error = io.error.take();
+        let output = std::mem::take(&mut io.output);
+        drop(io);
+        for (row, id) in entry.requests.iter().enumerate() {
+            let Some(r) = self.requests.get_mut(id) else { continue };
+            r.result = Some(match &error {
+                Some(e) => Err(Error::new(Code::Backend, e.message())),
+                None => match output.get(row * out_len..(row + 1) * out_len) {
+                    Some(v) => Ok(Output::F32(v.to_vec())),
+                    None => Err(Error::internal(format!(
+                        "task {task} produced {} values for {} rows of {out_len}",
+                        output.len(),
+                        entry.data.rows
+                    ))),
+                },
+            });
+        }
+        let now = self.now();
+        self.with_policy(model, |p| p.task_done(now, task));
+    }
+
+    /// Feed one event to a model's policy and carry out every decision it makes.
+    fn with_policy(&mut self, model: usize, f: impl FnOnce(&mut dyn Policy)) {
+        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+        f(&mut *state.m.policy);
+        // Tasks whose launch failed are finished right away, after the decisions in hand.
+        let mut failed: Vec<TaskId> = Vec::new();
+        loop {
+            let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+            let Some(d) = state.m.policy.poll() else {
+                match failed.pop() {
+                    Some(task) => {
+                        self.task_done(model, task);
+                        continue;
+                    }
+                    None => return,
+                }
+            };
+            match d {
+                Decision::Launch(l) => {
+                    if let Err(task) = self.launch(model, l) {
+                        failed.push(task);
+                    }
+                }
+                Decision::Complete { id, code } => self.complete(id, code),
+            }
+        }
+    }
+
+    /// Gather the batch input and start it on its worker; `Err(task)` if the launch failed (the
+    /// task is then recorded as failed and must be finished by the caller).
+    fn launch(&mut self, model: usize, l: Launch) -> std::result::Result<(), TaskId> {
+        let state = self.models[model].as_mut().expect("model present");
+        let in_len = state.io.0;
+        let mut input = vec![0.0f32; l.batch * in_len];
+        for (row, id) in l.requests.iter().enumerate() {
+            if let Some(Request { pending: Pending { input: Input::F32(v), .. }, .. }) = self.requests.get(id) {
+                input[row * in_len..(row + 1) * in_len].copy_from_slice(v);
+            }
+        }
+        let data = TaskData::new(l.batch, input);
+        state.tasks.insert(l.task, TaskEntry { data: data.clone(), requests: l.requests });
+        match state.m.runner.launch(l.worker, data.clone()) {
+            Ok(target) => {
+                let signal = state.m.runner.signal(l.worker);
+                let cmd = PollerCmd::Watch { model, worker: l.worker, task: l.task, target, signal };
+                if self.poller.send(cmd).is_err() {
+                    data.io.lock().unwrap_or_else(|p| p.into_inner()).error =
+                        Some(Error::internal("the completion poller has stopped"));
+                    return Err(l.task);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                data.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
+                Err(l.task)
+            }
+        }
+    }
+
+    fn complete(&mut self, id: RequestId, code: Code) {
+        let Some(r) = self.requests.remove(&id) else { return };
+        let result = match code {
+            Code::Ok => r.result.unwrap_or_else(|| Err(Error::internal("request completed without a result"))),
+            Code::Cancelled => Err(Error::new(Code::Cancelled, "request cancelled")),
+            Code::DeadlineExceeded => Err(Error::new(
+                Code::DeadlineExceeded,
+                if r.result.is_some() {
+                    "the deadline passed while the request was running"
+                } else {
+                    "the deadline passed while the request was queued"
+                },
+            )),
+            other => Err(Error::new(other, "request failed")),
+        };
+        if let Some(Some(s)) = self.models.get(r.pending.model) {
+            (s.m.on_complete)();
+        }
+        r.pending.reply.complete(result, &mut self.outbox);
+    }
+
+    /// Shutdown deadline reached: every request still pending completes `Cancelled` now.
+    fn cancel_everything(&mut self) {
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            if let Some(r) = self.requests.remove(&id) {
+                if let Some(Some(s)) = self.models.get(r.pending.model) {
+                    (s.m.on_complete)();
+                }
+                r.pending.reply.complete(
+                    Err(Error::new(Code::Cancelled, "the runtime shut down before the request completed")),
+                    &mut self.outbox,
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! The runtime: model loading, admission, request lifecycle, engine and poller threads.
+//!
+//! Lifecycle of a request (DESIGN §3): `submit` validates the input and deadline, passes
+//! admission (bounded per model; `Busy` when full), and hands the request to the engine thread,
+//! whose policy forms batched tasks; a worker stream executes each task and advances its
+//! completion counter; the poller sees the counter move and reports `task_done` to the engine,
+//! which completes the task's requests into their tickets or completion queues.
+
+mod engine;
+mod poller;
+pub mod queue;
+pub mod request;
+mod stats;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify};
+use crate::error::{Code, Error, Result};
+use crate::model::{self, Input, ModelKind, Network};
+use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
+use crate::sched::{Policy, RequestId};
+
+use engine::{Engine, EngineModel, Event, Pending};
+pub use queue::{Completion, CompletionQueue};
+pub use request::{SubmitOptions, Ticket};
+use request::{Reply, Sink};
+pub use stats::StatsSnapshot;
+
+/// Default admission bound per model: requests accepted and not yet completed.
+pub const DEFAULT_ADMISSION_BOUND: usize = 4096;
+
+/// Builds a [`Runtime`].
+#[derive(Clone, Debug)]
+pub struct RuntimeBuilder {
+    backend: BackendChoice,
+    cpu_threads: usize,
+    admission_bound: usize,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        RuntimeBuilder { backend: BackendChoice::Auto, cpu_threads: 0, admission_bound: DEFAULT_ADMISSION_BOUND }
+    }
+}
+
+impl RuntimeBuilder {
+    pub fn backend(mut self, b: BackendChoice) -> Self {
+        self.backend = b;
+        self
+    }
+    /// Compute threads of the CPU backend; 0 (the default) = one per core.
+    pub fn cpu_threads(mut self, n: usize) -> Self {
+        self.cpu_threads = n;
+        self
+    }
+    /// Default admission bound of each model (≥ 1); a model's options may override it.
+    pub fn admission_bound(mut self, n: usize) -> Self {
+        self.admission_bound = n;
+        self
+    }
+
+    pub fn build(self) -> Result<Runtime> {
+        if self.admission_bound == 0 {
+            return Err(Error::invalid("admission bound must be at least 1"));
+        }
+        let backend = backend::create(self.backend, self.cpu_threads)?;
+        Runtime::start(backend, self.admission_bound)
+    }
+}
+
+/// Which policy batches a model's requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyConfig {
+    /// TF-Serving style: max batch size, max wait (0 = NO_Wait), workers, static padding.
+    Timeout(TimeoutConfig),
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig::Timeout(TimeoutConfig { max_wait: Duration::ZERO, ..TimeoutConfig::default() })
+    }
+}
+
+/// Options for [`Runtime::load_model`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelOptions {
+    pub policy: PolicyConfig,
+    /// Overrides the runtime's default admission bound for this model.
+    pub admission_bound: Option<usize>,
+    /// A name for messages and stats; defaults to the directory's name.
+    pub name: Option<String>,
+}
+
+struct ModelShared {
+    index: usize,
+    name: String,
+    net: Arc<Network>,
+    admitted: Arc<AtomicUsize>,
+    bound: usize,
+}
+
+struct Shared {
+    epoch: Instant,
+    backend: Arc<dyn Backend>,
+    events: Sender<Event>,
+    /// `true` while submits are accepted. Submits hold it shared while they enqueue, so once
+    /// shutdown has flipped it no arrival can follow the shutdown event.
+    gate: RwLock<bool>,
+    next_id: AtomicU64,
+    stats: Arc<stats::Stats>,
+    default_bound: usize,
+    models: Mutex<usize>,
+    poller_thread: std::thread::Thread,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A libserve runtime. Thread-safe; share it by reference or `Arc`. Dropping it shuts it down
+/// with no drain: pending requests complete `Cancelled`.
+pub struct Runtime {
+    shared: Arc<Shared>,
+}
+
+/// A model loaded into a runtime. Cheap to clone; thread-safe. Submitting after the runtime has
+/// shut down fails with `Shutdown`.
+#[derive(Clone)]
+pub struct Model {
+    rt: Arc<Shared>,
+    m: Arc<ModelShared>,
+}
+
+impl Runtime {
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    fn start(backend: Arc<dyn Backend>, default_bound: usize) -> Result<Runtime> {
+        let spawn_err = |e: std::io::Error| Error::internal(format!("cannot spawn a runtime thread: {e}"));
+        let stats = Arc::new(stats::Stats::default());
+        let (ev_tx, ev_rx) = mpsc::channel();
+        let (poll_tx, poll_rx) = mpsc::channel();
+        let poller_events = ev_tx.clone();
+        let poller = std::thread::Builder::new()
+            .name("serve-poller".into())
+            .spawn(move || poller::run(poll_rx, poller_events))
+            .map_err(spawn_err)?;
+        let epoch = Instant::now();
+        let engine = Engine::new(epoch, poll_tx, stats.clone());
+        let engine_thread = std::thread::Builder::new()
+            .name("serve-engine".into())
+            .spawn(move || engine.run(ev_rx))
+            .map_err(spawn_err)?;
+        let shared = Arc::new(Shared {
+            epoch,
+            backend,
+            events: ev_tx,
+            gate: RwLock::new(true),
+            next_id: AtomicU64::new(0),
+            stats,
+            default_bound,
+            models: Mutex::new(0),
+            poller_thread: poller.thread().clone(),
+            threads: Mutex::new(vec![engine_thread, poller]),
+        });
+        Ok(Runtime { shared })
+    }
+
+    pub fn backend_kind(&self) -> BackendKind {
+        self.shared.backend.kind()
+    }
+
+    pub fn backend_description(&self) -> String {
+        self.shared.backend.describe()
+    }
+
+    /// Load the model in `dir` (DESIGN §6) and prepare it on the backend.
+    pub fn load_model(&self, dir: impl AsRef<Path>, opts: ModelOptions) -> Result<Model> {
+        let dir = dir.as_ref();
+        let net = Arc::new(model::load(dir)?);
+        let name = opts.name.clone().unwrap_or_else(|| {
+            dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+        });
+        self.add_network(net, name, opts)
+    }
+
+    /// Serve an already-built network (e.g. one made in code rather than loaded from disk).
+    pub fn add_network(&self, net: Arc<Network>, name: String, opts: ModelOptions) -> Result<Model> {
+        let bound = opts.admission_bound.unwrap_or(self.shared.default_bound);
+        if bound == 0 {
+            return Err(Error::invalid("admission bound must be at least 1"));
+        }
+        let (policy, workers, max_batch): (Box<dyn Policy>, usize, usize) = match opts.policy {
+            PolicyConfig::Timeout(cfg) => {
+                if cfg.max_batch == 0 || cfg.workers == 0 {
+                    return Err(Error::invalid("max batch size and worker count must be at least 1"));
+                }
+                (Box::new(TimeoutPolicy::new(cfg)), cfg.workers, cfg.max_batch)
+            }
+        };
+        let poller = self.shared.poller_thread.clone();
+        let notify: Notify = Arc::new(move || poller.unpark());
+        let runner = self.shared.backend.prepare(net.clone(), workers, max_batch, notify)?;
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
+        if !*gate {
+            return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
+        }
+        let index = {
+            let mut n = self.shared.models.lock().unwrap_or_else(|p| p.into_inner());
+            *n += 1;
+            *n - 1
+        };
+        let on_done = admitted.clone();
+        let em = EngineModel {
+            policy,
+            runner: Arc::from(runner),
+            on_complete: Box::new(move || {
+                on_done.fetch_sub(1, Ordering::AcqRel);
+            }),
+        };
+        self.shared
+            .events
+            .send(Event::AddModel(index, Box::new(em)))
+            .map_err(|_| Error::new(Code::Shutdown, "the runtime is shut down"))?;
+        drop(gate);
+        Ok(Model { rt: self.shared.clone(), m: Arc::new(ModelShared { index, name, net, admitted, bound }) })
+    }
+
+    /// Ask for request `id` to be cancelled. A queued request completes `Cancelled` at once, a
+    /// running one at its next cell / layer-block boundary; a request already completed is left as
+    /// it is. Fails only for an id this runtime never issued.
+    pub fn cancel(&self, id: RequestId) -> Result<()> {
+        if id >= self.shared.next_id.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("unknown request id {id}")));
+        }
+        let _ = self.shared.events.send(Event::Cancel(id));
+        Ok(())
+    }
+
+    /// Stop accepting requests, let pending ones finish for up to `drain`, then complete whatever
+    /// is left `Cancelled`, and stop the runtime's threads. Idempotent.
+    pub fn shutdown(&self, drain: Duration) {
+        {
+            let mut gate = self.shared.gate.write().unwrap_or_else(|p| p.into_inner());
+            if *gate {
+                *gate = false;
+                let until = Instant::now().checked_add(drain).unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365));
+                let _ = self.shared.events.send(Event::Shutdown { drain_until: until });
+            }
+        }
+        let threads: Vec<_> = self.shared.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        !*self.shared.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// Nanoseconds since the runtime started (the clock the engine runs policies on).
+    pub fn uptime(&self) -> Duration {
+        self.shared.epoch.elapsed()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shutdown(Duration::ZERO);
+    }
+}
+
+impl Model {
+    pub fn name(&self) -> &str {
+        &self.m.name
+    }
+    pub fn kind(&self) -> ModelKind {
+        self.m.net.kind()
+    }
+    pub fn network(&self) -> &Network {
+        &self.m.net
+    }
+    /// Requests of this model accepted and not yet completed.
+    pub fn admitted(&self) -> usize {
+        self.m.admitted.load(Ordering::Acquire)
+    }
+
+    /// Submit a request; wait on the returned ticket.
+    pub fn submit(&self, input: Input, opts: SubmitOptions) -> Result<Ticket> {
+        let mut ticket = None;
+        self.enqueue(input, opts, |id| {
+            let (t, slot) = Ticket::new(id);
+            ticket = Some(t);
+            Sink::Ticket(slot)
+        })?;
+        Ok(ticket.expect("sink made on success"))
+    }
+
+    /// Submit a request whose completion goes to `queue` with `tag`. Returns the request id
+    /// (for [`Runtime::cancel`]).
+    pub fn submit_to(&self, input: Input, opts: SubmitOptions, queue: &CompletionQueue, tag: u64) -> Result<RequestId> {
+        self.enqueue(input, opts, |_| Sink::Queue { queue: queue.shared().clone(), tag })
+    }
+
+    fn enqueue(&self, input: Input, opts: SubmitOptions, sink: impl FnOnce(RequestId) -> Sink) -> Result<RequestId> {
+        let r = self.try_enqueue(input, opts, sink);
+        if r.is_err() {
+            self.rt.stats.record_reject();
+        }
+        r
+    }
+
+    fn try_enqueue(&self, input: Input, opts: SubmitOptions, sink: impl FnOnce(RequestId) -> Sink) -> Result<RequestId> {
+        self.m.net.validate(&input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
+        if let Some(d) = opts.deadline
+            && d <= Instant::now()
+        {
+            return Err(Error::new(Code::DeadlineExceeded, "the deadline had already passed at submit"));
+        }
+        let gate = self.rt.gate.read().unwrap_or_else(|p| p.into_inner());
+        if !*gate {
+            return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
+        }
+        let prev = self.m.admitted.fetch_add(1, Ordering::AcqRel);
+        if prev >= self.m.bound {
+            self.m.admitted.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::new(
+                Code::Busy,
+                format!("model `{}` has {} requests pending (its admission bound); retry later", self.m.name, self.m.bound),
+            ));
+        }
+        let id = self.rt.next_id.fetch_add(1, Ordering::AcqRel);
+        self.rt.stats.record_submit();
+        let reply = Reply::new(id, sink(id), self.rt.stats.clone());
+        let pending = Pending { model: self.m.index, input, deadline: opts.deadline, priority: opts.priority, reply };
+        if let Err(mpsc::SendError(ev)) = self.rt.events.send(Event::Arrive(Box::new(pending))) {
+            // The engine is gone (it cannot be while the gate is open, but never lose a request):
+            // the reply completes the request `Cancelled` when dropped here.
+            self.m.admitted.fetch_sub(1, Ordering::AcqRel);
+            drop(ev);
+        }
+        drop(gate);
+        Ok(id)
+    }
+}

@@ -1,0 +1,178 @@
+//! Request-side types: submit options, tickets, and the one-shot reply every request carries.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::error::{Code, Error, Result};
+use crate::model::Output;
+use crate::runtime::queue::{Completion, QueueShared};
+use crate::runtime::stats::Stats;
+use crate::sched::RequestId;
+
+/// Per-request options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubmitOptions {
+    /// Complete with `DeadlineExceeded` rather than deliver a result after this instant. A
+    /// deadline already passed at submit is refused at once.
+    pub deadline: Option<Instant>,
+    /// Larger is served first; equal priorities are served in arrival order.
+    pub priority: i32,
+}
+
+impl SubmitOptions {
+    pub fn with_timeout(timeout: Duration) -> SubmitOptions {
+        SubmitOptions { deadline: Instant::now().checked_add(timeout), priority: 0 }
+    }
+}
+
+#[derive(Default)]
+struct SlotState {
+    result: Option<Result<Output>>,
+    waker: Option<Waker>,
+}
+
+#[derive(Default)]
+pub(crate) struct TicketSlot {
+    state: Mutex<SlotState>,
+    done: Condvar,
+}
+
+/// A submitted request's handle: wait for it (blocking, or as a `Future`).
+pub struct Ticket {
+    id: RequestId,
+    slot: Arc<TicketSlot>,
+}
+
+impl Ticket {
+    pub(crate) fn new(id: RequestId) -> (Ticket, Arc<TicketSlot>) {
+        let slot = Arc::new(TicketSlot::default());
+        (Ticket { id, slot: slot.clone() }, slot)
+    }
+
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Block until the request completes.
+    pub fn wait(self) -> Result<Output> {
+        let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = st.result.take() {
+                return r;
+            }
+            st = self.slot.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Block up to `timeout`; `Err(self)` if the request has not completed by then.
+    pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Result<Output>, Ticket> {
+        let deadline = Instant::now() + timeout;
+        {
+            let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if let Some(r) = st.result.take() {
+                    return Ok(r);
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                st = self.slot.done.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+            }
+        }
+        Err(self)
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.slot.state.lock().unwrap_or_else(|p| p.into_inner()).result.is_some()
+    }
+}
+
+impl Future for Ticket {
+    type Output = Result<Output>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Output>> {
+        let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        match st.result.take() {
+            Some(r) => Poll::Ready(r),
+            None => {
+                st.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Where a request's completion goes.
+pub(crate) enum Sink {
+    Ticket(Arc<TicketSlot>),
+    Queue { queue: Arc<QueueShared>, tag: u64 },
+}
+
+/// The one-shot reply of a request. Completing it consumes it; dropping it uncompleted (which only
+/// a runtime being torn down does) completes the request `Cancelled`, so every submitted request
+/// completes exactly once whatever path it takes.
+pub(crate) struct Reply {
+    id: RequestId,
+    sink: Option<Sink>,
+    stats: Arc<Stats>,
+}
+
+impl Reply {
+    pub(crate) fn new(id: RequestId, sink: Sink, stats: Arc<Stats>) -> Reply {
+        Reply { id, sink: Some(sink), stats }
+    }
+
+    pub(crate) fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Complete the request. Queue completions are appended to `outbox` (flushed in batches by
+    /// the caller with [`flush`]); ticket completions are delivered at once.
+    pub(crate) fn complete(mut self, result: Result<Output>, outbox: &mut Vec<(Arc<QueueShared>, Completion)>) {
+        let sink = self.sink.take().expect("a reply completes once");
+        self.stats.record_completion(result.as_ref().err().map_or(Code::Ok, Error::code));
+        match sink {
+            Sink::Ticket(slot) => {
+                let waker = {
+                    let mut st = slot.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.result = Some(result);
+                    st.waker.take()
+                };
+                slot.done.notify_all();
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            }
+            Sink::Queue { queue, tag } => outbox.push((queue, Completion { id: self.id, tag, result })),
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if self.sink.is_some() {
+            let me = Reply { id: self.id, sink: self.sink.take(), stats: self.stats.clone() };
+            let mut outbox = Vec::new();
+            me.complete(
+                Err(Error::new(Code::Cancelled, "the runtime shut down before the request completed")),
+                &mut outbox,
+            );
+            flush(&mut outbox);
+        }
+    }
+}
+
+/// Deliver queued completions, one lock per run of completions bound for the same queue.
+pub(crate) fn flush(outbox: &mut Vec<(Arc<QueueShared>, Completion)>) {
+    let mut items = outbox.drain(..).peekable();
+    while let Some((queue, first)) = items.next() {
+        let mut run = vec![first];
+        while let Some((_, c)) = items.next_if(|(q, _)| Arc::ptr_eq(q, &queue)) {
+            run.push(c);
+        }
+        queue.push_all(run);
+    }
+}

@@ -1,0 +1,67 @@
+//! Runtime counters, updated lock-free and read as a snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::error::Code;
+
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    submitted: AtomicU64,
+    rejected: AtomicU64,
+    completed: [AtomicU64; Code::ALL.len()],
+    queued: AtomicU64,
+    running: AtomicU64,
+}
+
+/// A snapshot of a runtime's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Requests accepted by submit.
+    pub submitted: u64,
+    /// Submits refused synchronously (invalid input, BUSY, shutdown, deadline already passed).
+    pub rejected: u64,
+    /// Completed requests, indexed by `Code as usize`.
+    pub completed: [u64; Code::ALL.len()],
+    /// Requests waiting in a policy's queue.
+    pub queued: u64,
+    /// Requests in tasks executing on a backend.
+    pub running: u64,
+}
+
+impl StatsSnapshot {
+    pub fn completed(&self, code: Code) -> u64 {
+        self.completed[code as usize]
+    }
+    pub fn completed_total(&self) -> u64 {
+        self.completed.iter().sum()
+    }
+    /// Accepted and not completed yet.
+    pub fn in_flight(&self) -> u64 {
+        self.submitted.saturating_sub(self.completed_total())
+    }
+}
+
+impl Stats {
+    pub(crate) fn record_submit(&self) {
+        self.submitted.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn record_reject(&self) {
+        self.rejected.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn record_completion(&self, code: Code) {
+        self.completed[code as usize].fetch_add(1, Relaxed);
+    }
+    pub(crate) fn set_gauges(&self, queued: usize, running: usize) {
+        self.queued.store(queued as u64, Relaxed);
+        self.running.store(running as u64, Relaxed);
+    }
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            submitted: self.submitted.load(Relaxed),
+            rejected: self.rejected.load(Relaxed),
+            completed: std::array::from_fn(|i| self.completed[i].load(Relaxed)),
+            queued: self.queued.load(Relaxed),
+            running: self.running.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Sans-IO scheduling policies.
+//!
+//! A policy is a state machine in the style of `quinn-proto`: it never sleeps, spawns threads,
+//! touches memory on a device or reads a clock. It is fed events with explicit timestamps
+//! ([`Policy::arrive`], [`Policy::task_done`], [`Policy::cancel`], [`Policy::tick`]) and answers
+//! with [`Decision`]s drained through [`Policy::poll`]. [`Policy::next_wakeup`] says when the policy
+//! wants a `tick` if nothing else happens first. The same policy object is driven by the real
+//! runtime (wall clock, real backend) and by the simulator (virtual clock, cost model), so tests of
+//! scheduling logic run on virtual time and are exact.
+//!
+//! Contract shared by every policy:
+//! * every request passed to `arrive` leaves through exactly one [`Decision::Complete`];
+//! * a request is in at most one launched task at a time, and a task runs on one idle worker;
+//! * a request whose deadline is `<= now` at a boundary completes `DeadlineExceeded`; a cancelled
+//!   one completes `Cancelled` at the next boundary (at once if it is still queued);
+//! * `task_done` is called exactly once for every launched task.
+
+pub mod baseline;
+
+use std::ops::{Add, Sub};
+use std::time::Duration;
+
+use crate::error::Code;
+
+/// A point in (real or virtual) time: nanoseconds since the driver's epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Time(pub u64);
+
+impl Time {
+    pub const ZERO: Time = Time(0);
+    pub const fn from_nanos(ns: u64) -> Time {
+        Time(ns)
+    }
+    pub const fn from_micros(us: u64) -> Time {
+        Time(us * 1_000)
+    }
+    pub const fn from_millis(ms: u64) -> Time {
+        Time(ms * 1_000_000)
+    }
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 * 1e-9
+    }
+    /// Time elapsed since `earlier`, zero if `earlier` is later.
+    pub fn since(self, earlier: Time) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl Add<Duration> for Time {
+    type Output = Time;
+    fn add(self, d: Duration) -> Time {
+        Time(self.0.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+    }
+}
+
+impl Sub<Time> for Time {
+    type Output = Duration;
+    fn sub(self, rhs: Time) -> Duration {
+        self.since(rhs)
+    }
+}
+
+/// Identifies a request within one runtime (or one simulation).
+pub type RequestId = u64;
+/// Identifies a batched task; unique per policy instance.
+pub type TaskId = u64;
+/// Index of a worker (one stream of the backend) of a model.
+pub type WorkerId = usize;
+
+/// What a policy learns about a request when it arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrival {
+    pub id: RequestId,
+    /// The request must complete by then, or complete `DeadlineExceeded`.
+    pub deadline: Option<Time>,
+    /// Larger is served first; requests of equal priority are served in arrival order.
+    pub priority: i32,
+}
+
+/// A batched task to start on an idle worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub task: TaskId,
+    pub worker: WorkerId,
+    /// Requests in the task, in batch-row order.
+    pub requests: Vec<RequestId>,
+    /// Rows the task computes: `requests.len()`, or more when the policy pads the batch.
+    pub batch: usize,
+}
+
+/// What a policy asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Start this task on its worker, then report `task_done` once it has finished.
+    Launch(Launch),
+    /// The request is finished: `Code::Ok` when its output (computed by its last task) is to be
+    /// delivered, or the error it completes with.
+    Complete { id: RequestId, code: Code },
+}
+
+/// The interface every sans-IO policy offers its drivers (runtime engine, simulator).
+pub trait Policy: Send {
+    /// A request was admitted at `now`.
+    fn arrive(&mut self, now: Time, req: Arrival);
+    /// The caller asked to cancel `id` (unknown or finished ids are ignored).
+    fn cancel(&mut self, now: Time, id: RequestId);
+    /// A task launched earlier has finished on its worker.
+    fn task_done(&mut self, now: Time, task: TaskId);
+    /// Time has advanced to `now` (timers, deadlines).
+    fn tick(&mut self, now: Time);
+    /// The next decision, if any. Drain until `None` after every event.
+    fn poll(&mut self) -> Option<Decision>;
+    /// When the policy next needs a `tick` if no other event arrives first.
+    fn next_wakeup(&self) -> Option<Time>;
+    /// Requests waiting to be launched.
+    fn queued(&self) -> usize;
+    /// Requests in launched, unfinished tasks.
+    fn running(&self) -> usize;
+}
