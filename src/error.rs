@@ -3,6 +3,7 @@
 //! [`Code`] values are part of the stable C ABI (`serve_code`): every variant has an explicit
 //! number that is never changed or reused; new codes are only appended.
 
+use std::ffi::CStr;
 use std::fmt;
 
 /// Stable status codes. `SERVE_CODE_<NAME>` in C; `NAME` in `serve infer` output.
@@ -40,6 +41,8 @@ pub enum Code {
 
 impl Code {
     /// Every code, in numeric order.
+    ///
+    /// cbindgen:ignore
     pub const ALL: [Code; 13] = [
         Code::Ok,
         Code::InvalidArgument,
@@ -58,20 +61,25 @@ impl Code {
 
     /// The name used by `serve infer` and the C enum (without the `SERVE_CODE_` prefix).
     pub fn name(self) -> &'static str {
+        self.c_name().to_str().expect("code names are ASCII")
+    }
+
+    /// [`name`](Self::name) as a NUL-terminated string with static storage (for the C ABI).
+    pub fn c_name(self) -> &'static CStr {
         match self {
-            Code::Ok => "OK",
-            Code::InvalidArgument => "INVALID_ARGUMENT",
-            Code::NotFound => "NOT_FOUND",
-            Code::Format => "FORMAT",
-            Code::Busy => "BUSY",
-            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-            Code::Cancelled => "CANCELLED",
-            Code::Shutdown => "SHUTDOWN",
-            Code::Unavailable => "UNAVAILABLE",
-            Code::Unsupported => "UNSUPPORTED",
-            Code::Backend => "BACKEND",
-            Code::Io => "IO",
-            Code::Internal => "INTERNAL",
+            Code::Ok => c"OK",
+            Code::InvalidArgument => c"INVALID_ARGUMENT",
+            Code::NotFound => c"NOT_FOUND",
+            Code::Format => c"FORMAT",
+            Code::Busy => c"BUSY",
+            Code::DeadlineExceeded => c"DEADLINE_EXCEEDED",
+            Code::Cancelled => c"CANCELLED",
+            Code::Shutdown => c"SHUTDOWN",
+            Code::Unavailable => c"UNAVAILABLE",
+            Code::Unsupported => c"UNSUPPORTED",
+            Code::Backend => c"BACKEND",
+            Code::Io => c"IO",
+            Code::Internal => c"INTERNAL",
         }
     }
 

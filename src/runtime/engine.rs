@@ -265,6 +265,7 @@ impl Engine {
             }
         }
         let data = TaskData::new(l.batch, input);
+        self.stats.record_task(l.requests.len());
         state.tasks.insert(l.task, TaskEntry { data: data.clone(), requests: l.requests });
         match state.m.runner.launch(l.worker, data.clone()) {
             Ok(target) => {

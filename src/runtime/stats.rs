@@ -11,6 +11,8 @@ pub(crate) struct Stats {
     completed: [AtomicU64; Code::ALL.len()],
     queued: AtomicU64,
     running: AtomicU64,
+    tasks: AtomicU64,
+    batched: AtomicU64,
 }
 
 /// A snapshot of a runtime's counters.
@@ -26,6 +28,10 @@ pub struct StatsSnapshot {
     pub queued: u64,
     /// Requests in tasks executing on a backend.
     pub running: u64,
+    /// Batched tasks launched on a backend.
+    pub tasks_launched: u64,
+    /// Requests carried by those tasks (padding rows not counted).
+    pub batched_requests: u64,
 }
 
 impl StatsSnapshot {
@@ -34,6 +40,10 @@ impl StatsSnapshot {
     }
     pub fn completed_total(&self) -> u64 {
         self.completed.iter().sum()
+    }
+    /// Mean requests per launched task (0 before the first task).
+    pub fn mean_batch(&self) -> f64 {
+        if self.tasks_launched == 0 { 0.0 } else { self.batched_requests as f64 / self.tasks_launched as f64 }
     }
     /// Accepted and not completed yet.
     pub fn in_flight(&self) -> u64 {
@@ -51,6 +61,10 @@ impl Stats {
     pub(crate) fn record_completion(&self, code: Code) {
         self.completed[code as usize].fetch_add(1, Relaxed);
     }
+    pub(crate) fn record_task(&self, requests: usize) {
+        self.tasks.fetch_add(1, Relaxed);
+        self.batched.fetch_add(requests as u64, Relaxed);
+    }
     pub(crate) fn set_gauges(&self, queued: usize, running: usize) {
         self.queued.store(queued as u64, Relaxed);
         self.running.store(running as u64, Relaxed);
@@ -62,6 +76,8 @@ impl Stats {
             completed: std::array::from_fn(|i| self.completed[i].load(Relaxed)),
             queued: self.queued.load(Relaxed),
             running: self.running.load(Relaxed),
+            tasks_launched: self.tasks.load(Relaxed),
+            batched_requests: self.batched.load(Relaxed),
         }
     }
 }

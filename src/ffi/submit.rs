@@ -1,0 +1,226 @@
+//! Submitting requests: `serve_submit_options` and the `serve_submit_*` functions.
+
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::ffi::error::serve_error;
+use crate::ffi::model::serve_model;
+use crate::ffi::queue::serve_queue;
+use crate::ffi::{arg, arg_mut, free_handle, into_handle, out_arg, slice_arg, write_out};
+use crate::ffi_boundary;
+use crate::model::Input;
+use crate::runtime::SubmitOptions;
+
+/// Per-request options: deadline and priority. An opaque builder, reusable across submits. Not
+/// thread-safe while being set; a `const serve_submit_options *` may be shared by concurrent
+/// submits.
+pub struct serve_submit_options {
+    /// Absolute deadline on CLOCK_MONOTONIC, nanoseconds.
+    deadline_ns: Option<u64>,
+    /// Relative timeout from the moment of submit, nanoseconds.
+    timeout_ns: Option<u64>,
+    priority: i32,
+}
+
+/// Create submit options: no deadline, priority 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_submit_options_new(out: *mut *mut serve_submit_options) -> *mut serve_error {
+    ffi_boundary! {
+        out_arg(out, "out")?;
+        let o = serve_submit_options { deadline_ns: None, timeout_ns: None, priority: 0 };
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, into_handle(o)) };
+        Ok(())
+    }
+}
+
+/// Free submit options. NULL is allowed.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_submit_options_free(options: *mut serve_submit_options) {
+    ffi_boundary! {
+        // SAFETY: NULL or an unfreed handle from serve_submit_options_new.
+        unsafe { free_handle(options) }
+    }
+}
+
+/// Absolute deadline in CLOCK_MONOTONIC nanoseconds (see `serve_now_ns`); 0 clears it. A request
+/// not completed by then completes `SERVE_CODE_DEADLINE_EXCEEDED`; one whose deadline has already
+/// passed at submit is refused with that code.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_submit_options_set_deadline_ns(options: *mut serve_submit_options, deadline_ns: u64) -> *mut serve_error {
+    ffi_boundary! {
+        // SAFETY: checked for NULL; validity and exclusivity are the caller's contract.
+        let o = unsafe { arg_mut(options, "options") }?;
+        o.deadline_ns = (deadline_ns != 0).then_some(deadline_ns);
+        Ok(())
+    }
+}
+
+/// Deadline relative to each submit, in nanoseconds; 0 clears it. If both a deadline and a timeout
+/// are set, the earlier applies.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_submit_options_set_timeout_ns(options: *mut serve_submit_options, timeout_ns: u64) -> *mut serve_error {
+    ffi_boundary! {
+        // SAFETY: checked for NULL; validity and exclusivity are the caller's contract.
+        let o = unsafe { arg_mut(options, "options") }?;
+        o.timeout_ns = (timeout_ns != 0).then_some(timeout_ns);
+        Ok(())
+    }
+}
+
+/// Priority: larger is served first; equal priorities in arrival order. Default 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_submit_options_set_priority(options: *mut serve_submit_options, priority: i32) -> *mut serve_error {
+    ffi_boundary! {
+        // SAFETY: checked for NULL; validity and exclusivity are the caller's contract.
+        let o = unsafe { arg_mut(options, "options") }?;
+        o.priority = priority;
+        Ok(())
+    }
+}
+
+/// The current CLOCK_MONOTONIC time in nanoseconds, the clock deadlines are expressed in.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_now_ns() -> u64 {
+    ffi_boundary! { monotonic_ns() }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec to a live local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+fn submit_options(o: Option<&serve_submit_options>) -> SubmitOptions {
+    let Some(o) = o else { return SubmitOptions::default() };
+    let now = Instant::now();
+    let absolute = o.deadline_ns.map(|d| {
+        let now_ns = monotonic_ns();
+        if d <= now_ns {
+            // Already passed: any instant not after now is refused at submit.
+            now
+        } else {
+            now + Duration::from_nanos(d - now_ns)
+        }
+    });
+    let relative = o.timeout_ns.and_then(|t| now.checked_add(Duration::from_nanos(t)));
+    let deadline = match (absolute, relative) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    SubmitOptions { deadline, priority: o.priority }
+}
+
+/// Shared body of every submit function.
+fn submit(
+    model: *const serve_model,
+    queue: *const serve_queue,
+    tag: u64,
+    input: impl FnOnce() -> Result<Input>,
+    options: *const serve_submit_options,
+    request_id: *mut u64,
+) -> Result<()> {
+    // SAFETY: pointers NULL-checked; validity is the caller's contract.
+    let m = unsafe { arg(model, "model") }?;
+    let q = unsafe { arg(queue, "queue") }?;
+    let input = input()?;
+    // SAFETY: NULL or a live options handle.
+    let opts = submit_options(unsafe { options.as_ref() });
+    let id = m.model.submit_to(input, opts, &q.q, tag)?;
+    if !request_id.is_null() {
+        // SAFETY: non-NULL; writable by the caller's contract.
+        unsafe { write_out(request_id, id) };
+    }
+    Ok(())
+}
+
+/// Submit an f32 vector (`mlp` and other fixed-shape models). `input[0..len]` is copied before
+/// this returns. The request's completion goes to `queue` with `tag`. `options` may be NULL.
+/// `request_id` may be NULL; otherwise it receives the id for `serve_runtime_cancel`.
+///
+/// Errors (returned here; the request is then not submitted and produces no completion):
+/// `SERVE_CODE_INVALID_ARGUMENT` (NULL handle, empty or wrong-length input, input of the wrong
+/// kind for the model), `SERVE_CODE_DEADLINE_EXCEEDED` (deadline already passed),
+/// `SERVE_CODE_BUSY` (the model's admission bound is full: retry later),
+/// `SERVE_CODE_SHUTDOWN`. Otherwise exactly one completion is delivered to `queue`.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_submit_f32(
+    model: *const serve_model,
+    queue: *const serve_queue,
+    tag: u64,
+    input: *const f32,
+    len: usize,
+    options: *const serve_submit_options,
+    request_id: *mut u64,
+) -> *mut serve_error {
+    ffi_boundary! {
+        // SAFETY: `input` has `len` floats (contract); copied at once.
+        submit(model, queue, tag, || Ok(Input::F32(unsafe { slice_arg(input, len, "input") }?.to_vec())), options, request_id)
+    }
+}
+
+/// Submit a token sequence (`lstm`, `seq2seq`): `tokens[0..len]`, copied before this returns.
+/// Same contract and errors as `serve_submit_f32`; a token id ≥ the model's vocabulary or a
+/// sequence longer than its maximum is `SERVE_CODE_INVALID_ARGUMENT`.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_submit_tokens(
+    model: *const serve_model,
+    queue: *const serve_queue,
+    tag: u64,
+    tokens: *const u32,
+    len: usize,
+    options: *const serve_submit_options,
+    request_id: *mut u64,
+) -> *mut serve_error {
+    ffi_boundary! {
+        // SAFETY: `tokens` has `len` ids (contract); copied at once.
+        submit(model, queue, tag, || Ok(Input::Tokens(unsafe { slice_arg(tokens, len, "tokens") }?.to_vec())), options, request_id)
+    }
+}
+
+/// Submit a tree (`treelstm`): node `i` has token `tokens[i]` (4294967295 = no input) and parent
+/// `parents[i]` (−1 for the root), for `i < len`; any node order. Copied before this returns.
+/// Same contract and errors as `serve_submit_f32`; a malformed tree (no root, two roots, a cycle,
+/// a parent out of range) is `SERVE_CODE_INVALID_ARGUMENT` naming the node.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_submit_tree(
+    model: *const serve_model,
+    queue: *const serve_queue,
+    tag: u64,
+    tokens: *const u32,
+    parents: *const i32,
+    len: usize,
+    options: *const serve_submit_options,
+    request_id: *mut u64,
+) -> *mut serve_error {
+    ffi_boundary! {
+        submit(model, queue, tag, || {
+            // SAFETY: both arrays have `len` elements (contract); copied at once.
+            let tokens = unsafe { slice_arg(tokens, len, "tokens") }?.to_vec();
+            let parents = unsafe { slice_arg(parents, len, "parents") }?.to_vec();
+            Ok(Input::Tree { tokens, parents })
+        }, options, request_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absolute_deadline_in_the_past_maps_to_now_or_earlier() {
+        let o = serve_submit_options { deadline_ns: Some(1), timeout_ns: None, priority: 3 };
+        let s = submit_options(Some(&o));
+        assert!(s.deadline.unwrap() <= Instant::now());
+        assert_eq!(s.priority, 3);
+    }
+
+    #[test]
+    fn earlier_of_deadline_and_timeout_applies() {
+        let far = monotonic_ns() + 60_000_000_000;
+        let o = serve_submit_options { deadline_ns: Some(far), timeout_ns: Some(1_000_000), priority: 0 };
+        let s = submit_options(Some(&o));
+        assert!(s.deadline.unwrap() <= Instant::now() + Duration::from_millis(1));
+    }
+}
