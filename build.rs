@@ -1,7 +1,7 @@
 //! Build script. Never fails for lack of CUDA: nothing here needs a GPU or a CUDA toolkit.
 //!
-//! * Gives the shared library the SONAME `libserve.so.<ABI major>` (Cargo.toml
-//!   `package.metadata.capi.abi_major`, which equals the crate's major version).
+//! * Gives the shared library the SONAME `libserve.so.<major>`: the C ABI major version is the
+//!   crate's major version (`SERVE_VERSION_MAJOR`).
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
