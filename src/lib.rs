@@ -6,11 +6,12 @@
 
 pub mod backend;
 pub mod error;
+pub mod ffi;
 
 pub mod model;
 pub mod runtime;
 pub mod sched;
-
+pub mod workload;
 
 pub use backend::{BackendChoice, BackendKind};
 pub use error::{Code, Error, Result};

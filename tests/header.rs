@@ -13,10 +13,7 @@ fn generate() -> String {
         .with_src(Path::new(root).join("src/ffi/mod.rs"))
         .with_src(Path::new(root).join("src/error.rs"));
     let mut out = Vec::new();
-    builder
-        .generate()
-        .expect("cbindgen generates the header")
-        .write(&mut out);
+    builder.generate().expect("cbindgen generates the header").write(&mut out);
     String::from_utf8(out).expect("UTF-8 header")
 }
 
@@ -37,7 +34,8 @@ fn header_matches_generated() {
 
 #[test]
 fn version_macros_match_cargo_toml() {
-    let header = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/libserve.h")).unwrap();
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/libserve.h")).unwrap();
     for (name, want) in [
         ("SERVE_VERSION_MAJOR", env!("CARGO_PKG_VERSION_MAJOR")),
         ("SERVE_VERSION_MINOR", env!("CARGO_PKG_VERSION_MINOR")),
@@ -54,12 +52,17 @@ fn version_macros_match_cargo_toml() {
 
 #[test]
 fn every_export_is_documented() {
-    let header = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/libserve.h")).unwrap();
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/libserve.h")).unwrap();
     let lines: Vec<&str> = header.lines().collect();
     let mut undocumented = Vec::new();
     for (i, l) in lines.iter().enumerate() {
-        let is_decl = (l.starts_with("serve_") || l.starts_with("const ") || l.starts_with("uint") || l.starts_with("void ")
-            || l.starts_with("size_t ") || l.starts_with("int"))
+        let is_decl = (l.starts_with("serve_")
+            || l.starts_with("const ")
+            || l.starts_with("uint")
+            || l.starts_with("void ")
+            || l.starts_with("size_t ")
+            || l.starts_with("int"))
             && l.contains("serve_")
             && l.contains('(');
         let is_define = l.starts_with("#define SERVE_");

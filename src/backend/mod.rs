@@ -107,8 +107,13 @@ pub trait Backend: Send + Sync {
     /// One line describing the backend (device, threads, features).
     fn describe(&self) -> String;
     /// Prepare `net` with `workers` streams for batches of up to `max_batch` rows.
-    fn prepare(&self, net: Arc<Network>, workers: usize, max_batch: usize, notify: Notify)
-    -> Result<Box<dyn Runner>>;
+    fn prepare(
+        &self,
+        net: Arc<Network>,
+        workers: usize,
+        max_batch: usize,
+        notify: Notify,
+    ) -> Result<Box<dyn Runner>>;
 }
 
 /// Create the backend for `choice`. `cpu_threads` = 0 means all cores.

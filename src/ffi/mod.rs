@@ -12,6 +12,9 @@
 //! * `const T *` handles may be used from several threads at once; `T *` ones may not.
 
 #![allow(non_camel_case_types)]
+// Exports are safe `extern "C" fn`s that dereference caller pointers: their safety contract is
+// the C header's (valid or NULL pointers), checked for NULL here, as in rustls-ffi.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 pub mod completion;
 pub mod error;

@@ -46,14 +46,20 @@ pub extern "C" fn serve_model_options_free(options: *mut serve_model_options) {
     }
 }
 
-fn set(options: *mut serve_model_options, f: impl FnOnce(&mut ModelOptions) -> crate::Result<()>) -> crate::Result<()> {
+fn set(
+    options: *mut serve_model_options,
+    f: impl FnOnce(&mut ModelOptions) -> crate::Result<()>,
+) -> crate::Result<()> {
     // SAFETY: checked for NULL; validity and exclusivity are the caller's contract.
     f(&mut unsafe { arg_mut(options, "options") }?.opts)
 }
 
 /// Maximum requests per batched task (the `s` of timeout batching); at least 1.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_model_options_set_max_batch(options: *mut serve_model_options, max_batch: u32) -> *mut serve_error {
+pub extern "C" fn serve_model_options_set_max_batch(
+    options: *mut serve_model_options,
+    max_batch: u32,
+) -> *mut serve_error {
     ffi_boundary! {
         set(options, |o| {
             if max_batch == 0 {
@@ -69,7 +75,10 @@ pub extern "C" fn serve_model_options_set_max_batch(options: *mut serve_model_op
 /// Longest time, in nanoseconds, the oldest queued request waits for a fuller batch (the `t` of
 /// timeout batching). 0 = no waiting: a batch starts as soon as a worker is idle.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_model_options_set_max_wait_ns(options: *mut serve_model_options, max_wait_ns: u64) -> *mut serve_error {
+pub extern "C" fn serve_model_options_set_max_wait_ns(
+    options: *mut serve_model_options,
+    max_wait_ns: u64,
+) -> *mut serve_error {
     ffi_boundary! {
         set(options, |o| {
             let PolicyConfig::Timeout(c) = &mut o.policy;
@@ -81,7 +90,10 @@ pub extern "C" fn serve_model_options_set_max_wait_ns(options: *mut serve_model_
 
 /// Number of workers (backend streams) executing this model's tasks concurrently; at least 1.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_model_options_set_workers(options: *mut serve_model_options, workers: u32) -> *mut serve_error {
+pub extern "C" fn serve_model_options_set_workers(
+    options: *mut serve_model_options,
+    workers: u32,
+) -> *mut serve_error {
     ffi_boundary! {
         set(options, |o| {
             if workers == 0 {
@@ -96,7 +108,10 @@ pub extern "C" fn serve_model_options_set_workers(options: *mut serve_model_opti
 
 /// Static batching: every task computes `max_batch` rows, padding the missing ones.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_model_options_set_pad_to_max(options: *mut serve_model_options, pad: bool) -> *mut serve_error {
+pub extern "C" fn serve_model_options_set_pad_to_max(
+    options: *mut serve_model_options,
+    pad: bool,
+) -> *mut serve_error {
     ffi_boundary! {
         set(options, |o| {
             let PolicyConfig::Timeout(c) = &mut o.policy;
@@ -108,7 +123,10 @@ pub extern "C" fn serve_model_options_set_pad_to_max(options: *mut serve_model_o
 
 /// This model's admission bound (overrides the runtime's); at least 1.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_model_options_set_admission_bound(options: *mut serve_model_options, bound: u64) -> *mut serve_error {
+pub extern "C" fn serve_model_options_set_admission_bound(
+    options: *mut serve_model_options,
+    bound: u64,
+) -> *mut serve_error {
     ffi_boundary! {
         set(options, |o| {
             if bound == 0 {
@@ -122,7 +140,10 @@ pub extern "C" fn serve_model_options_set_admission_bound(options: *mut serve_mo
 
 /// The model's name in messages (copied).
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_model_options_set_name(options: *mut serve_model_options, name: *const c_char) -> *mut serve_error {
+pub extern "C" fn serve_model_options_set_name(
+    options: *mut serve_model_options,
+    name: *const c_char,
+) -> *mut serve_error {
     ffi_boundary! {
         // SAFETY: NULL-checked string (contract: NUL-terminated).
         let name = unsafe { str_arg(name, "name") }?.to_string();

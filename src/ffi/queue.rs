@@ -22,7 +22,8 @@ pub struct serve_queue {
 /// order. The callee owns `completion` and frees it with `serve_completion_free` (it may keep it).
 /// It must not block: it delays every later completion of the queue. It may call any libserve
 /// function except `serve_queue_free` on its own queue.
-pub type serve_completion_callback = Option<unsafe extern "C" fn(user_data: *mut c_void, completion: *mut serve_completion)>;
+pub type serve_completion_callback =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, completion: *mut serve_completion)>;
 
 /// Create a completion queue drained with `serve_queue_next` (and, on Linux, watchable through
 /// `serve_queue_fd`).

@@ -132,7 +132,10 @@ pub extern "C" fn serve_runtime_free(runtime: *mut serve_runtime) {
 /// `SERVE_CODE_CANCELLED`, and stop the runtime's threads. Blocks until done. Idempotent.
 /// `UINT64_MAX` drains without a time limit.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_runtime_shutdown(runtime: *const serve_runtime, drain_timeout_ns: u64) -> *mut serve_error {
+pub extern "C" fn serve_runtime_shutdown(
+    runtime: *const serve_runtime,
+    drain_timeout_ns: u64,
+) -> *mut serve_error {
     ffi_boundary! {
         // SAFETY: checked for NULL; validity is the caller's contract.
         let r = unsafe { arg(runtime, "runtime") }?;
@@ -170,7 +173,10 @@ pub extern "C" fn serve_runtime_backend(runtime: *const serve_runtime) -> *const
 
 /// Take a snapshot of the runtime's counters; free it with `serve_stats_free`.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_runtime_stats(runtime: *const serve_runtime, out: *mut *mut serve_stats) -> *mut serve_error {
+pub extern "C" fn serve_runtime_stats(
+    runtime: *const serve_runtime,
+    out: *mut *mut serve_stats,
+) -> *mut serve_error {
     ffi_boundary! {
         // SAFETY: checked for NULL; validity is the caller's contract.
         let r = unsafe { arg(runtime, "runtime") }?;

@@ -47,7 +47,10 @@ pub extern "C" fn serve_submit_options_free(options: *mut serve_submit_options) 
 /// not completed by then completes `SERVE_CODE_DEADLINE_EXCEEDED`; one whose deadline has already
 /// passed at submit is refused with that code.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_submit_options_set_deadline_ns(options: *mut serve_submit_options, deadline_ns: u64) -> *mut serve_error {
+pub extern "C" fn serve_submit_options_set_deadline_ns(
+    options: *mut serve_submit_options,
+    deadline_ns: u64,
+) -> *mut serve_error {
     ffi_boundary! {
         // SAFETY: checked for NULL; validity and exclusivity are the caller's contract.
         let o = unsafe { arg_mut(options, "options") }?;
@@ -59,7 +62,10 @@ pub extern "C" fn serve_submit_options_set_deadline_ns(options: *mut serve_submi
 /// Deadline relative to each submit, in nanoseconds; 0 clears it. If both a deadline and a timeout
 /// are set, the earlier applies.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_submit_options_set_timeout_ns(options: *mut serve_submit_options, timeout_ns: u64) -> *mut serve_error {
+pub extern "C" fn serve_submit_options_set_timeout_ns(
+    options: *mut serve_submit_options,
+    timeout_ns: u64,
+) -> *mut serve_error {
     ffi_boundary! {
         // SAFETY: checked for NULL; validity and exclusivity are the caller's contract.
         let o = unsafe { arg_mut(options, "options") }?;
@@ -70,7 +76,10 @@ pub extern "C" fn serve_submit_options_set_timeout_ns(options: *mut serve_submit
 
 /// Priority: larger is served first; equal priorities in arrival order. Default 0.
 #[unsafe(no_mangle)]
-pub extern "C" fn serve_submit_options_set_priority(options: *mut serve_submit_options, priority: i32) -> *mut serve_error {
+pub extern "C" fn serve_submit_options_set_priority(
+    options: *mut serve_submit_options,
+    priority: i32,
+) -> *mut serve_error {
     ffi_boundary! {
         // SAFETY: checked for NULL; validity and exclusivity are the caller's contract.
         let o = unsafe { arg_mut(options, "options") }?;

@@ -136,7 +136,10 @@ impl Mlp {
             .enumerate()
             .flat_map(|(k, l)| {
                 [
-                    (format!("layers.{k}.weight"), Tensor::new(vec![l.out_features, l.in_features], l.weight.clone())),
+                    (
+                        format!("layers.{k}.weight"),
+                        Tensor::new(vec![l.out_features, l.in_features], l.weight.clone()),
+                    ),
                     (format!("layers.{k}.bias"), Tensor::new(vec![l.out_features], l.bias.clone())),
                 ]
             })

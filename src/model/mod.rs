@@ -24,7 +24,8 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
-    pub const ALL: [ModelKind; 4] = [ModelKind::Mlp, ModelKind::Lstm, ModelKind::Seq2Seq, ModelKind::TreeLstm];
+    pub const ALL: [ModelKind; 4] =
+        [ModelKind::Mlp, ModelKind::Lstm, ModelKind::Seq2Seq, ModelKind::TreeLstm];
 
     pub fn name(self) -> &'static str {
         match self {

@@ -39,9 +39,14 @@ pub(crate) enum Event {
     AddModel(usize, Box<EngineModel>),
     Arrive(Box<Pending>),
     Cancel(RequestId),
-    TaskDone { model: usize, task: TaskId },
+    TaskDone {
+        model: usize,
+        task: TaskId,
+    },
     /// Stop accepting; finish what is pending until `drain_until`, then cancel the rest and exit.
-    Shutdown { drain_until: Instant },
+    Shutdown {
+        drain_until: Instant,
+    },
 }
 
 struct Request {
@@ -127,6 +132,8 @@ impl Engine {
         // Requests still in the channel (none, with the submit gate closed first) are dropped with
         // it; their replies complete them `Cancelled`.
         let _ = self.poller.send(PollerCmd::Stop);
+        // Policies and runners go now: streams finish the task in hand and their threads end.
+        self.models.clear();
         self.publish();
     }
 
@@ -157,7 +164,8 @@ impl Engine {
     fn tick_due(&mut self) {
         let now = self.now();
         for idx in 0..self.models.len() {
-            let due = matches!(&self.models[idx], Some(s) if s.m.policy.next_wakeup().is_some_and(|t| t <= now));
+            let due =
+                matches!(&self.models[idx], Some(s) if s.m.policy.next_wakeup().is_some_and(|t| t <= now));
             if due {
                 self.with_policy(idx, |p| p.tick(now));
             }
@@ -176,11 +184,8 @@ impl Engine {
             Event::Arrive(p) => {
                 let id = p.reply.id();
                 let model = p.model;
-                let arrival = Arrival {
-                    id,
-                    deadline: p.deadline.map(|d| self.time(d)),
-                    priority: p.priority,
-                };
+                let arrival =
+                    Arrival { id, deadline: p.deadline.map(|d| self.time(d)), priority: p.priority };
                 self.requests.insert(id, Request { pending: *p, result: None });
                 let now = self.now();
                 self.with_policy(model, |pol| pol.arrive(now, arrival));
@@ -260,7 +265,8 @@ impl Engine {
         let in_len = state.io.0;
         let mut input = vec![0.0f32; l.batch * in_len];
         for (row, id) in l.requests.iter().enumerate() {
-            if let Some(Request { pending: Pending { input: Input::F32(v), .. }, .. }) = self.requests.get(id) {
+            if let Some(Request { pending: Pending { input: Input::F32(v), .. }, .. }) = self.requests.get(id)
+            {
                 input[row * in_len..(row + 1) * in_len].copy_from_slice(v);
             }
         }
@@ -288,7 +294,9 @@ impl Engine {
     fn complete(&mut self, id: RequestId, code: Code) {
         let Some(r) = self.requests.remove(&id) else { return };
         let result = match code {
-            Code::Ok => r.result.unwrap_or_else(|| Err(Error::internal("request completed without a result"))),
+            Code::Ok => {
+                r.result.unwrap_or_else(|| Err(Error::internal("request completed without a result")))
+            }
             Code::Cancelled => Err(Error::new(Code::Cancelled, "request cancelled")),
             Code::DeadlineExceeded => Err(Error::new(
                 Code::DeadlineExceeded,

@@ -27,8 +27,8 @@ use crate::sched::{Policy, RequestId};
 
 use engine::{Engine, EngineModel, Event, Pending};
 pub use queue::{Completion, CompletionQueue};
-pub use request::{SubmitOptions, Ticket};
 use request::{Reply, Sink};
+pub use request::{SubmitOptions, Ticket};
 pub use stats::StatsSnapshot;
 
 /// Default admission bound per model: requests accepted and not yet completed.
@@ -44,7 +44,11 @@ pub struct RuntimeBuilder {
 
 impl Default for RuntimeBuilder {
     fn default() -> Self {
-        RuntimeBuilder { backend: BackendChoice::Auto, cpu_threads: 0, admission_bound: DEFAULT_ADMISSION_BOUND }
+        RuntimeBuilder {
+            backend: BackendChoice::Auto,
+            cpu_threads: 0,
+            admission_bound: DEFAULT_ADMISSION_BOUND,
+        }
     }
 }
 
@@ -248,11 +252,14 @@ impl Runtime {
             let mut gate = self.shared.gate.write().unwrap_or_else(|p| p.into_inner());
             if *gate {
                 *gate = false;
-                let until = Instant::now().checked_add(drain).unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365));
+                let until = Instant::now()
+                    .checked_add(drain)
+                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365));
                 let _ = self.shared.events.send(Event::Shutdown { drain_until: until });
             }
         }
-        let threads: Vec<_> = self.shared.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        let threads: Vec<_> =
+            self.shared.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
         for t in threads {
             let _ = t.join();
         }
@@ -306,11 +313,22 @@ impl Model {
 
     /// Submit a request whose completion goes to `queue` with `tag`. Returns the request id
     /// (for [`Runtime::cancel`]).
-    pub fn submit_to(&self, input: Input, opts: SubmitOptions, queue: &CompletionQueue, tag: u64) -> Result<RequestId> {
+    pub fn submit_to(
+        &self,
+        input: Input,
+        opts: SubmitOptions,
+        queue: &CompletionQueue,
+        tag: u64,
+    ) -> Result<RequestId> {
         self.enqueue(input, opts, |_| Sink::Queue { queue: queue.shared().clone(), tag })
     }
 
-    fn enqueue(&self, input: Input, opts: SubmitOptions, sink: impl FnOnce(RequestId) -> Sink) -> Result<RequestId> {
+    fn enqueue(
+        &self,
+        input: Input,
+        opts: SubmitOptions,
+        sink: impl FnOnce(RequestId) -> Sink,
+    ) -> Result<RequestId> {
         let r = self.try_enqueue(input, opts, sink);
         if r.is_err() {
             self.rt.stats.record_reject();
@@ -318,7 +336,12 @@ impl Model {
         r
     }
 
-    fn try_enqueue(&self, input: Input, opts: SubmitOptions, sink: impl FnOnce(RequestId) -> Sink) -> Result<RequestId> {
+    fn try_enqueue(
+        &self,
+        input: Input,
+        opts: SubmitOptions,
+        sink: impl FnOnce(RequestId) -> Sink,
+    ) -> Result<RequestId> {
         self.m.net.validate(&input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
         if let Some(d) = opts.deadline
             && d <= Instant::now()
@@ -334,13 +357,17 @@ impl Model {
             self.m.admitted.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::new(
                 Code::Busy,
-                format!("model `{}` has {} requests pending (its admission bound); retry later", self.m.name, self.m.bound),
+                format!(
+                    "model `{}` has {} requests pending (its admission bound); retry later",
+                    self.m.name, self.m.bound
+                ),
             ));
         }
         let id = self.rt.next_id.fetch_add(1, Ordering::AcqRel);
         self.rt.stats.record_submit();
         let reply = Reply::new(id, sink(id), self.rt.stats.clone());
-        let pending = Pending { model: self.m.index, input, deadline: opts.deadline, priority: opts.priority, reply };
+        let pending =
+            Pending { model: self.m.index, input, deadline: opts.deadline, priority: opts.priority, reply };
         if let Err(mpsc::SendError(ev)) = self.rt.events.send(Event::Arrive(Box::new(pending))) {
             // The engine is gone (it cannot be while the gate is open, but never lose a request):
             // the reply completes the request `Cancelled` when dropped here.

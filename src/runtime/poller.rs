@@ -17,7 +17,13 @@ use crate::sched::TaskId;
 
 pub(crate) enum PollerCmd {
     /// Report `task` of `model` once `signal` reaches `target`.
-    Watch { model: usize, worker: usize, task: TaskId, target: u64, signal: Arc<dyn CompletionSignal> },
+    Watch {
+        model: usize,
+        worker: usize,
+        task: TaskId,
+        target: u64,
+        signal: Arc<dyn CompletionSignal>,
+    },
     Stop,
 }
 

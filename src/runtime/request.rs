@@ -131,7 +131,11 @@ impl Reply {
 
     /// Complete the request. Queue completions are appended to `outbox` (flushed in batches by
     /// the caller with [`flush`]); ticket completions are delivered at once.
-    pub(crate) fn complete(mut self, result: Result<Output>, outbox: &mut Vec<(Arc<QueueShared>, Completion)>) {
+    pub(crate) fn complete(
+        mut self,
+        result: Result<Output>,
+        outbox: &mut Vec<(Arc<QueueShared>, Completion)>,
+    ) {
         let sink = self.sink.take().expect("a reply completes once");
         self.stats.record_completion(result.as_ref().err().map_or(Code::Ok, Error::code));
         match sink {

@@ -21,7 +21,17 @@ impl Threads {
 /// `torch.nn.Linear` weight). All matrices are dense row-major.
 ///
 /// Panics if a slice is shorter than its shape says.
-pub fn matmul_wt(x: &[f32], w: &[f32], y: &mut [f32], rows: usize, k: usize, n: usize, accumulate: bool, threads: Threads) {
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_wt(
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+    threads: Threads,
+) {
     assert!(x.len() >= rows * k, "x holds {} values, needs {}", x.len(), rows * k);
     assert!(w.len() >= n * k, "w holds {} values, needs {}", w.len(), n * k);
     assert!(y.len() >= rows * n, "y holds {} values, needs {}", y.len(), rows * n);

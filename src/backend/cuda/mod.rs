@@ -23,12 +23,9 @@ impl CudaProbe {
     pub fn summary(&self) -> String {
         match (&self.reason, self.driver_version) {
             (Some(r), _) => r.clone(),
-            (None, Some(v)) => format!(
-                "CUDA driver {}.{}, {} device(s)",
-                v / 1000,
-                (v % 1000) / 10,
-                self.devices
-            ),
+            (None, Some(v)) => {
+                format!("CUDA driver {}.{}, {} device(s)", v / 1000, (v % 1000) / 10, self.devices)
+            }
             (None, None) => format!("{} device(s)", self.devices),
         }
     }

@@ -142,8 +142,7 @@ impl TimeoutPolicy {
     }
 
     fn ready(&self, now: Time) -> bool {
-        self.queued >= self.cfg.max_batch
-            || self.oldest().is_some_and(|t0| now >= t0 + self.cfg.max_wait)
+        self.queued >= self.cfg.max_batch || self.oldest().is_some_and(|t0| now >= t0 + self.cfg.max_wait)
     }
 
     /// Start ready batches on idle workers.
@@ -388,10 +387,7 @@ mod tests {
         for id in 0..3 {
             arrive(&mut p, us(id), id);
         }
-        assert_eq!(
-            drain(&mut p),
-            vec![launch(0, 0, &[0], 1), launch(1, 1, &[1], 1), launch(2, 2, &[2], 1)]
-        );
+        assert_eq!(drain(&mut p), vec![launch(0, 0, &[0], 1), launch(1, 1, &[1], 1), launch(2, 2, &[2], 1)]);
         p.task_done(us(10), 1);
         arrive(&mut p, us(11), 3);
         assert_eq!(drain(&mut p), vec![ok(1), launch(3, 1, &[3], 1)]);
