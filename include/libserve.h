@@ -123,8 +123,9 @@ typedef struct serve_submit_options serve_submit_options;
 
 // Called on libserve's completion thread with each completion of a callback queue, in completion
 // order. The callee owns `completion` and frees it with `serve_completion_free` (it may keep it).
-// It must not block: it delays every later completion of the queue. It may call any libserve
-// function except `serve_queue_free` on its own queue.
+// It must not block: it delays every later completion of the queue. It must not unwind (C++
+// exception) or longjmp out. It may call any libserve function except `serve_queue_free` on its
+// own queue.
 typedef void (*serve_completion_callback)(void *user_data, serve_completion *completion);
 
 #ifdef __cplusplus
@@ -240,14 +241,15 @@ serve_error *serve_queue_new_callback(serve_completion_callback callback,
                                       void *user_data,
                                       serve_queue **out);
 
-// Free a queue. Undelivered completions are discarded; in callback mode this waits for a
-// callback in progress to return. NULL is allowed.
+// Free a queue. Undelivered completions, and any that arrive later, are discarded; in callback
+// mode this waits for a callback in progress to return, after which the callback is never called
+// again. NULL is allowed.
 void serve_queue_free(serve_queue *queue);
 
 // Wait up to `timeout_ns` nanoseconds for at least one completion, then move up to `max` of them
 // into `completions[0..*count]` (the caller owns each one and frees it with
-// `serve_completion_free`). `*count` is 0 on timeout. `timeout_ns` 0 polls without waiting;
-// `UINT64_MAX` waits without limit. Fails with `SERVE_CODE_INVALID_ARGUMENT` on a callback queue.
+// `serve_completion_free`). `*count` is 0 on timeout, and at once when `max` is 0. `timeout_ns` 0
+// polls without waiting; `UINT64_MAX` waits without limit. Fails with `SERVE_CODE_INVALID_ARGUMENT` on a callback queue.
 serve_error *serve_queue_next(const serve_queue *queue,
                               serve_completion **completions,
                               size_t max,
@@ -297,10 +299,12 @@ void serve_runtime_free(serve_runtime *runtime);
 serve_error *serve_runtime_shutdown(const serve_runtime *runtime, uint64_t drain_timeout_ns);
 
 // Ask for request `request_id` to be cancelled. A queued request completes
-// `SERVE_CODE_CANCELLED` promptly, a running one at its next cell / layer boundary; one that has
-// already completed is unaffected (its completion stands). Fails with
+// `SERVE_CODE_CANCELLED` promptly; a running one at its next boundary (the next cell step for
+// sequence models; the end of its batched task for fixed-shape models such as `mlp`, whose task is
+// one forward pass); one that has already completed is unaffected (its completion stands). Fails with
 // `SERVE_CODE_INVALID_ARGUMENT` only for an id this runtime never issued.
-serve_error *serve_runtime_cancel(const serve_runtime *runtime, uint64_t request_id);
+serve_error *serve_runtime_cancel(const serve_runtime *runtime,
+                                  uint64_t request_id);
 
 // The backend in use: "cpu" or "cuda" (static storage). "" if `runtime` is NULL.
 const char *serve_runtime_backend(const serve_runtime *runtime);

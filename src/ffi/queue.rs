@@ -20,8 +20,9 @@ pub struct serve_queue {
 
 /// Called on libserve's completion thread with each completion of a callback queue, in completion
 /// order. The callee owns `completion` and frees it with `serve_completion_free` (it may keep it).
-/// It must not block: it delays every later completion of the queue. It may call any libserve
-/// function except `serve_queue_free` on its own queue.
+/// It must not block: it delays every later completion of the queue. It must not unwind (C++
+/// exception) or longjmp out. It may call any libserve function except `serve_queue_free` on its
+/// own queue.
 pub type serve_completion_callback =
     Option<unsafe extern "C" fn(user_data: *mut c_void, completion: *mut serve_completion)>;
 
@@ -71,8 +72,9 @@ pub extern "C" fn serve_queue_new_callback(
     }
 }
 
-/// Free a queue. Undelivered completions are discarded; in callback mode this waits for a
-/// callback in progress to return. NULL is allowed.
+/// Free a queue. Undelivered completions, and any that arrive later, are discarded; in callback
+/// mode this waits for a callback in progress to return, after which the callback is never called
+/// again. NULL is allowed.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_queue_free(queue: *mut serve_queue) {
     ffi_boundary! {
@@ -83,8 +85,8 @@ pub extern "C" fn serve_queue_free(queue: *mut serve_queue) {
 
 /// Wait up to `timeout_ns` nanoseconds for at least one completion, then move up to `max` of them
 /// into `completions[0..*count]` (the caller owns each one and frees it with
-/// `serve_completion_free`). `*count` is 0 on timeout. `timeout_ns` 0 polls without waiting;
-/// `UINT64_MAX` waits without limit. Fails with `SERVE_CODE_INVALID_ARGUMENT` on a callback queue.
+/// `serve_completion_free`). `*count` is 0 on timeout, and at once when `max` is 0. `timeout_ns` 0
+/// polls without waiting; `UINT64_MAX` waits without limit. Fails with `SERVE_CODE_INVALID_ARGUMENT` on a callback queue.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_queue_next(
     queue: *const serve_queue,

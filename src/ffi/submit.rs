@@ -132,8 +132,9 @@ fn submit(
 ) -> Result<()> {
     // SAFETY: pointers NULL-checked; validity is the caller's contract.
     let m = unsafe { arg(model, "model") }?;
-    let q = unsafe { arg(queue, "queue") }?;
-    let input = input()?;
+    // Refusals from here on are counted in the model's runtime stats.
+    let q = unsafe { arg(queue, "queue") }.inspect_err(|_| m.model.record_reject())?;
+    let input = input().inspect_err(|_| m.model.record_reject())?;
     // SAFETY: NULL or a live options handle.
     let opts = submit_options(unsafe { options.as_ref() });
     let id = m.model.submit_to(input, opts, &q.q, tag)?;

@@ -51,6 +51,33 @@ impl Mlp {
         self.layers.iter().map(|l| 2 * (l.in_features * l.out_features) as u64).sum()
     }
 
+    /// Every layer non-empty, shaped as declared, and chained to the previous one.
+    pub fn check(&self) -> Result<()> {
+        if self.layers.is_empty() {
+            return Err(Error::invalid("an mlp needs at least one layer"));
+        }
+        for (k, l) in self.layers.iter().enumerate() {
+            let shaped = l.in_features > 0
+                && l.out_features > 0
+                && l.weight.len() == l.in_features * l.out_features
+                && l.bias.len() == l.out_features;
+            if !shaped {
+                return Err(Error::invalid(format!(
+                    "mlp layer {k} is empty or its tensors do not match its sizes"
+                )));
+            }
+            if k > 0 && self.layers[k - 1].out_features != l.in_features {
+                return Err(Error::invalid(format!(
+                    "mlp layer {k} takes {} inputs but layer {} gives {}",
+                    l.in_features,
+                    k - 1,
+                    self.layers[k - 1].out_features
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Build from validated tensors: layers `0..L` contiguous, each weight 2-D, each bias matching,
     /// each layer's input equal to the previous layer's output.
     pub fn from_weights(cfg: &MlpConfig, mut w: Weights) -> Result<Mlp> {

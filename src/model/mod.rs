@@ -89,6 +89,13 @@ impl Network {
         }
     }
 
+    /// Check the network's own consistency (for networks built in code rather than loaded).
+    pub fn check(&self) -> Result<()> {
+        match self {
+            Network::Mlp(m) => m.check(),
+        }
+    }
+
     /// Check a request's input against the model; the error says what is wrong and where.
     pub fn validate(&self, input: &Input) -> Result<()> {
         match (self, input) {

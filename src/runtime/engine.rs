@@ -49,6 +49,9 @@ pub(crate) enum Event {
     },
 }
 
+/// Events handled back to back before timers are checked and completions delivered.
+const MAX_EVENTS_PER_TURN: usize = 256;
+
 struct Request {
     pending: Pending,
     /// The result computed by the request's task, set when the task finishes.
@@ -72,18 +75,27 @@ pub(crate) struct Engine {
     models: Vec<Option<ModelState>>,
     requests: HashMap<RequestId, Request>,
     poller: Sender<PollerCmd>,
+    /// Unparked after every watch, so a poller parked between a fast completion and the watch
+    /// that announces it does not sleep out its park.
+    poller_thread: std::thread::Thread,
     stats: Arc<Stats>,
     outbox: Vec<(Arc<QueueShared>, Completion)>,
     drain_until: Option<Instant>,
 }
 
 impl Engine {
-    pub(crate) fn new(epoch: Instant, poller: Sender<PollerCmd>, stats: Arc<Stats>) -> Engine {
+    pub(crate) fn new(
+        epoch: Instant,
+        poller: Sender<PollerCmd>,
+        poller_thread: std::thread::Thread,
+        stats: Arc<Stats>,
+    ) -> Engine {
         Engine {
             epoch,
             models: Vec::new(),
             requests: HashMap::new(),
             poller,
+            poller_thread,
             stats,
             outbox: Vec::new(),
             drain_until: None,
@@ -109,9 +121,13 @@ impl Engine {
             match ev {
                 Ok(ev) => {
                     self.handle(ev);
-                    // Take whatever else is already waiting before looking at timers.
-                    while let Ok(ev) = events.try_recv() {
-                        self.handle(ev);
+                    // Take what else is already waiting before looking at timers, but never so much
+                    // that timers and deliveries starve under a steady stream of arrivals.
+                    for _ in 0..MAX_EVENTS_PER_TURN {
+                        match events.try_recv() {
+                            Ok(ev) => self.handle(ev),
+                            Err(_) => break,
+                        }
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -154,7 +170,7 @@ impl Engine {
             .flatten()
             .filter_map(|s| s.m.policy.next_wakeup())
             .min()
-            .map(|t| self.epoch + std::time::Duration::from_nanos(t.0));
+            .and_then(|t| self.epoch.checked_add(std::time::Duration::from_nanos(t.0)));
         match (policy, self.drain_until) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -203,10 +219,18 @@ impl Engine {
         }
     }
 
-    /// Split a finished task's output among its requests, then tell the policy.
+    /// A task finished on its worker: hand out its results, then tell the policy.
     fn task_done(&mut self, model: usize, task: TaskId) {
-        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        let Some(entry) = state.tasks.remove(&task) else { return };
+        if self.collect_results(model, task) {
+            let now = self.now();
+            self.with_policy(model, |p| p.task_done(now, task));
+        }
+    }
+
+    /// Split a finished task's output (or error) among its requests. False for an unknown task.
+    fn collect_results(&mut self, model: usize, task: TaskId) -> bool {
+        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return false };
+        let Some(entry) = state.tasks.remove(&task) else { return false };
         let out_len = state.io.1;
         let mut io = entry.data.io.lock().unwrap_or_else(|p| p.into_inner());
         let error = io.error.take();
@@ -226,26 +250,27 @@ impl Engine {
                 },
             });
         }
-        let now = self.now();
-        self.with_policy(model, |p| p.task_done(now, task));
+        true
     }
 
     /// Feed one event to a model's policy and carry out every decision it makes.
     fn with_policy(&mut self, model: usize, f: impl FnOnce(&mut dyn Policy)) {
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
         f(&mut *state.m.policy);
-        // Tasks whose launch failed are finished right away, after the decisions in hand.
+        // Tasks whose launch failed are finished right away, after the decisions in hand, in this
+        // same loop (a worker that keeps failing must not deepen the stack batch after batch).
         let mut failed: Vec<TaskId> = Vec::new();
         loop {
             let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
             let Some(d) = state.m.policy.poll() else {
-                match failed.pop() {
-                    Some(task) => {
-                        self.task_done(model, task);
-                        continue;
+                let Some(task) = failed.pop() else { return };
+                if self.collect_results(model, task) {
+                    let now = self.now();
+                    if let Some(Some(state)) = self.models.get_mut(model) {
+                        state.m.policy.task_done(now, task);
                     }
-                    None => return,
                 }
+                continue;
             };
             match d {
                 Decision::Launch(l) => {
@@ -277,7 +302,9 @@ impl Engine {
             Ok(target) => {
                 let signal = state.m.runner.signal(l.worker);
                 let cmd = PollerCmd::Watch { model, worker: l.worker, task: l.task, target, signal };
-                if self.poller.send(cmd).is_err() {
+                let sent = self.poller.send(cmd);
+                self.poller_thread.unpark();
+                if sent.is_err() {
                     data.io.lock().unwrap_or_else(|p| p.into_inner()).error =
                         Some(Error::internal("the completion poller has stopped"));
                     return Err(l.task);
@@ -328,5 +355,13 @@ impl Engine {
                 );
             }
         }
+    }
+}
+
+impl Drop for Engine {
+    /// Deliver what was completed even if the engine thread unwinds; requests still pending
+    /// complete `Cancelled` as their replies drop with `requests`.
+    fn drop(&mut self) {
+        flush(&mut self.outbox);
     }
 }

@@ -33,6 +33,12 @@ pub use stats::StatsSnapshot;
 
 /// Default admission bound per model: requests accepted and not yet completed.
 pub const DEFAULT_ADMISSION_BOUND: usize = 4096;
+/// Largest accepted max batch size (rows of one task).
+pub const MAX_BATCH_LIMIT: usize = 65_536;
+/// Most workers (streams) one model may have.
+pub const MAX_WORKERS: usize = 256;
+/// Most CPU compute threads.
+pub const MAX_CPU_THREADS: usize = 1024;
 
 /// Builds a [`Runtime`].
 #[derive(Clone, Debug)]
@@ -71,6 +77,12 @@ impl RuntimeBuilder {
     pub fn build(self) -> Result<Runtime> {
         if self.admission_bound == 0 {
             return Err(Error::invalid("admission bound must be at least 1"));
+        }
+        if self.cpu_threads > MAX_CPU_THREADS {
+            return Err(Error::invalid(format!(
+                "cpu threads = {} exceeds the limit of {MAX_CPU_THREADS}",
+                self.cpu_threads
+            )));
         }
         let backend = backend::create(self.backend, self.cpu_threads)?;
         Runtime::start(backend, self.admission_bound)
@@ -153,7 +165,7 @@ impl Runtime {
             .spawn(move || poller::run(poll_rx, poller_events))
             .map_err(spawn_err)?;
         let epoch = Instant::now();
-        let engine = Engine::new(epoch, poll_tx, stats.clone());
+        let engine = Engine::new(epoch, poll_tx, poller.thread().clone(), stats.clone());
         let engine_thread = std::thread::Builder::new()
             .name("serve-engine".into())
             .spawn(move || engine.run(ev_rx))
@@ -193,14 +205,24 @@ impl Runtime {
 
     /// Serve an already-built network (e.g. one made in code rather than loaded from disk).
     pub fn add_network(&self, net: Arc<Network>, name: String, opts: ModelOptions) -> Result<Model> {
+        net.check()?;
         let bound = opts.admission_bound.unwrap_or(self.shared.default_bound);
         if bound == 0 {
             return Err(Error::invalid("admission bound must be at least 1"));
         }
         let (policy, workers, max_batch): (Box<dyn Policy>, usize, usize) = match opts.policy {
             PolicyConfig::Timeout(cfg) => {
-                if cfg.max_batch == 0 || cfg.workers == 0 {
-                    return Err(Error::invalid("max batch size and worker count must be at least 1"));
+                if !(1..=MAX_BATCH_LIMIT).contains(&cfg.max_batch) {
+                    return Err(Error::invalid(format!(
+                        "max batch size {} is outside 1..={MAX_BATCH_LIMIT}",
+                        cfg.max_batch
+                    )));
+                }
+                if !(1..=MAX_WORKERS).contains(&cfg.workers) {
+                    return Err(Error::invalid(format!(
+                        "worker count {} is outside 1..={MAX_WORKERS}",
+                        cfg.workers
+                    )));
                 }
                 (Box::new(TimeoutPolicy::new(cfg)), cfg.workers, cfg.max_batch)
             }
@@ -250,18 +272,21 @@ impl Runtime {
     pub fn shutdown(&self, drain: Duration) {
         {
             let mut gate = self.shared.gate.write().unwrap_or_else(|p| p.into_inner());
-            if *gate {
-                *gate = false;
-                let until = Instant::now()
-                    .checked_add(drain)
-                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365));
-                let _ = self.shared.events.send(Event::Shutdown { drain_until: until });
-            }
+            *gate = false;
+            // Every call sends its drain limit (the engine keeps the earliest), even a second one.
+            let until = Instant::now()
+                .checked_add(drain)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365));
+            let _ = self.shared.events.send(Event::Shutdown { drain_until: until });
         }
-        let threads: Vec<_> =
-            self.shared.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
-        for t in threads {
-            let _ = t.join();
+        // Joined under the lock: a concurrent caller waits here until the threads have ended.
+        // (Called from the engine thread itself, e.g. by a waker, it cannot join itself.)
+        let mut threads = self.shared.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let me = std::thread::current().id();
+        for t in threads.drain(..) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
         }
     }
 
@@ -321,6 +346,11 @@ impl Model {
         tag: u64,
     ) -> Result<RequestId> {
         self.enqueue(input, opts, |_| Sink::Queue { queue: queue.shared().clone(), tag })
+    }
+
+    /// Count a submit refused before it reached the model (e.g. a NULL input pointer in the C ABI).
+    pub(crate) fn record_reject(&self) {
+        self.rt.stats.record_reject();
     }
 
     fn enqueue(

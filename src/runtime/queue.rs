@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{JoinHandle, ThreadId};
@@ -78,6 +79,8 @@ impl QueueShared {
 pub struct CompletionQueue {
     shared: Arc<QueueShared>,
     callback_thread: Option<(JoinHandle<()>, ThreadId)>,
+    /// Set when the queue is dropped: the callback thread discards what is left.
+    callback_closed: Arc<AtomicBool>,
 }
 
 impl CompletionQueue {
@@ -92,19 +95,27 @@ impl CompletionQueue {
                 callback_tx: Mutex::new(None),
             }),
             callback_thread: None,
+            callback_closed: Arc::new(AtomicBool::new(false)),
         })
     }
 
     /// A queue that hands each completion to `callback` on a thread of its own, in completion
     /// order. The callback must not block for long: it delays every later completion of the queue.
-    /// A panic in the callback is caught; the completion is dropped.
+    /// A panic in the callback is caught; the completion is dropped. Once the queue is dropped the
+    /// callback is never called again (a call in progress is waited for, unless the drop happens
+    /// inside the callback itself).
     pub fn with_callback(callback: impl Fn(Completion) + Send + 'static) -> Result<CompletionQueue> {
         let (tx, rx) = mpsc::channel::<Completion>();
         let callback: Callback = Box::new(callback);
+        let closed = Arc::new(AtomicBool::new(false));
+        let closed2 = closed.clone();
         let thread = std::thread::Builder::new()
             .name("serve-callback".into())
             .spawn(move || {
                 for c in rx {
+                    if closed2.load(Ordering::Acquire) {
+                        continue; // the queue was freed: discard, never call back
+                    }
                     let _ = catch_unwind(AssertUnwindSafe(|| callback(c)));
                 }
             })
@@ -118,6 +129,7 @@ impl CompletionQueue {
                 callback_tx: Mutex::new(Some(tx)),
             }),
             callback_thread: Some((thread, id)),
+            callback_closed: closed,
         })
     }
 
@@ -188,6 +200,7 @@ impl CompletionQueue {
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
+        self.callback_closed.store(true, Ordering::Release);
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
         let tx = self.shared.callback_tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         drop(tx);
@@ -304,9 +317,15 @@ mod tests {
         assert_eq!(q.next(1, Duration::ZERO).unwrap_err().code(), Code::InvalidArgument);
         assert!(q.fd().is_none());
         q.shared().push_all((0..100).map(c));
-        let shared = q.shared().clone();
-        drop(q); // joins the callback thread after it delivered everything sent
+        let t0 = Instant::now();
+        while seen.lock().unwrap().len() < 100 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(*seen.lock().unwrap(), (0..100).collect::<Vec<_>>());
-        shared.push_all([c(1000)]); // after close: dropped, no panic
+        let shared = q.shared().clone();
+        drop(q); // joins the callback thread
+        shared.push_all([c(1000)]); // after close: discarded, never called back
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(seen.lock().unwrap().len(), 100);
     }
 }

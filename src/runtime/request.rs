@@ -69,7 +69,7 @@ impl Ticket {
 
     /// Block up to `timeout`; `Err(self)` if the request has not completed by then.
     pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Result<Output>, Ticket> {
-        let deadline = Instant::now() + timeout;
+        let Some(deadline) = Instant::now().checked_add(timeout) else { return Ok(self.wait()) };
         {
             let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
             loop {

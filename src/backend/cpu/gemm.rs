@@ -47,7 +47,8 @@ pub fn matmul_wt(
     // SAFETY: the asserts above guarantee every element gemm addresses lies inside its slice:
     // dst (rows × n, row stride n, col stride 1), lhs x (rows × k, row stride k), rhs = wᵀ
     // (k × n: element (i, j) = w[j·k + i], so row stride 1 and col stride k). `y` is borrowed
-    // mutably, so it aliases neither input. With read_dst = false gemm never reads `y`.
+    // mutably, so it aliases neither input; gemm reads `y` only when `accumulate` is set, and then
+    // only those same rows × n elements.
     unsafe {
         gemm::gemm(
             rows,

@@ -33,15 +33,30 @@ impl MlpRunner {
         notify: Notify,
     ) -> Result<MlpRunner> {
         let Network::Mlp(mlp) = &*net;
-        let width = mlp.max_width() * max_batch;
+        let width = mlp.max_width().checked_mul(max_batch).ok_or_else(|| {
+            Error::invalid(format!("activation buffers for batch {max_batch} overflow the address space"))
+        })?;
         let streams = (0..workers)
             .map(|w| {
-                let scratch = Scratch { a: vec![0.0; width], b: vec![0.0; width] };
+                let scratch = Scratch { a: zeroed(width)?, b: zeroed(width)? };
                 CpuStream::new(format!("serve-stream-{w}"), scratch, notify.clone()).map(Mutex::new)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(MlpRunner { net, streams, pool, threads, max_batch })
     }
+}
+
+/// A zeroed buffer, or an error (not an abort) when memory is short.
+fn zeroed(len: usize) -> Result<Vec<f32>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::new(
+            crate::error::Code::Unavailable,
+            format!("cannot allocate {} MiB of activation buffers", len * 4 / (1 << 20)),
+        )
+    })?;
+    v.resize(len, 0.0);
+    Ok(v)
 }
 
 /// Run the layers over `rows` rows of `input`, leaving the result in `out`.

@@ -1,0 +1,258 @@
+//! `serve`: the libserve command-line tool.
+//!
+//! * `serve info` — version, the backend `auto` picks, CPU features, CUDA driver / devices.
+//! * `serve infer MODEL_DIR --input FILE.jsonl` — DESIGN §6: one request per line, one result line
+//!   per request, in input order.
+//! * `serve bench mlp …` — DESIGN §8: Poisson open-loop load against an mlp, batched and unbatched.
+//! * `serve` / `serve demo` — the main job on the CPU default: a small mlp is written, loaded,
+//!   queried with `infer`, then benchmarked briefly.
+
+mod bench;
+mod demo;
+mod infer;
+mod info;
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::builder::{RangedU64ValueParser, TypedValueParser};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+use serve::{BackendChoice, Error, Runtime, TimeoutConfig};
+
+use crate::bench::cmd_bench_mlp;
+use crate::demo::cmd_demo;
+use crate::infer::cmd_infer;
+use crate::info::cmd_info;
+
+// ---------------------------------------------------------------------------------------------
+// Command line
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "serve",
+    version,
+    about = "libserve: batched deep-learning inference (CPU default, CUDA when present)",
+    long_about = "libserve: batched deep-learning inference.\n\nWith no command, runs `serve demo`: \
+                  the main job on the CPU default (write a small mlp, infer, benchmark briefly)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the version, the backend `auto` selects, CPU features and CUDA availability.
+    Info,
+    /// Run one request per line of a JSON-lines file; print one result line per request, in order.
+    Infer(InferArgs),
+    /// Open-loop benchmarks (DESIGN §8).
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+    /// The main job on the CPU default: write a small mlp, run `infer` on it, benchmark it briefly.
+    Demo,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Poisson open-loop load against an mlp (a random one unless --model is given).
+    Mlp(BenchMlpArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl From<BackendArg> for BackendChoice {
+    fn from(b: BackendArg) -> BackendChoice {
+        match b {
+            BackendArg::Auto => BackendChoice::Auto,
+            BackendArg::Cpu => BackendChoice::Cpu,
+            BackendArg::Cuda => BackendChoice::Cuda,
+        }
+    }
+}
+
+impl fmt::Display for BackendArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendArg::Auto => "auto",
+            BackendArg::Cpu => "cpu",
+            BackendArg::Cuda => "cuda",
+        })
+    }
+}
+
+/// A `usize` option that must be at least 1.
+fn positive() -> impl TypedValueParser<Value = usize> {
+    RangedU64ValueParser::<usize>::new().range(1..)
+}
+
+/// A finite `f64` option that must be greater than 0.
+fn positive_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("`{s}` is not a number: {e}"))?;
+    if v.is_finite() && v > 0.0 { Ok(v) } else { Err(format!("`{s}` must be a positive finite number")) }
+}
+
+#[derive(Args, Debug, Clone, Copy)]
+struct RuntimeArgs {
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// CPU compute threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+#[derive(Args, Debug)]
+struct InferArgs {
+    /// Model directory (model.toml + weights.safetensors).
+    model_dir: PathBuf,
+    /// JSON-lines requests: `{"input":[…]}`, `{"tokens":[…]}` or `{"tokens":[…],"parents":[…]}`.
+    /// `-` reads standard input.
+    #[arg(long, short = 'i')]
+    input: PathBuf,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+    /// Most requests in one batched task.
+    #[arg(long, default_value_t = 32, value_parser = positive())]
+    max_batch: usize,
+    /// How long the oldest queued request may wait for a fuller batch (0 = no wait).
+    #[arg(long, default_value_t = 0)]
+    max_wait_us: u64,
+    /// Admission bound: requests in flight at once (default: the runtime's, 4096). Submits
+    /// refused BUSY wait for completions and are retried.
+    #[arg(long, value_parser = positive())]
+    max_inflight: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct BenchMlpArgs {
+    /// Benchmark the mlp in this model directory instead of a random one.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Layer widths of the random mlp, input first. Default: CPU scale 256,256,256,256 (hidden 256)
+    /// on the CPU backend, GPU scale 256,1024,1024,256 (hidden 1024) on CUDA (DESIGN §8).
+    #[arg(long, value_delimiter = ',', value_parser = positive(), conflicts_with = "model")]
+    sizes: Option<Vec<usize>>,
+    /// Offered rates in requests per second (several allowed: `--rate 500 1000` or `--rate
+    /// 500,1000`). Default: 0.25, 0.5, 0.75 and 0.9 of the capacity measured in a closed loop.
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = positive_f64)]
+    rate: Vec<f64>,
+    /// Requests per offered rate (default: rate × --duration-s).
+    #[arg(long, value_parser = positive())]
+    requests: Option<usize>,
+    /// Seconds of arrivals per offered rate, when --requests is not given.
+    #[arg(long, default_value_t = 2.0, value_parser = positive_f64)]
+    duration_s: f64,
+    /// Most requests in one batched task (the policy `timeout(s, t)`).
+    #[arg(long, default_value_t = 32, value_parser = positive())]
+    max_batch: usize,
+    /// Longest the oldest queued request waits for a fuller batch (0 = NO_Wait).
+    #[arg(long, default_value_t = 0)]
+    max_wait_us: u64,
+    /// Workers (concurrent streams) of the policy.
+    #[arg(long, default_value_t = 1, value_parser = positive())]
+    workers: usize,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+    /// Seed of the random mlp, its inputs and the arrival times.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the results as one JSON object (DESIGN §8) to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Latency target in ms: also report goodput (requests per second completed within it).
+    #[arg(long, value_parser = positive_f64)]
+    qos_ms: Option<f64>,
+    /// Also run without batching (max batch 1) at the same offered rates and print the ratios
+    /// batched / unbatched.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    compare_batch: bool,
+    /// Seconds of closed-loop load used to measure capacity when no --rate is given.
+    #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
+    capacity_s: f64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors and main
+// ---------------------------------------------------------------------------------------------
+
+/// A failure that ends the command with a non-zero exit status.
+#[derive(Debug)]
+struct Fatal(String);
+
+impl From<Error> for Fatal {
+    fn from(e: Error) -> Fatal {
+        Fatal(e.to_string())
+    }
+}
+
+fn fatal(msg: impl Into<String>) -> Fatal {
+    Fatal(msg.into())
+}
+
+type CliResult<T> = Result<T, Fatal>;
+
+fn stdout_err(e: io::Error) -> Fatal {
+    fatal(format!("cannot write to standard output: {e}"))
+}
+
+fn main() -> ExitCode {
+    // Die quietly on a closed stdout (`serve infer … | head`) like other command-line tools,
+    // instead of failing every later write. Only the binary does this; the library installs no
+    // signal handlers (DESIGN §4).
+    #[cfg(unix)]
+    // SAFETY: resetting SIGPIPE to its default disposition has no memory-safety preconditions; no
+    // other thread exists yet.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Demo) {
+        Command::Info => cmd_info(),
+        Command::Infer(a) => cmd_infer(a),
+        Command::Bench { what: BenchCommand::Mlp(a) } => cmd_bench_mlp(a),
+        Command::Demo => cmd_demo(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fatal(msg)) => {
+            eprintln!("serve: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn build_runtime(rt: RuntimeArgs) -> CliResult<Runtime> {
+    Runtime::builder()
+        .backend(rt.backend.into())
+        .cpu_threads(rt.threads)
+        .build()
+        .map_err(|e| fatal(format!("cannot start the runtime on backend `{}`: {e}", rt.backend)))
+}
+
+fn timeout_policy(max_batch: usize, max_wait_us: u64, workers: usize) -> TimeoutConfig {
+    TimeoutConfig { max_batch, max_wait: Duration::from_micros(max_wait_us), workers, pad_to_max: false }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
