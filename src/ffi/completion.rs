@@ -76,21 +76,10 @@ pub extern "C" fn serve_completion_output_f32(
     len: *mut usize,
 ) -> *mut serve_error {
     ffi_boundary! {
-        // SAFETY: checked for NULL; validity is the caller's contract.
-        let c = unsafe { arg(completion, "completion") }?;
-        out_arg(data, "data")?;
-        out_arg(len, "len")?;
-        match output(c)? {
-            Output::F32(v) => {
-                // SAFETY: both checked non-NULL.
-                unsafe {
-                    write_out(data, v.as_ptr());
-                    write_out(len, v.len());
-                }
-                Ok(())
-            }
-            Output::Tokens(_) => Err(Error::invalid("this completion's output is tokens; use serve_completion_output_tokens")),
-        }
+        borrow_output(completion, data, len, |o| match o {
+            Output::F32(v) => Ok(v),
+            Output::Tokens(_) => Err("this completion's output is tokens; use serve_completion_output_tokens"),
+        })
     }
 }
 
@@ -104,22 +93,31 @@ pub extern "C" fn serve_completion_output_tokens(
     len: *mut usize,
 ) -> *mut serve_error {
     ffi_boundary! {
-        // SAFETY: checked for NULL; validity is the caller's contract.
-        let c = unsafe { arg(completion, "completion") }?;
-        out_arg(data, "data")?;
-        out_arg(len, "len")?;
-        match output(c)? {
-            Output::Tokens(v) => {
-                // SAFETY: both checked non-NULL.
-                unsafe {
-                    write_out(data, v.as_ptr());
-                    write_out(len, v.len());
-                }
-                Ok(())
-            }
-            Output::F32(_) => Err(Error::invalid("this completion's output is f32 values; use serve_completion_output_f32")),
-        }
+        borrow_output(completion, data, len, |o| match o {
+            Output::Tokens(v) => Ok(v),
+            Output::F32(_) => Err("this completion's output is f32 values; use serve_completion_output_f32"),
+        })
     }
+}
+
+/// Lend the completion's output of the kind `pick` selects through `(data, len)`.
+fn borrow_output<T>(
+    completion: *const serve_completion,
+    data: *mut *const T,
+    len: *mut usize,
+    pick: impl FnOnce(&Output) -> Result<&Vec<T>, &'static str>,
+) -> crate::Result<()> {
+    // SAFETY: checked for NULL; validity is the caller's contract.
+    let c = unsafe { arg(completion, "completion") }?;
+    out_arg(data, "data")?;
+    out_arg(len, "len")?;
+    let v = pick(output(c)?).map_err(Error::invalid)?;
+    // SAFETY: both checked non-NULL; the pointer borrows from `completion`, as documented.
+    unsafe {
+        write_out(data, v.as_ptr());
+        write_out(len, v.len());
+    }
+    Ok(())
 }
 
 fn output(c: &serve_completion) -> crate::Result<&Output> {
