@@ -443,3 +443,30 @@ fn every_request_completes_exactly_once_under_stress() {
     assert!(s.completed(Code::Ok) > 0 && s.completed(Code::Cancelled) > 0);
     assert_eq!((s.queued, s.running), (0, 0));
 }
+
+#[test]
+fn concurrent_shutdowns_both_wait_and_the_shorter_drain_wins() {
+    let (dir, _) = mlp_dir("concurrent-shutdown", &[4, 2], 11);
+    let rt = Arc::new(runtime());
+    let model = rt.load_model(&dir, timeout_opts(64, Duration::from_secs(30), 1)).unwrap();
+    let tickets: Vec<_> =
+        (0..8).map(|_| model.submit(Input::F32(vec![0.0; 4]), SubmitOptions::default()).unwrap()).collect();
+    let t0 = Instant::now();
+    let callers: Vec<_> = [Duration::from_secs(60), Duration::from_millis(20)]
+        .into_iter()
+        .map(|drain| {
+            let rt = rt.clone();
+            std::thread::spawn(move || {
+                rt.shutdown(drain);
+                t0.elapsed()
+            })
+        })
+        .collect();
+    let returned: Vec<Duration> = callers.into_iter().map(|c| c.join().unwrap()).collect();
+    // Both returned only once the runtime had stopped, well before the long drain.
+    assert!(returned.iter().all(|d| *d < Duration::from_secs(30)), "{returned:?}");
+    for t in tickets {
+        assert!(t.is_done(), "every request completed before shutdown returned");
+        assert_eq!(t.wait().unwrap_err().code(), Code::Cancelled);
+    }
+}
