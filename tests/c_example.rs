@@ -14,143 +14,30 @@
 //! * `SERVE_C_KEEP=1` — keep the scratch directories (model, expected file, executables) under
 //!   `target/tmp` to rerun an example by hand.
 
+mod common;
+
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::process::Command;
+use std::time::Duration;
 
+use common::native::{self, C_COMPILER, NATIVE_STATIC_LIBS, SANITIZE_FLAGS, env_flag, manifest_dir};
 use serve::model::Mlp;
 
 const SUCCESS_LINE: &str = "example: all checks passed";
-/// What `cargo rustc --lib --crate-type staticlib -- --print native-static-libs` prints on
-/// x86_64-unknown-linux-gnu for this crate (std + libc + libloading).
-const NATIVE_STATIC_LIBS: &[&str] = &["-ldl", "-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"];
 const CFLAGS: &[&str] = &["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"];
-const SANITIZE_FLAGS: &[&str] = &["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"];
 /// Generous: the example runs ~1,700 requests; under ASan on a loaded 2-core machine it takes
 /// seconds, not minutes.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
-fn env_flag(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == "1")
-}
-
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `target/<profile>` (or `target/<triple>/<profile>`): this test binary is
-/// `target/<profile>/deps/<test-bin>`.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("the test binary has a directory");
-    assert_eq!(
-        deps.file_name().and_then(|n| n.to_str()),
-        Some("deps"),
-        "test binary {} is not in target/<profile>/deps",
-        exe.display()
-    );
-    deps.parent().expect("deps has a parent").to_path_buf()
-}
-
-fn mtime(p: &Path) -> Option<SystemTime> {
-    std::fs::metadata(p).and_then(|m| m.modified()).ok()
-}
-
-/// The rlib this test binary was linked against: `deps/libserve.rlib` (cargo drops the hash from
-/// a package that has a cdylib), or the newest `deps/libserve-*.rlib`.
-fn linked_rlib(profile: &Path) -> Option<SystemTime> {
-    std::fs::read_dir(profile.join("deps"))
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with("libserve") && n.ends_with(".rlib")
-        })
-        .filter_map(|e| mtime(&e.path()))
-        .max()
-}
-
-/// A library is current if rustc wrote it in the same invocation as (hence after) the rlib this
-/// test links: all of the lib's crate types come out of one rustc run.
-fn current(lib: &Path, rlib: Option<SystemTime>) -> bool {
-    match (mtime(lib), rlib) {
-        (Some(l), Some(r)) => l >= r,
-        (Some(_), None) => true,
-        _ => false,
-    }
-}
-
-/// The directory holding current `libserve.a` and `libserve.so`. Cargo builds every crate type of
-/// the lib (rlib, cdylib, staticlib) into `target/<profile>/deps` in the single rustc run that also
-/// gives this test its rlib, but only `cargo build` copies them up to `target/<profile>`: under
-/// `cargo test` the copies there may be missing or stale. So take `target/<profile>` when its
-/// copies are current, else `deps/`, else build them with `cargo build --lib`.
 fn library_dir() -> PathBuf {
-    let profile = profile_dir();
-    let rlib = linked_rlib(&profile);
-    let fresh = |d: &Path| current(&d.join("libserve.a"), rlib) && current(&d.join("libserve.so"), rlib);
-    if !env_flag("SERVE_C_FORCE_BUILD") {
-        for dir in [profile.clone(), profile.join("deps")] {
-            if fresh(&dir) {
-                return dir;
-            }
-        }
-        eprintln!("libserve.a / libserve.so missing or stale in {}: building them", profile.display());
-    }
-    cargo_build_lib(&profile)
-}
-
-/// `cargo build --lib` for the profile (and target triple) this test was built for, into the same
-/// target directory.
-fn cargo_build_lib(profile: &Path) -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
-    let name = profile.file_name().and_then(|n| n.to_str()).expect("profile dir name").to_string();
-    let parent = profile.parent().expect("profile dir has a parent");
-    // target/<profile> or target/<triple>/<profile>: the target root holds CACHEDIR.TAG.
-    let (target_root, triple) =
-        if parent.join("CACHEDIR.TAG").exists() || parent.join(".rustc_info.json").exists() {
-            (parent.to_path_buf(), None)
-        } else {
-            let root = parent.parent().expect("target/<triple> has a parent").to_path_buf();
-            (root, parent.file_name().map(|t| t.to_os_string()))
-        };
-    let cargo_profile = match name.as_str() {
-        "debug" => "dev",
-        other => other,
-    };
-    let mut cmd = Command::new(&cargo);
-    cmd.arg("build")
-        .arg("--lib")
-        .arg("--manifest-path")
-        .arg(manifest_dir().join("Cargo.toml"))
-        .arg("--profile")
-        .arg(cargo_profile)
-        .env("CARGO_TARGET_DIR", &target_root);
-    if let Some(t) = triple {
-        cmd.arg("--target").arg(t);
-    }
-    eprintln!("running {cmd:?}");
-    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {}: {e}", cargo.to_string_lossy()));
-    assert!(status.success(), "`cargo build --lib` failed: {status}");
-    for lib in ["libserve.a", "libserve.so"] {
-        assert!(
-            profile.join(lib).is_file(),
-            "`cargo build --lib` did not produce {}",
-            profile.join(lib).display()
-        );
-    }
-    profile.to_path_buf()
+    native::library_dir(env_flag("SERVE_C_FORCE_BUILD"))
 }
 
 /// A fresh scratch directory under cargo's per-target tmp dir.
 fn scratch(name: &str) -> PathBuf {
-    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("c_example-{name}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    native::scratch(&format!("c_example-{name}"))
 }
 
 /// Write the mlp model dir and the expected-output file (format: top of example.c).
@@ -187,32 +74,8 @@ fn write_fixture(dir: &Path, seed: u64) -> (PathBuf, PathBuf) {
     (model_dir, expected)
 }
 
-fn compiler() -> OsString {
-    std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| OsString::from("cc"))
-}
-
-/// Whether a C compiler can be run. `false` only when `SERVE_SKIP_C=1` allows skipping.
-fn have_compiler() -> bool {
-    let cc = compiler();
-    match Command::new(&cc).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status() {
-        Ok(s) if s.success() => true,
-        other => {
-            let why = match other {
-                Ok(s) => format!("`{} --version` failed: {s}", cc.to_string_lossy()),
-                Err(e) => format!("cannot run C compiler `{}`: {e}", cc.to_string_lossy()),
-            };
-            if env_flag("SERVE_SKIP_C") {
-                eprintln!("skipped: {why} (SERVE_SKIP_C=1)");
-                false
-            } else {
-                panic!("{why}; install a C compiler, set CC, or set SERVE_SKIP_C=1 to skip the C example");
-            }
-        }
-    }
-}
-
 fn compile(out: &Path, extra_before: &[&str], link: &[OsString]) {
-    let mut cmd = Command::new(compiler());
+    let mut cmd = Command::new(C_COMPILER.program());
     cmd.args(CFLAGS)
         .args(extra_before)
         .arg("-I")
@@ -221,70 +84,28 @@ fn compile(out: &Path, extra_before: &[&str], link: &[OsString]) {
         .arg("-o")
         .arg(out)
         .args(link);
-    eprintln!("compiling: {cmd:?}");
-    let output = cmd.output().expect("run the C compiler");
-    assert!(
-        output.status.success(),
-        "compiling example.c failed ({}):\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    native::run_compiler(&mut cmd, "compiling example.c");
 }
 
 /// Run the example with a time limit; assert exit 0 and the success line.
 fn run(exe: &Path, model_dir: &Path, expected: &Path, env: &[(&str, OsString)], scratch: &Path) {
-    let stdout_path = scratch.join("stdout.txt");
-    let stderr_path = scratch.join("stderr.txt");
-    let mut cmd = Command::new(exe);
-    cmd.arg(model_dir)
-        .arg(expected)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&stdout_path).unwrap())
-        .stderr(std::fs::File::create(&stderr_path).unwrap());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if start.elapsed() > RUN_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
-    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-    eprintln!("--- {} stdout ---\n{stdout}--- stderr ---\n{stderr}---", exe.display());
-    let status = status.unwrap_or_else(|| panic!("{} did not finish within {RUN_TIMEOUT:?}", exe.display()));
-    assert!(status.success(), "{} failed: {status}", exe.display());
-    assert!(
-        stdout.lines().any(|l| l == SUCCESS_LINE),
-        "{} exited 0 without printing `{SUCCESS_LINE}`",
-        exe.display()
+    native::run_example(
+        exe,
+        &[model_dir.as_os_str(), expected.as_os_str()],
+        env,
+        scratch,
+        SUCCESS_LINE,
+        RUN_TIMEOUT,
     );
-    assert!(!stdout.contains("FAIL:"), "{} printed a FAIL line but exited 0", exe.display());
-    for report in ["ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"] {
-        assert!(!stderr.contains(report), "{} exited 0 after a sanitizer report ({report})", exe.display());
-    }
 }
 
 fn cleanup(dir: &Path) {
-    if env_flag("SERVE_C_KEEP") {
-        eprintln!("kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(dir);
-    }
+    native::cleanup(dir, env_flag("SERVE_C_KEEP"));
 }
 
 #[test]
 fn c_example_static_library() {
-    if !have_compiler() {
+    if !C_COMPILER.available() {
         return;
     }
     let libs = library_dir();
@@ -295,19 +116,14 @@ fn c_example_static_library() {
     let mut link = vec![libs.join("libserve.a").into_os_string()];
     link.extend(NATIVE_STATIC_LIBS.iter().map(OsString::from));
     compile(&exe, if sanitize { SANITIZE_FLAGS } else { &[] }, &link);
-    let mut env = Vec::new();
-    if sanitize {
-        env.push(("ASAN_OPTIONS", OsString::from("detect_leaks=1:abort_on_error=0:strict_string_checks=1")));
-        env.push(("UBSAN_OPTIONS", OsString::from("halt_on_error=1:print_stacktrace=1")));
-        env.push(("LSAN_OPTIONS", OsString::from("report_objects=1")));
-    }
+    let env = if sanitize { native::sanitizer_env() } else { Vec::new() };
     run(&exe, &model_dir, &expected, &env, &dir);
     cleanup(&dir);
 }
 
 #[test]
 fn c_example_shared_library() {
-    if !have_compiler() {
+    if !C_COMPILER.available() {
         return;
     }
     let libs = library_dir();

@@ -153,14 +153,16 @@ impl Engine {
         self.publish();
     }
 
+    /// Update the gauges, then deliver: a caller that has seen its completion never reads a
+    /// gauge older than it.
     fn publish(&mut self) {
-        flush(&mut self.outbox);
         let (queued, running) = self
             .models
             .iter()
             .flatten()
             .fold((0, 0), |(q, r), s| (q + s.m.policy.queued(), r + s.m.policy.running()));
         self.stats.set_gauges(queued, running);
+        flush(&mut self.outbox);
     }
 
     fn next_wakeup(&self) -> Option<Instant> {

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serve::model::Mlp;
 
+pub mod native;
+
 /// A fresh, unique directory under the system temp dir.
 pub fn tempdir(label: &str) -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);

@@ -1,0 +1,94 @@
+// Command serve-http serves a libserve model over HTTP.
+//
+//	go build ./cmd/serve-http && ./serve-http -model ../testdata/mlp_4_8_3 -addr 127.0.0.1:8080
+//	curl -s localhost:8080/v1/infer -d '{"input":[-0.75,-0.25,0.25,0.75]}'
+//	{"output":[-0.2809799,0.13719752,-0.03692965]}
+//
+// POST /v1/infer takes {"input":[...]} and answers {"output":[...]} or, on failure, an error
+// status with {"error":{"code":"BUSY","message":"..."}}: INVALID_ARGUMENT → 400, BUSY, SHUTDOWN,
+// UNAVAILABLE and CANCELLED → 503 (with Retry-After), DEADLINE_EXCEEDED → 504, UNSUPPORTED →
+// 501, others → 500. Each request has the -timeout deadline, or the shorter one its
+// timeout_ms query parameter asks for. GET /v1/model describes the model; GET /healthz
+// answers ok.
+//
+// On SIGINT or SIGTERM the server stops accepting connections, lets requests in progress finish
+// (up to -drain), then shuts the runtime down.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"libserve"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:8080", "listen address")
+	modelDir := flag.String("model", "", "model directory (model.toml + weights.safetensors)")
+	backend := flag.String("backend", "auto", "backend: auto, cpu or cuda")
+	cpuThreads := flag.Int("cpu-threads", 0, "CPU backend compute threads (0 = one per core)")
+	maxBatch := flag.Int("max-batch", 32, "most requests per batched task")
+	maxWait := flag.Duration("max-wait", 0, "longest wait for a fuller batch (0 = none)")
+	workers := flag.Int("workers", 1, "workers (backend streams) of the model")
+	admission := flag.Int("admission-bound", 0, "requests in flight before BUSY (0 = libserve's default)")
+	timeout := flag.Duration("timeout", 5*time.Second, "deadline of each request")
+	drain := flag.Duration("drain", 10*time.Second, "how long requests in progress may finish at shutdown")
+	flag.Parse()
+	if *modelDir == "" || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: serve-http -model DIR [flags]")
+		flag.PrintDefaults()
+		os.Exit(2)
+	}
+	if err := run(*addr, *modelDir, *timeout, *drain,
+		&libserve.RuntimeOptions{Backend: *backend, CPUThreads: *cpuThreads},
+		&libserve.ModelOptions{MaxBatch: *maxBatch, MaxWait: *maxWait, Workers: *workers, AdmissionBound: *admission},
+	); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(addr, modelDir string, timeout, drain time.Duration, ro *libserve.RuntimeOptions, mo *libserve.ModelOptions) error {
+	rt, err := libserve.NewRuntime(ro)
+	if err != nil {
+		return err
+	}
+	defer rt.Shutdown(drain)
+	m, err := rt.LoadModel(modelDir, mo)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+
+	srv := &http.Server{
+		Addr:              addr,
+		Handler:           newHandler(m, timeout),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Printf("serving %s model %s (libserve %s, %s backend) on http://%s", m.Kind(), modelDir, libserve.Version(), rt.Backend(), addr)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Print("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}

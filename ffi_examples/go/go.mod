@@ -1,0 +1,3 @@
+module libserve
+
+go 1.24
