@@ -13,7 +13,7 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use serve::backend::cpu::gemm::{Threads, linear};
+use serve::backend::cpu::gemm::{PackedWeight, Threads, linear};
 use serve::ffi::completion::{serve_completion, serve_completion_free};
 use serve::ffi::model::{
     serve_model, serve_model_free, serve_model_options_free, serve_model_options_new,
@@ -147,9 +147,10 @@ fn main() {
         g.bench_function("c_abi", |b| b.iter_custom(|iters| c_round_trips(&h, iters, &input, &mut out)));
         g.bench_function("rust_api", |b| b.iter_custom(|iters| rust_round_trips(&model, &q, iters, &input)));
         let l = &mlp.layers[0];
+        let w = PackedWeight::from_torch(&l.weight, 16, 16);
         let mut y = vec![0.0f32; 16];
         g.bench_function("linear_only", |b| {
-            b.iter(|| linear(black_box(&input), &l.weight, &l.bias, &mut y, 1, 16, 16, false, Threads(1)))
+            b.iter(|| linear(black_box(&input), &w, &l.bias, &mut y, 1, false, Threads(1)))
         });
         g.finish();
     }
@@ -162,12 +163,13 @@ fn main() {
     println!("  C ABI    {:8.0} ns   ({:.2} µs; goal ≤ 2 µs)", c_ns, c_ns / 1000.0);
     println!("  Rust API {:8.0} ns", r_ns);
     let l = &mlp.layers[0];
+    let w = PackedWeight::from_torch(&l.weight, 16, 16);
     let mut y = vec![0.0f32; 16];
     let lin_ns = per_request_ns(
         |n| {
             let t0 = Instant::now();
             for _ in 0..n {
-                linear(black_box(&input), &l.weight, &l.bias, &mut y, 1, 16, 16, false, Threads(1));
+                linear(black_box(&input), &w, &l.bias, &mut y, 1, false, Threads(1));
             }
             t0.elapsed()
         },

@@ -1,13 +1,13 @@
-//! `mlp` on the CPU: one stream per worker, each with two activation buffers sized for the
-//! largest batch, allocated once and reused by every task.
+//! `mlp` on the CPU: weights packed once and shared by every worker; one stream per worker,
+//! each with two activation buffers sized for the largest batch, allocated once and reused.
 
 use std::sync::{Arc, Mutex};
 
-use crate::backend::cpu::gemm::{Threads, linear};
+use crate::backend::cpu::gemm::{PackedWeight, Threads, linear};
 use crate::backend::cpu::stream::{CpuStream, Job};
 use crate::backend::{CompletionSignal, Notify, Runner, TaskData};
 use crate::error::{Error, Result};
-use crate::model::{Mlp, Network};
+use crate::model::Network;
 
 /// Ping-pong activation buffers of one stream.
 struct Scratch {
@@ -15,8 +15,22 @@ struct Scratch {
     b: Vec<f32>,
 }
 
+/// One layer as the CPU computes it.
+struct Layer {
+    w: PackedWeight,
+    b: Vec<f32>,
+}
+
+/// The prepared model: packed layers (shared by all workers) and its sizes.
+struct Prepared {
+    layers: Vec<Layer>,
+    input_len: usize,
+    output_len: usize,
+    flops_per_row: usize,
+}
+
 pub(super) struct MlpRunner {
-    net: Arc<Network>,
+    model: Arc<Prepared>,
     streams: Vec<Mutex<CpuStream<Scratch>>>,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
@@ -33,6 +47,19 @@ impl MlpRunner {
         notify: Notify,
     ) -> Result<MlpRunner> {
         let Network::Mlp(mlp) = &*net;
+        let model = Arc::new(Prepared {
+            layers: mlp
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    w: PackedWeight::from_torch(&l.weight, l.out_features, l.in_features),
+                    b: l.bias.clone(),
+                })
+                .collect(),
+            input_len: mlp.input_len(),
+            output_len: mlp.output_len(),
+            flops_per_row: mlp.flops_per_row() as usize,
+        });
         let width = mlp.max_width().checked_mul(max_batch).ok_or_else(|| {
             Error::invalid(format!("activation buffers for batch {max_batch} overflow the address space"))
         })?;
@@ -42,7 +69,7 @@ impl MlpRunner {
                 CpuStream::new(format!("serve-stream-{w}"), scratch, notify.clone()).map(Mutex::new)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(MlpRunner { net, streams, pool, threads, max_batch })
+        Ok(MlpRunner { model, streams, pool, threads, max_batch })
     }
 }
 
@@ -60,10 +87,10 @@ fn zeroed(len: usize) -> Result<Vec<f32>> {
 }
 
 /// Run the layers over `rows` rows of `input`, leaving the result in `out`.
-fn forward(mlp: &Mlp, input: &[f32], rows: usize, s: &mut Scratch, out: &mut Vec<f32>, threads: Threads) {
-    let last = mlp.layers.len() - 1;
+fn forward(m: &Prepared, input: &[f32], rows: usize, s: &mut Scratch, out: &mut Vec<f32>, threads: Threads) {
+    let last = m.layers.len() - 1;
     let mut src_is_input = true;
-    for (k, l) in mlp.layers.iter().enumerate() {
+    for (k, l) in m.layers.iter().enumerate() {
         let (src, dst): (&[f32], &mut [f32]) = if src_is_input {
             (input, &mut s.a)
         } else if k % 2 == 1 {
@@ -71,12 +98,12 @@ fn forward(mlp: &Mlp, input: &[f32], rows: usize, s: &mut Scratch, out: &mut Vec
         } else {
             (&s.b, &mut s.a)
         };
-        linear(src, &l.weight, &l.bias, dst, rows, l.in_features, l.out_features, k < last, threads);
+        linear(src, &l.w, &l.b, dst, rows, k < last, threads);
         src_is_input = false;
     }
     let result = if last % 2 == 0 { &s.a } else { &s.b };
     out.clear();
-    out.extend_from_slice(&result[..rows * mlp.output_len()]);
+    out.extend_from_slice(&result[..rows * m.output_len]);
 }
 
 impl Runner for MlpRunner {
@@ -89,8 +116,7 @@ impl Runner for MlpRunner {
     }
 
     fn io_lens(&self) -> (usize, usize) {
-        let Network::Mlp(m) = &*self.net;
-        (m.input_len(), m.output_len())
+        (self.model.input_len, self.model.output_len)
     }
 
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
@@ -100,20 +126,19 @@ impl Runner for MlpRunner {
                 task.rows, self.max_batch
             )));
         }
-        let net = self.net.clone();
+        let model = self.model.clone();
         let pool = self.pool.clone();
         let threads = Threads(self.threads);
         let t2 = task.clone();
         let job = Job {
             run: Box::new(move |scratch: &mut Scratch| {
-                let Network::Mlp(mlp) = &*net;
                 let mut io = task.io.lock().expect("task io lock");
                 let io = &mut *io;
-                let macs = task.rows * mlp.flops_per_row() as usize / 2;
+                let macs = task.rows * model.flops_per_row / 2;
                 if threads.0 > 1 && macs >= super::gemm::PARALLEL_MIN_MACS {
-                    pool.install(|| forward(mlp, &io.input, task.rows, scratch, &mut io.output, threads));
+                    pool.install(|| forward(&model, &io.input, task.rows, scratch, &mut io.output, threads));
                 } else {
-                    forward(mlp, &io.input, task.rows, scratch, &mut io.output, Threads(1));
+                    forward(&model, &io.input, task.rows, scratch, &mut io.output, Threads(1));
                 }
             }),
             on_panic: Box::new(move |e| t2.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e)),
