@@ -49,7 +49,7 @@ fi
 prefix=${prefix%/}
 [ -n "$prefix" ] || prefix=/
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(CDPATH= cd -- "$(dirname -- "$0")/.." >/dev/null && pwd)
 cargo=${CARGO:-cargo}
 
 # The version: [package] version in Cargo.toml.

@@ -40,8 +40,8 @@ serve_error *lsgo_next(const serve_queue *queue, serve_completion **completions,
       ev->len = len;
       continue;
     }
-    /* Neither output is readable from a successful completion: reported by the Go side. */
-    ev->code = (uint32_t)serve_error_code(e);
+    /* Neither output is readable from a successful completion: left SERVE_CODE_OK with no output,
+       which the Go side reports as INTERNAL ("succeeded but holds no output"). */
     serve_error_free(e);
   }
   *count = n;
