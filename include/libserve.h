@@ -187,7 +187,7 @@ serve_error *serve_model_options_new(serve_model_options **out);
 // Free model options. NULL is allowed.
 void serve_model_options_free(serve_model_options *options);
 
-// Maximum requests per batched task (the `s` of timeout batching); at least 1.
+// Maximum requests per batched task (the `s` of timeout batching); 1 to 65536.
 serve_error *serve_model_options_set_max_batch(serve_model_options *options, uint32_t max_batch);
 
 // Longest time, in nanoseconds, the oldest queued request waits for a fuller batch (the `t` of
@@ -195,7 +195,7 @@ serve_error *serve_model_options_set_max_batch(serve_model_options *options, uin
 serve_error *serve_model_options_set_max_wait_ns(serve_model_options *options,
                                                  uint64_t max_wait_ns);
 
-// Number of workers (backend streams) executing this model's tasks concurrently; at least 1.
+// Number of workers (backend streams) executing this model's tasks concurrently; 1 to 256.
 serve_error *serve_model_options_set_workers(serve_model_options *options, uint32_t workers);
 
 // Static batching: every task computes `max_batch` rows, padding the missing ones.
@@ -273,7 +273,7 @@ void serve_runtime_options_free(serve_runtime_options *options);
 // Choose the backend: "auto" (CUDA when usable, else CPU), "cpu" or "cuda".
 serve_error *serve_runtime_options_set_backend(serve_runtime_options *options, const char *backend);
 
-// Compute threads of the CPU backend; 0 = one per core.
+// Compute threads of the CPU backend, at most 1024; 0 = one per core.
 serve_error *serve_runtime_options_set_cpu_threads(serve_runtime_options *options,
                                                    uint32_t threads);
 

@@ -87,7 +87,7 @@ fn headers_compile_when_included_twice_in_either_order() {
         .map(|(name, first, second)| {
             let text = format!(
                 "#include \"{first}\"\n#include \"{second}\"\n#include \"{first}\"\n#include \"{second}\"\n\
-                 static_assert(SERVE_VERSION_MAJOR >= 0, \"version macros\");\n\
+                 #ifndef SERVE_VERSION_MAJOR\n#error \"version macros missing\"\n#endif\n\
                  int probe() {{ return static_cast<int>(serve::Code::SERVE_CODE_BUSY); }}\n"
             );
             (name, text)

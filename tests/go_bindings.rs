@@ -17,9 +17,12 @@
 //! run compiles the race-enabled standard library (about a minute on two cores); later runs take
 //! seconds.
 
+mod common;
+
+use common::native::{cargo, env_flag, manifest_dir};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,14 +30,6 @@ use std::time::{Duration, Instant};
 const GO_TIMEOUT: Duration = Duration::from_secs(240);
 /// Passed to `go test -timeout`, so a hung test binary panics with its goroutine dump first.
 const GO_TEST_TIMEOUT: &str = "180s";
-
-fn env_flag(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == "1")
-}
-
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn go_module() -> PathBuf {
     manifest_dir().join("ffi_examples/go")
@@ -79,7 +74,7 @@ fn find_go() -> Option<OsString> {
 fn build_static_library() -> PathBuf {
     let target = go_target_dir();
     let lib = target.join("release/libserve.a");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let cargo = cargo();
     let mut cmd = Command::new(&cargo);
     cmd.args(["build", "--release", "--lib", "--manifest-path"])
         .arg(manifest_dir().join("Cargo.toml"))

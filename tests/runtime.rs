@@ -149,7 +149,7 @@ fn full_admission_answers_busy_at_once() {
     let t0 = Instant::now();
     let e = model.submit(Input::F32(vec![0.0; 4]), SubmitOptions::default()).err().unwrap();
     assert_eq!(e.code(), Code::Busy);
-    assert!(t0.elapsed() < Duration::from_secs(1), "BUSY must not wait for the 30 s batch timer");
+    assert!(t0.elapsed() < Duration::from_secs(10), "BUSY must not wait for the 30 s batch timer");
     assert_eq!(model.admitted(), 4);
     rt.shutdown(Duration::ZERO);
     for t in tickets {

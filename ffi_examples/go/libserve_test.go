@@ -309,9 +309,9 @@ func TestDeadlineFromContext(t *testing.T) {
 	rt := newRuntime(t, nil)
 	m := loadModel(t, rt, slowModel)
 	const timeout = 50 * time.Millisecond
+	start := time.Now() // before the deadline is set, so an on-time expiry is never "early"
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	start := time.Now()
 	_, err := m.Submit(ctx, f.Inputs[0])
 	elapsed := time.Since(start)
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrDeadlineExceeded) || CodeOf(err) != CodeDeadlineExceeded {
@@ -360,7 +360,7 @@ func TestBusyWhenAdmissionBoundIsFull(t *testing.T) {
 	if !errors.Is(err, ErrBusy) || CodeOf(err) != CodeBusy {
 		t.Errorf("second request: got %v, want BUSY", err)
 	}
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > 5*time.Second { // well below the 10 s batch timer
 		t.Errorf("BUSY took %v; it should be immediate", d)
 	}
 	cancel()

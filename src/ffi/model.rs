@@ -4,13 +4,14 @@ use std::ffi::c_char;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::TimeoutConfig;
 use crate::error::Error;
 use crate::ffi::error::serve_error;
 use crate::ffi::runtime::serve_runtime;
 use crate::ffi::{arg, arg_mut, free_handle, into_handle, out_arg, str_arg, write_out};
 use crate::ffi_boundary;
 use crate::model::Network;
-use crate::runtime::{Model, ModelOptions, PolicyConfig};
+use crate::runtime::{Model, ModelOptions, PolicyConfig, check};
 
 /// Options for `serve_runtime_load_model`: an opaque builder. Not thread-safe while being set; a
 /// `const serve_model_options *` may be shared.
@@ -54,18 +55,26 @@ fn set(
     f(&mut unsafe { arg_mut(options, "options") }?.opts)
 }
 
-/// Maximum requests per batched task (the `s` of timeout batching); at least 1.
+/// Set a field of the timeout-batching policy.
+fn set_timeout(
+    options: *mut serve_model_options,
+    f: impl FnOnce(&mut TimeoutConfig) -> crate::Result<()>,
+) -> crate::Result<()> {
+    set(options, |o| {
+        let PolicyConfig::Timeout(c) = &mut o.policy;
+        f(c)
+    })
+}
+
+/// Maximum requests per batched task (the `s` of timeout batching); 1 to 65536.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_max_batch(
     options: *mut serve_model_options,
     max_batch: u32,
 ) -> *mut serve_error {
     ffi_boundary! {
-        set(options, |o| {
-            if max_batch == 0 {
-                return Err(Error::invalid("max_batch must be at least 1"));
-            }
-            let PolicyConfig::Timeout(c) = &mut o.policy;
+        set_timeout(options, |c| {
+            check::max_batch(max_batch as usize)?;
             c.max_batch = max_batch as usize;
             Ok(())
         })
@@ -80,26 +89,22 @@ pub extern "C" fn serve_model_options_set_max_wait_ns(
     max_wait_ns: u64,
 ) -> *mut serve_error {
     ffi_boundary! {
-        set(options, |o| {
-            let PolicyConfig::Timeout(c) = &mut o.policy;
+        set_timeout(options, |c| {
             c.max_wait = Duration::from_nanos(max_wait_ns);
             Ok(())
         })
     }
 }
 
-/// Number of workers (backend streams) executing this model's tasks concurrently; at least 1.
+/// Number of workers (backend streams) executing this model's tasks concurrently; 1 to 256.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_workers(
     options: *mut serve_model_options,
     workers: u32,
 ) -> *mut serve_error {
     ffi_boundary! {
-        set(options, |o| {
-            if workers == 0 {
-                return Err(Error::invalid("workers must be at least 1"));
-            }
-            let PolicyConfig::Timeout(c) = &mut o.policy;
+        set_timeout(options, |c| {
+            check::workers(workers as usize)?;
             c.workers = workers as usize;
             Ok(())
         })
@@ -113,8 +118,7 @@ pub extern "C" fn serve_model_options_set_pad_to_max(
     pad: bool,
 ) -> *mut serve_error {
     ffi_boundary! {
-        set(options, |o| {
-            let PolicyConfig::Timeout(c) = &mut o.policy;
+        set_timeout(options, |c| {
             c.pad_to_max = pad;
             Ok(())
         })
@@ -129,10 +133,9 @@ pub extern "C" fn serve_model_options_set_admission_bound(
 ) -> *mut serve_error {
     ffi_boundary! {
         set(options, |o| {
-            if bound == 0 {
-                return Err(Error::invalid("admission bound must be at least 1"));
-            }
-            o.admission_bound = Some(usize::try_from(bound).unwrap_or(usize::MAX));
+            let bound = usize::try_from(bound).unwrap_or(usize::MAX);
+            check::admission_bound(bound)?;
+            o.admission_bound = Some(bound);
             Ok(())
         })
     }
@@ -212,15 +215,7 @@ pub extern "C" fn serve_model_free(model: *mut serve_model) {
 pub extern "C" fn serve_model_kind(model: *const serve_model) -> *const c_char {
     ffi_boundary! {
         // SAFETY: NULL or a live model (contract).
-        match unsafe { model.as_ref() } {
-            None => c"".as_ptr(),
-            Some(m) => match m.model.kind() {
-                crate::ModelKind::Mlp => c"mlp".as_ptr(),
-                crate::ModelKind::Lstm => c"lstm".as_ptr(),
-                crate::ModelKind::Seq2Seq => c"seq2seq".as_ptr(),
-                crate::ModelKind::TreeLstm => c"treelstm".as_ptr(),
-            },
-        }
+        unsafe { model.as_ref() }.map_or(c"".as_ptr(), |m| m.model.kind().c_name().as_ptr())
     }
 }
 

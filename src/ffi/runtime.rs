@@ -8,7 +8,7 @@ use crate::error::{Code, Error};
 use crate::ffi::error::serve_error;
 use crate::ffi::{arg, arg_mut, free_handle, into_handle, out_arg, str_arg, write_out};
 use crate::ffi_boundary;
-use crate::runtime::{Runtime, RuntimeBuilder, StatsSnapshot};
+use crate::runtime::{Runtime, RuntimeBuilder, StatsSnapshot, check};
 
 /// Options for `serve_runtime_new`: an opaque builder. Not thread-safe while being set; a
 /// `const serve_runtime_options *` may be shared.
@@ -65,7 +65,7 @@ pub extern "C" fn serve_runtime_options_set_backend(
     }
 }
 
-/// Compute threads of the CPU backend; 0 = one per core.
+/// Compute threads of the CPU backend, at most 1024; 0 = one per core.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_runtime_options_set_cpu_threads(
     options: *mut serve_runtime_options,
@@ -74,6 +74,7 @@ pub extern "C" fn serve_runtime_options_set_cpu_threads(
     ffi_boundary! {
         // SAFETY: checked for NULL; validity is the caller's contract.
         let o = unsafe { arg_mut(options, "options") }?;
+        check::cpu_threads(threads as usize)?;
         o.builder = o.builder.clone().cpu_threads(threads as usize);
         Ok(())
     }
@@ -89,10 +90,9 @@ pub extern "C" fn serve_runtime_options_set_admission_bound(
     ffi_boundary! {
         // SAFETY: checked for NULL; validity is the caller's contract.
         let o = unsafe { arg_mut(options, "options") }?;
-        if bound == 0 {
-            return Err(Error::invalid("admission bound must be at least 1"));
-        }
-        o.builder = o.builder.clone().admission_bound(usize::try_from(bound).unwrap_or(usize::MAX));
+        let bound = usize::try_from(bound).unwrap_or(usize::MAX);
+        check::admission_bound(bound)?;
+        o.builder = o.builder.clone().admission_bound(bound);
         Ok(())
     }
 }

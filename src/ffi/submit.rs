@@ -114,11 +114,7 @@ fn submit_options(o: Option<&serve_submit_options>) -> SubmitOptions {
         }
     });
     let relative = o.timeout_ns.and_then(|t| now.checked_add(Duration::from_nanos(t)));
-    let deadline = match (absolute, relative) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    SubmitOptions { deadline, priority: o.priority }
+    SubmitOptions { deadline: absolute.into_iter().chain(relative).min(), priority: o.priority }
 }
 
 /// Shared body of every submit function.

@@ -80,7 +80,8 @@ impl Mlp {
 
     /// Build from validated tensors: layers `0..L` contiguous, each weight 2-D, each bias matching,
     /// each layer's input equal to the previous layer's output.
-    pub fn from_weights(cfg: &MlpConfig, mut w: Weights) -> Result<Mlp> {
+    /// `toml_path` names the model.toml the sizes in `cfg` come from, for messages.
+    pub fn from_weights(cfg: &MlpConfig, toml_path: &Path, mut w: Weights) -> Result<Mlp> {
         let path = w.path().display().to_string();
         let mut layers = Vec::new();
         while w.contains(&format!("layers.{}.weight", layers.len())) {
@@ -123,7 +124,8 @@ impl Mlp {
                 && want != have
             {
                 return Err(Error::format(format!(
-                    "model.toml says {key} = {want} but the tensors give {have}"
+                    "{}: {key} = {want} but the tensors give {have}",
+                    toml_path.display()
                 )));
             }
         }

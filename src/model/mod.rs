@@ -4,6 +4,7 @@
 pub mod mlp;
 pub mod weights;
 
+use std::ffi::CStr;
 use std::fmt;
 use std::path::Path;
 
@@ -28,11 +29,16 @@ impl ModelKind {
         [ModelKind::Mlp, ModelKind::Lstm, ModelKind::Seq2Seq, ModelKind::TreeLstm];
 
     pub fn name(self) -> &'static str {
+        self.c_name().to_str().expect("kind names are ASCII")
+    }
+
+    /// [`name`](Self::name) as a NUL-terminated string with static storage (for the C ABI).
+    pub fn c_name(self) -> &'static CStr {
         match self {
-            ModelKind::Mlp => "mlp",
-            ModelKind::Lstm => "lstm",
-            ModelKind::Seq2Seq => "seq2seq",
-            ModelKind::TreeLstm => "treelstm",
+            ModelKind::Mlp => c"mlp",
+            ModelKind::Lstm => c"lstm",
+            ModelKind::Seq2Seq => c"seq2seq",
+            ModelKind::TreeLstm => c"treelstm",
         }
     }
 
@@ -156,9 +162,7 @@ pub fn load(dir: &Path) -> Result<Network> {
                 .try_into()
                 .map_err(|e| Error::format(format!("{}: {}", toml_path.display(), e.message())))?;
             let w = weights::Weights::load(&weights_path)?;
-            Ok(Network::Mlp(Mlp::from_weights(&cfg, w).map_err(|e| {
-                if e.message().starts_with("model.toml") { e.context(dir.display()) } else { e }
-            })?))
+            Ok(Network::Mlp(Mlp::from_weights(&cfg, &toml_path, w)?))
         }
         other => Err(Error::new(
             Code::Unsupported,

@@ -14,7 +14,7 @@ use crate::error::{Code, Error, Result};
 use crate::model::{Input, Output};
 use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
-use crate::runtime::request::{Reply, flush};
+use crate::runtime::request::{Reply, flush, shutdown_cancelled};
 use crate::runtime::stats::Stats;
 use crate::sched::{Arrival, Decision, Launch, Policy, RequestId, TaskId, Time};
 
@@ -173,10 +173,7 @@ impl Engine {
             .filter_map(|s| s.m.policy.next_wakeup())
             .min()
             .and_then(|t| self.epoch.checked_add(std::time::Duration::from_nanos(t.0)));
-        match (policy, self.drain_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        policy.into_iter().chain(self.drain_until).min()
     }
 
     fn tick_due(&mut self) {
@@ -321,15 +318,15 @@ impl Engine {
     }
 
     fn complete(&mut self, id: RequestId, code: Code) {
-        let Some(r) = self.requests.remove(&id) else { return };
+        let Some(Request { pending, result: computed }) = self.requests.remove(&id) else { return };
         let result = match code {
             Code::Ok => {
-                r.result.unwrap_or_else(|| Err(Error::internal("request completed without a result")))
+                computed.unwrap_or_else(|| Err(Error::internal("request completed without a result")))
             }
             Code::Cancelled => Err(Error::new(Code::Cancelled, "request cancelled")),
             Code::DeadlineExceeded => Err(Error::new(
                 Code::DeadlineExceeded,
-                if r.result.is_some() {
+                if computed.is_some() {
                     "the deadline passed while the request was running"
                 } else {
                     "the deadline passed while the request was queued"
@@ -337,25 +334,22 @@ impl Engine {
             )),
             other => Err(Error::new(other, "request failed")),
         };
-        if let Some(Some(s)) = self.models.get(r.pending.model) {
+        self.finish(pending, result);
+    }
+
+    /// Release the request's admission slot and complete it.
+    fn finish(&mut self, p: Pending, result: Result<Output>) {
+        if let Some(Some(s)) = self.models.get(p.model) {
             (s.m.on_complete)();
         }
-        r.pending.reply.complete(result, &mut self.outbox);
+        p.reply.complete(result, &mut self.outbox);
     }
 
     /// Shutdown deadline reached: every request still pending completes `Cancelled` now.
     fn cancel_everything(&mut self) {
-        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
-        for id in ids {
-            if let Some(r) = self.requests.remove(&id) {
-                if let Some(Some(s)) = self.models.get(r.pending.model) {
-                    (s.m.on_complete)();
-                }
-                r.pending.reply.complete(
-                    Err(Error::new(Code::Cancelled, "the runtime shut down before the request completed")),
-                    &mut self.outbox,
-                );
-            }
+        let pending: Vec<Pending> = self.requests.drain().map(|(_, r)| r.pending).collect();
+        for p in pending {
+            self.finish(p, Err(shutdown_cancelled()));
         }
     }
 }

@@ -40,6 +40,34 @@ pub const MAX_WORKERS: usize = 256;
 /// Most CPU compute threads.
 pub const MAX_CPU_THREADS: usize = 1024;
 
+/// Checks of the option values above, shared by the builders and the C option setters (which
+/// report a bad value as soon as it is set).
+pub(crate) mod check {
+    use super::{MAX_BATCH_LIMIT, MAX_CPU_THREADS, MAX_WORKERS};
+    use crate::error::{Error, Result};
+
+    fn in_range(what: &str, v: usize, max: usize) -> Result<()> {
+        if (1..=max).contains(&v) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!("{what} {v} is outside 1..={max}")))
+        }
+    }
+    pub(crate) fn max_batch(v: usize) -> Result<()> {
+        in_range("max batch size", v, MAX_BATCH_LIMIT)
+    }
+    pub(crate) fn workers(v: usize) -> Result<()> {
+        in_range("worker count", v, MAX_WORKERS)
+    }
+    pub(crate) fn admission_bound(v: usize) -> Result<()> {
+        in_range("admission bound", v, usize::MAX)
+    }
+    /// 0 means one thread per core.
+    pub(crate) fn cpu_threads(v: usize) -> Result<()> {
+        if v == 0 { Ok(()) } else { in_range("cpu thread count", v, MAX_CPU_THREADS) }
+    }
+}
+
 /// Builds a [`Runtime`].
 #[derive(Clone, Debug)]
 pub struct RuntimeBuilder {
@@ -75,15 +103,8 @@ impl RuntimeBuilder {
     }
 
     pub fn build(self) -> Result<Runtime> {
-        if self.admission_bound == 0 {
-            return Err(Error::invalid("admission bound must be at least 1"));
-        }
-        if self.cpu_threads > MAX_CPU_THREADS {
-            return Err(Error::invalid(format!(
-                "cpu threads = {} exceeds the limit of {MAX_CPU_THREADS}",
-                self.cpu_threads
-            )));
-        }
+        check::admission_bound(self.admission_bound)?;
+        check::cpu_threads(self.cpu_threads)?;
         let backend = backend::create(self.backend, self.cpu_threads)?;
         Runtime::start(backend, self.admission_bound)
     }
@@ -130,7 +151,8 @@ struct Shared {
     next_id: AtomicU64,
     stats: Arc<stats::Stats>,
     default_bound: usize,
-    models: Mutex<usize>,
+    /// Models added so far (the next model's index).
+    models: AtomicUsize,
     poller_thread: std::thread::Thread,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -178,7 +200,7 @@ impl Runtime {
             next_id: AtomicU64::new(0),
             stats,
             default_bound,
-            models: Mutex::new(0),
+            models: AtomicUsize::new(0),
             poller_thread: poller.thread().clone(),
             threads: Mutex::new(vec![engine_thread, poller]),
         });
@@ -207,23 +229,11 @@ impl Runtime {
     pub fn add_network(&self, net: Arc<Network>, name: String, opts: ModelOptions) -> Result<Model> {
         net.check()?;
         let bound = opts.admission_bound.unwrap_or(self.shared.default_bound);
-        if bound == 0 {
-            return Err(Error::invalid("admission bound must be at least 1"));
-        }
+        check::admission_bound(bound)?;
         let (policy, workers, max_batch): (Box<dyn Policy>, usize, usize) = match opts.policy {
             PolicyConfig::Timeout(cfg) => {
-                if !(1..=MAX_BATCH_LIMIT).contains(&cfg.max_batch) {
-                    return Err(Error::invalid(format!(
-                        "max batch size {} is outside 1..={MAX_BATCH_LIMIT}",
-                        cfg.max_batch
-                    )));
-                }
-                if !(1..=MAX_WORKERS).contains(&cfg.workers) {
-                    return Err(Error::invalid(format!(
-                        "worker count {} is outside 1..={MAX_WORKERS}",
-                        cfg.workers
-                    )));
-                }
+                check::max_batch(cfg.max_batch)?;
+                check::workers(cfg.workers)?;
                 (Box::new(TimeoutPolicy::new(cfg)), cfg.workers, cfg.max_batch)
             }
         };
@@ -235,11 +245,7 @@ impl Runtime {
         if !*gate {
             return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
         }
-        let index = {
-            let mut n = self.shared.models.lock().unwrap_or_else(|p| p.into_inner());
-            *n += 1;
-            *n - 1
-        };
+        let index = self.shared.models.fetch_add(1, Ordering::AcqRel);
         let on_done = admitted.clone();
         let em = EngineModel {
             policy,

@@ -136,7 +136,12 @@ impl Reply {
         result: Result<Output>,
         outbox: &mut Vec<(Arc<QueueShared>, Completion)>,
     ) {
-        let sink = self.sink.take().expect("a reply completes once");
+        self.deliver(result, outbox);
+    }
+
+    /// Hand `result` to the sink (which is then gone, so a reply delivers once).
+    fn deliver(&mut self, result: Result<Output>, outbox: &mut Vec<(Arc<QueueShared>, Completion)>) {
+        let Some(sink) = self.sink.take() else { return };
         self.stats.record_completion(result.as_ref().err().map_or(Code::Ok, Error::code));
         match sink {
             Sink::Ticket(slot) => {
@@ -158,15 +163,16 @@ impl Reply {
 impl Drop for Reply {
     fn drop(&mut self) {
         if self.sink.is_some() {
-            let me = Reply { id: self.id, sink: self.sink.take(), stats: self.stats.clone() };
             let mut outbox = Vec::new();
-            me.complete(
-                Err(Error::new(Code::Cancelled, "the runtime shut down before the request completed")),
-                &mut outbox,
-            );
+            self.deliver(Err(shutdown_cancelled()), &mut outbox);
             flush(&mut outbox);
         }
     }
+}
+
+/// The error of a request still pending when the runtime stops.
+pub(crate) fn shutdown_cancelled() -> Error {
+    Error::new(Code::Cancelled, "the runtime shut down before the request completed")
 }
 
 /// Deliver queued completions, one lock per run of completions bound for the same queue.

@@ -47,7 +47,6 @@ enum State {
 struct Entry {
     arrived: Time,
     deadline: Option<Time>,
-    priority: i32,
     state: State,
     cancelled: bool,
 }
@@ -177,13 +176,7 @@ impl TimeoutPolicy {
 
 impl Policy for TimeoutPolicy {
     fn arrive(&mut self, now: Time, req: Arrival) {
-        let entry = Entry {
-            arrived: now,
-            deadline: req.deadline,
-            priority: req.priority,
-            state: State::Queued,
-            cancelled: false,
-        };
+        let entry = Entry { arrived: now, deadline: req.deadline, state: State::Queued, cancelled: false };
         let previous = self.requests.insert(req.id, entry);
         assert!(previous.is_none(), "request {} arrived twice", req.id);
         self.queues.entry(Reverse(req.priority)).or_default().push_back(req.id);
@@ -240,10 +233,7 @@ impl Policy for TimeoutPolicy {
             None
         };
         let deadline = self.deadlines.peek().map(|Reverse((d, _))| *d);
-        match (batch_timer, deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        batch_timer.into_iter().chain(deadline).min()
     }
 
     fn queued(&self) -> usize {
@@ -252,13 +242,6 @@ impl Policy for TimeoutPolicy {
 
     fn running(&self) -> usize {
         self.running
-    }
-}
-
-impl TimeoutPolicy {
-    /// Priority a request was admitted with (for introspection and tests).
-    pub fn priority_of(&self, id: RequestId) -> Option<i32> {
-        self.requests.get(&id).map(|e| e.priority)
     }
 }
 
@@ -402,7 +385,6 @@ mod tests {
         p.arrive(us(2), Arrival { id: 2, deadline: None, priority: 5 });
         p.arrive(us(3), Arrival { id: 3, deadline: None, priority: 0 });
         p.arrive(us(4), Arrival { id: 4, deadline: None, priority: 5 });
-        assert_eq!(p.priority_of(4), Some(5));
         p.task_done(us(5), 0);
         assert_eq!(drain(&mut p), vec![ok(0), launch(1, 0, &[2, 4], 2)]);
     }
