@@ -41,6 +41,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The model kind's own policy: timeout batching (no wait) for `mlp`, cellular batching for
+// `lstm`, `seq2seq` and `treelstm`.
+#define SERVE_POLICY_AUTO 0
+
+// TF-Serving style timeout batching (fixed-shape models).
+#define SERVE_POLICY_TIMEOUT 1
+
+// BatchMaker cellular batching (recurrent models).
+#define SERVE_POLICY_CELLULAR 2
+
+// Graph batching with padding, the TF/MXNet baseline (recurrent models).
+#define SERVE_POLICY_PADDING 3
+
 // Major version: changes only with an incompatible ABI change.
 #define SERVE_VERSION_MAJOR 0
 
@@ -179,27 +192,46 @@ void serve_error_free(serve_error *error);
 // "UNKNOWN" for a value that is not a `serve_code`. Static storage; never NULL.
 const char *serve_code_name(uint32_t code);
 
-// Create model options with the defaults: timeout batching with max batch 32, max wait 0 (take
-// whatever is queued as soon as a worker is idle), 1 worker, no padding, the runtime's admission
-// bound, name = the directory's name.
+// Create model options with the defaults: the model kind's own policy (`SERVE_POLICY_AUTO`:
+// timeout batching with max batch 32, max wait 0 and 1 worker for `mlp`; cellular batching with
+// max batch 512 per cell type (256 for the Seq2Seq decoder), 1 worker and 5 tasks submitted
+// ahead for recurrent models), the runtime's admission bound, name = the directory's name.
 serve_error *serve_model_options_new(serve_model_options **out);
 
 // Free model options. NULL is allowed.
 void serve_model_options_free(serve_model_options *options);
 
-// Maximum requests per batched task (the `s` of timeout batching); 1 to 65536.
+// The batching policy: one of the `SERVE_POLICY_*` constants. A policy that does not fit the
+// model's kind (timeout for a recurrent model, cellular or padding for `mlp`) makes
+// `serve_runtime_load_model` fail with `SERVE_CODE_UNSUPPORTED`.
+serve_error *serve_model_options_set_policy(serve_model_options *options, uint32_t policy);
+
+// Maximum rows per batched task, 1 to 65536: the `s` of timeout batching, the max batch of every
+// cell type under cellular batching, the requests per batch of the padding policy.
 serve_error *serve_model_options_set_max_batch(serve_model_options *options, uint32_t max_batch);
 
 // Longest time, in nanoseconds, the oldest queued request waits for a fuller batch (the `t` of
-// timeout batching). 0 = no waiting: a batch starts as soon as a worker is idle.
+// timeout batching). 0 = no waiting: a batch starts as soon as a worker is idle. Timeout policy
+// only (loading a model under another policy fails with `SERVE_CODE_INVALID_ARGUMENT`).
 serve_error *serve_model_options_set_max_wait_ns(serve_model_options *options,
                                                  uint64_t max_wait_ns);
 
 // Number of workers (backend streams) executing this model's tasks concurrently; 1 to 256.
 serve_error *serve_model_options_set_workers(serve_model_options *options, uint32_t workers);
 
-// Static batching: every task computes `max_batch` rows, padding the missing ones.
+// Static batching: every task computes `max_batch` rows, padding the missing ones. Timeout
+// policy only.
 serve_error *serve_model_options_set_pad_to_max(serve_model_options *options, bool pad);
+
+// Tasks a worker may have submitted and unfinished (BatchMaker's `MaxTasksToSubmit`, default
+// 5), at least 1. Cellular and padding policies only.
+serve_error *serve_model_options_set_max_tasks_to_submit(serve_model_options *options,
+                                                         uint32_t max_tasks);
+
+// State slots of a recurrent model (one per in-flight sequence, one per node of an in-flight
+// tree; requests wait for slots when all are taken); at least 1. Default: enough for the
+// admission bound within 256 MiB of state.
+serve_error *serve_model_options_set_state_slots(serve_model_options *options, uint64_t slots);
 
 // This model's admission bound (overrides the runtime's); at least 1.
 serve_error *serve_model_options_set_admission_bound(serve_model_options *options, uint64_t bound);
@@ -210,7 +242,9 @@ serve_error *serve_model_options_set_name(serve_model_options *options, const ch
 // Load the model directory `dir` (model.toml + weights.safetensors) into `runtime`. `options`
 // may be NULL for the defaults. Errors: `SERVE_CODE_NOT_FOUND` (no such directory or file),
 // `SERVE_CODE_FORMAT` (bad model.toml; missing, extra or misshaped tensor; non-f32 dtype;
-// truncated file; unknown kind), `SERVE_CODE_SHUTDOWN`. On success `*out` owns the model.
+// truncated file; unknown kind), `SERVE_CODE_UNSUPPORTED` (a policy that does not fit the
+// kind), `SERVE_CODE_INVALID_ARGUMENT` (an option the policy does not have),
+// `SERVE_CODE_SHUTDOWN`. On success `*out` owns the model.
 serve_error *serve_runtime_load_model(const serve_runtime *runtime,
                                       const char *dir,
                                       const serve_model_options *options,
@@ -226,7 +260,8 @@ const char *serve_model_kind(const serve_model *model);
 // and for NULL.
 size_t serve_model_input_len(const serve_model *model);
 
-// Values in one request's output for models with a fixed output size; 0 for NULL.
+// Values in one request's output for models with a fixed output size (`mlp`: its output;
+// `lstm`, `treelstm`: the hidden size); 0 for `seq2seq` (token outputs) and for NULL.
 size_t serve_model_output_len(const serve_model *model);
 
 // Create a completion queue drained with `serve_queue_next` (and, on Linux, watchable through

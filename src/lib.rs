@@ -17,9 +17,10 @@ pub use backend::{BackendChoice, BackendKind};
 pub use error::{Code, Error, Result};
 pub use model::{Input, ModelKind, Network, Output};
 pub use runtime::{
-    Completion, CompletionQueue, Model, ModelOptions, PolicyConfig, Runtime, RuntimeBuilder, StatsSnapshot,
-    SubmitOptions, Ticket,
+    CellularOptions, Completion, CompletionQueue, Model, ModelOptions, PolicyConfig, Runtime, RuntimeBuilder,
+    StatsSnapshot, SubmitOptions, Ticket,
 };
+pub use sched::baseline::padding::PaddingConfig;
 pub use sched::baseline::timeout::TimeoutConfig;
 
 /// The crate version, `MAJOR.MINOR.PATCH`.

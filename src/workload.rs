@@ -8,6 +8,9 @@
 //!   about 99 % below 100 (BatchMaker Fig. 10).
 //! * [`diurnal`] — E²bird §8.2: [`DIURNAL_LOW_REQUESTS`] arrivals at a low rate, then
 //!   [`DIURNAL_HIGH_REQUESTS`] at a high rate.
+//! * [`treebank_tree`] / [`treebank_trees`] — TreeBank-like trees: random binary parse trees
+//!   whose leaf count is log-normal with mean 19 (the Stanford Sentiment Treebank's sentence
+//!   length), clipped to [1, 100].
 
 use std::time::Duration;
 
@@ -24,6 +27,15 @@ pub const WMT_MAX_LEN: usize = 330;
 /// `σ` of the underlying normal: chosen so that P(length < 100) ≈ 0.99 given the mean 24
 /// (solving `μ + σ²/2 = ln 24` and `μ + 2.326·σ = ln 100`).
 pub const WMT_SIGMA: f64 = 0.7276;
+
+/// Mean leaf count of a TreeBank-like tree (words per sentence).
+pub const TREEBANK_MEAN_LEAVES: f64 = 19.0;
+/// Fewest leaves of a TreeBank-like tree.
+pub const TREEBANK_MIN_LEAVES: usize = 1;
+/// Most leaves of a TreeBank-like tree (so at most `2·100 − 1 = 199` nodes).
+pub const TREEBANK_MAX_LEAVES: usize = 100;
+/// Most nodes of a TreeBank-like tree.
+pub const TREEBANK_MAX_NODES: usize = 2 * TREEBANK_MAX_LEAVES - 1;
 
 /// Arrivals in the low-rate phase of [`diurnal`].
 pub const DIURNAL_LOW_REQUESTS: usize = 150;
@@ -88,6 +100,76 @@ pub fn wmt_lengths(n: usize, seed: u64) -> Vec<usize> {
             (x.round() as usize).clamp(WMT_MIN_LEN, WMT_MAX_LEN)
         })
         .collect()
+}
+
+/// The number of leaves of one TreeBank-like tree: log-normal with mean
+/// [`TREEBANK_MEAN_LEAVES`] and the same shape (σ = [`WMT_SIGMA`]) as the WMT-like lengths,
+/// rounded and clipped to [[`TREEBANK_MIN_LEAVES`], [`TREEBANK_MAX_LEAVES`]] (clipping moves the
+/// mean by well under 1 %).
+pub fn treebank_leaves<R: Rng + ?Sized>(rng: &mut R) -> usize {
+    let mu = TREEBANK_MEAN_LEAVES.ln() - WMT_SIGMA * WMT_SIGMA / 2.0;
+    let dist = LogNormal::new(mu, WMT_SIGMA).expect("constant parameters are valid");
+    let x: f64 = rng.sample(dist);
+    (x.round() as usize).clamp(TREEBANK_MIN_LEAVES, TREEBANK_MAX_LEAVES)
+}
+
+/// One TreeBank-like tree as parent indices (`-1` for the root; the `parents` of a `treelstm`
+/// request, DESIGN §6).
+///
+/// The leaf count comes from [`treebank_leaves`]; the shape is a random binary parse of the
+/// sentence: starting from the leaves as single-word spans, two *adjacent* spans chosen uniformly
+/// at random are merged under a new internal node until one span (the root) is left. So a tree
+/// of `L` leaves has `2L − 1` nodes, every internal node has exactly two children, and the leaves
+/// read left to right are the sentence in order.
+///
+/// Nodes are numbered in **post-order** (left subtree, right subtree, node): children come before
+/// their parent, the root is the last node, and the leaves appear in sentence order.
+pub fn treebank_tree<R: Rng + ?Sized>(rng: &mut R) -> Vec<i32> {
+    let leaves = treebank_leaves(rng);
+    // Build with leaves 0..L and internal nodes L.. in merge order; `kids[i - L]` are the two
+    // children of internal node i.
+    let mut spans: Vec<usize> = (0..leaves).collect();
+    let mut kids: Vec<[usize; 2]> = Vec::with_capacity(leaves.saturating_sub(1));
+    while spans.len() > 1 {
+        let i = rng.random_range(0..spans.len() - 1);
+        let node = leaves + kids.len();
+        kids.push([spans[i], spans[i + 1]]);
+        spans[i] = node;
+        spans.remove(i + 1);
+    }
+    let root = spans[0];
+    // Post-order numbering by an explicit stack (trees may be 100 levels deep).
+    let n = leaves + kids.len();
+    let mut order = vec![usize::MAX; n];
+    let mut parent_of = vec![-1i64; n];
+    let mut next = 0usize;
+    let mut stack = vec![(root, false)];
+    while let Some((v, expanded)) = stack.pop() {
+        if v < leaves || expanded {
+            order[v] = next;
+            next += 1;
+        } else {
+            let [l, r] = kids[v - leaves];
+            parent_of[l] = v as i64;
+            parent_of[r] = v as i64;
+            stack.push((v, true));
+            stack.push((r, false));
+            stack.push((l, false));
+        }
+    }
+    let mut parents = vec![-1i32; n];
+    for v in 0..n {
+        if parent_of[v] >= 0 {
+            parents[order[v]] = order[parent_of[v] as usize] as i32;
+        }
+    }
+    parents
+}
+
+/// `n` TreeBank-like trees ([`treebank_tree`]), deterministic per `seed`.
+pub fn treebank_trees(n: usize, seed: u64) -> Vec<Vec<i32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| treebank_tree(&mut rng)).collect()
 }
 
 #[cfg(test)]
@@ -181,5 +263,76 @@ mod tests {
         assert!((ml * low - 1.0).abs() < 0.06, "low-phase mean gap {ml}");
         assert!((mh * high - 1.0).abs() < 0.06, "high-phase mean gap {mh}");
         assert_eq!(diurnal(low, high, 9), diurnal(low, high, 9));
+    }
+
+    /// Leaves of a valid tree given as parents, or a panic saying what is wrong.
+    fn check_tree(parents: &[i32]) -> usize {
+        let n = parents.len();
+        let roots: Vec<usize> = (0..n).filter(|&i| parents[i] == -1).collect();
+        assert_eq!(roots.len(), 1, "exactly one root: {parents:?}");
+        let mut children = vec![0usize; n];
+        for (i, &p) in parents.iter().enumerate() {
+            if p != -1 {
+                assert!((0..n as i32).contains(&p), "parent in range: {parents:?}");
+                // Post-order: a parent comes after its children.
+                assert!(p as usize > i, "node {i} before its parent {p}: {parents:?}");
+                children[p as usize] += 1;
+            }
+        }
+        assert_eq!(roots[0], n - 1, "the root is the last node in post-order");
+        assert!(children.iter().all(|&c| c == 0 || c == 2), "binary: {children:?}");
+        let leaves = children.iter().filter(|&&c| c == 0).count();
+        assert_eq!(n, 2 * leaves - 1, "2·leaves − 1 nodes");
+        // Every node reaches the root (no cycles): parents increase, so the walk ends.
+        for mut v in 0..n {
+            let mut steps = 0;
+            while parents[v] != -1 {
+                v = parents[v] as usize;
+                steps += 1;
+                assert!(steps <= n, "cycle");
+            }
+            assert_eq!(v, roots[0]);
+        }
+        leaves
+    }
+
+    #[test]
+    fn treebank_trees_are_valid_binary_parse_trees_with_mean_19_leaves() {
+        let trees = treebank_trees(20_000, 5);
+        let leaves: Vec<usize> = trees.iter().map(|t| check_tree(t)).collect();
+        let m = leaves.iter().sum::<usize>() as f64 / leaves.len() as f64;
+        // σ of the sample mean is about 0.1 leaves; allow 3 %.
+        assert!((m / TREEBANK_MEAN_LEAVES - 1.0).abs() < 0.03, "mean leaves {m}");
+        assert!(leaves.iter().all(|l| (TREEBANK_MIN_LEAVES..=TREEBANK_MAX_LEAVES).contains(l)));
+        assert!(leaves.contains(&1), "single-word sentences occur");
+        assert!(leaves.iter().any(|&l| l >= 60), "long sentences occur");
+        assert!(trees.iter().all(|t| t.len() <= TREEBANK_MAX_NODES));
+        // Shapes vary: not every tree of a given size is a chain (depth = leaves − 1).
+        let depth = |t: &[i32]| {
+            (0..t.len())
+                .map(|mut v| {
+                    let mut d = 0;
+                    while t[v] != -1 {
+                        v = t[v] as usize;
+                        d += 1;
+                    }
+                    d
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        let big: Vec<&Vec<i32>> = trees.iter().filter(|t| t.len() >= 39).take(200).collect();
+        assert!(big.iter().any(|t| depth(t) < t.len().div_ceil(2) - 1), "some trees are bushy");
+        assert_eq!(treebank_trees(30, 9), treebank_trees(30, 9));
+        assert_ne!(treebank_trees(30, 9), treebank_trees(30, 10));
+    }
+
+    #[test]
+    fn treebank_trees_pass_the_model_validation() {
+        for t in treebank_trees(200, 3) {
+            let tree = crate::model::treelstm::validate_tree(&t, TREEBANK_MAX_NODES).expect("valid tree");
+            assert_eq!(tree.root as usize, t.len() - 1);
+            assert!(tree.children.iter().all(|c| c.is_empty() || c.len() == 2));
+        }
     }
 }

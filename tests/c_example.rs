@@ -1,7 +1,8 @@
 //! The C example (`ffi_examples/c/example.c`) is a real consumer of the C ABI: this test compiles
 //! it against the committed header with `-Wall -Wextra -Werror`, links it twice — against
 //! `libserve.a` and against `libserve.so` (run through its SONAME `libserve.so.0`) — and runs each
-//! build on a generated mlp model, requiring exit status 0 and its final success line.
+//! build on a generated mlp model and the committed lstm and treelstm fixtures
+//! (`ffi_examples/testdata`), requiring exit status 0 and its final success line.
 //!
 //! Environment:
 //! * `CC` — the C compiler (default `cc`). A missing compiler fails the test unless
@@ -74,6 +75,40 @@ fn write_fixture(dir: &Path, seed: u64) -> (PathBuf, PathBuf) {
     (model_dir, expected)
 }
 
+/// The recurrent-model arguments: the lstm and treelstm fixture dirs and their expected outputs,
+/// rewritten from the fixtures' expected.json into the text format at the top of example.c.
+fn recurrent_args(dir: &Path) -> Vec<OsString> {
+    let testdata = manifest_dir().join("ffi_examples/testdata");
+    let mut text = String::new();
+    for (label, name) in [("LSTM", "lstm_small"), ("TREE", "treelstm_small")] {
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(testdata.join(name).join("expected.json")).unwrap())
+                .unwrap();
+        let reqs = json["requests"].as_array().unwrap();
+        writeln!(text, "{label} {}", reqs.len()).unwrap();
+        for r in reqs {
+            let list = |k: &str| -> Vec<String> {
+                r[k].as_array().map(|a| a.iter().map(|v| v.to_string()).collect()).unwrap_or_default()
+            };
+            let tokens = list("tokens");
+            write!(text, "{} {}", tokens.len(), tokens.join(" ")).unwrap();
+            if label == "TREE" {
+                write!(text, " {}", list("parents").join(" ")).unwrap();
+            }
+            let out: Vec<String> =
+                r["output"].as_array().unwrap().iter().map(|v| format!("{:?}", v.as_f64().unwrap() as f32)).collect();
+            writeln!(text, "  {} {}", out.len(), out.join(" ")).unwrap();
+        }
+    }
+    let file = dir.join("recurrent.txt");
+    std::fs::write(&file, text).unwrap();
+    vec![
+        testdata.join("lstm_small").into_os_string(),
+        testdata.join("treelstm_small").into_os_string(),
+        file.into_os_string(),
+    ]
+}
+
 fn compile(out: &Path, extra_before: &[&str], link: &[OsString]) {
     let mut cmd = Command::new(C_COMPILER.program());
     cmd.args(CFLAGS)
@@ -89,9 +124,12 @@ fn compile(out: &Path, extra_before: &[&str], link: &[OsString]) {
 
 /// Run the example with a time limit; assert exit 0 and the success line.
 fn run(exe: &Path, model_dir: &Path, expected: &Path, env: &[(&str, OsString)], scratch: &Path) {
+    let recurrent = recurrent_args(scratch);
+    let mut args = vec![model_dir.as_os_str(), expected.as_os_str()];
+    args.extend(recurrent.iter().map(|a| a.as_os_str()));
     native::run_example(
         exe,
-        &[model_dir.as_os_str(), expected.as_os_str()],
+        &args,
         env,
         scratch,
         SUCCESS_LINE,

@@ -34,7 +34,7 @@ fn mlp_fixture_is_current_and_served_correctly() {
         mlp.save(&dir).unwrap();
         std::fs::write(dir.join("expected.json"), expected_json(&mlp)).unwrap();
     }
-    let Network::Mlp(mlp) = serve::model::load(&dir).unwrap();
+    let Network::Mlp(mlp) = serve::model::load(&dir).unwrap() else { panic!("the fixture is an mlp") };
     assert_eq!(mlp, Mlp::random(&SIZES, SEED), "fixture weights differ from the generator");
     let stored = std::fs::read_to_string(dir.join("expected.json")).unwrap();
     assert_eq!(stored, expected_json(&mlp), "expected.json is stale: SERVE_UPDATE_FIXTURES=1");

@@ -39,7 +39,7 @@ fn mlp_outputs_match_reference_under_batching() {
     let rt = runtime();
     for pad in [false, true] {
         let mut opts = timeout_opts(8, Duration::from_micros(200), 2);
-        let PolicyConfig::Timeout(c) = &mut opts.policy;
+        let PolicyConfig::Timeout(c) = &mut opts.policy else { unreachable!("timeout_opts") };
         c.pad_to_max = pad;
         let model = rt.load_model(&dir, opts).unwrap();
         assert_eq!(model.kind(), serve::ModelKind::Mlp);

@@ -1,7 +1,7 @@
 /*
  * example.c — a real C consumer of libserve (include/libserve.h), exercising the whole C ABI.
  *
- * Usage: example MODEL_DIR EXPECTED_FILE
+ * Usage: example MODEL_DIR EXPECTED_FILE [LSTM_DIR TREELSTM_DIR RECURRENT_FILE]
  *
  *   MODEL_DIR      an `mlp` model directory (model.toml + weights.safetensors).
  *   EXPECTED_FILE  whitespace-separated text (newlines are not significant):
@@ -11,6 +11,10 @@
  *                    values the model must produce for that input
  *
  *                  Values are decimal floats as accepted by strtof ("0.25", "-1.5e-3", ...).
+ *   LSTM_DIR, TREELSTM_DIR   an `lstm` and a `treelstm` model directory.
+ *   RECURRENT_FILE whitespace-separated text: `LSTM K` then K records `LEN TOKENS... OUT_LEN
+ *                  OUTPUT...`, then `TREE K` then K records `N TOKENS... PARENTS... OUT_LEN
+ *                  OUTPUT...` (a tree's nodes in any order, parent -1 for the root).
  *
  * What it checks: version macros against serve_version(); runtime / model options and their
  * validation; model metadata; 4 threads submitting concurrently (retrying on SERVE_CODE_BUSY)
@@ -18,7 +22,10 @@
  * every output against EXPECTED_FILE (relative tolerance 1e-4, absolute below magnitude 1); every
  * tag completing exactly once; cancellation; deadlines; precise error codes for bad calls with
  * out-parameters left untouched; _free(NULL); a callback-mode queue; stats consistency; shutdown
- * (pending requests complete, later submits fail SERVE_CODE_SHUTDOWN); freeing everything.
+ * (pending requests complete, later submits fail SERVE_CODE_SHUTDOWN); freeing everything. With
+ * the recurrent arguments also: lstm requests (serve_submit_tokens) and treelstm requests
+ * (serve_submit_tree) under cellular batching and the padding baseline, outputs checked, policy
+ * options validated, malformed trees and out-of-vocabulary tokens refused.
  *
  * Prints `FAIL: ...` for each failed check and exits 1; exits 0 after printing
  * `example: all checks passed` only when every check passed.
@@ -568,6 +575,222 @@ static void run_bad_requests(const serve_runtime *rt, const serve_model *model,
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Recurrent models: lstm (token sequences) and treelstm (trees)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  size_t n;          /* tokens (and parents, for trees) */
+  uint32_t *tokens;
+  int32_t *parents;  /* NULL for sequences */
+  size_t out_len;
+  float *out;
+} rec_case;
+
+typedef struct {
+  rec_case *lstm, *tree;
+  size_t n_lstm, n_tree;
+} rec_cases;
+
+static void free_cases(rec_case *c, size_t n) {
+  for (size_t i = 0; c && i < n; i++) {
+    free(c[i].tokens);
+    free(c[i].parents);
+    free(c[i].out);
+  }
+  free(c);
+}
+
+static bool read_case_list(FILE *f, const char *label, bool tree, rec_case **out, size_t *count) {
+  char word[16];
+  size_t k = 0;
+  if (fscanf(f, "%15s %zu", word, &k) != 2 || strcmp(word, label) != 0 || k == 0 || k > 10000)
+    return false;
+  rec_case *c = calloc(k, sizeof *c);
+  if (c == NULL) return false;
+  *out = c;
+  *count = k;
+  for (size_t i = 0; i < k; i++) {
+    if (fscanf(f, "%zu", &c[i].n) != 1 || c[i].n == 0 || c[i].n > 100000) return false;
+    c[i].tokens = calloc(c[i].n, sizeof(uint32_t));
+    if (c[i].tokens == NULL) return false;
+    for (size_t j = 0; j < c[i].n; j++)
+      if (fscanf(f, "%" SCNu32, &c[i].tokens[j]) != 1) return false;
+    if (tree) {
+      c[i].parents = calloc(c[i].n, sizeof(int32_t));
+      if (c[i].parents == NULL) return false;
+      for (size_t j = 0; j < c[i].n; j++)
+        if (fscanf(f, "%" SCNd32, &c[i].parents[j]) != 1) return false;
+    }
+    if (fscanf(f, "%zu", &c[i].out_len) != 1 || c[i].out_len == 0 || c[i].out_len > 100000)
+      return false;
+    c[i].out = calloc(c[i].out_len, sizeof(float));
+    if (c[i].out == NULL) return false;
+    for (size_t j = 0; j < c[i].out_len; j++)
+      if (fscanf(f, "%f", &c[i].out[j]) != 1) return false;
+  }
+  return true;
+}
+
+static bool read_recurrent(const char *path, rec_cases *r) {
+  memset(r, 0, sizeof *r);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    fail("cannot open %s", path);
+    return false;
+  }
+  bool good = read_case_list(f, "LSTM", false, &r->lstm, &r->n_lstm) &&
+              read_case_list(f, "TREE", true, &r->tree, &r->n_tree);
+  fclose(f);
+  if (!good) fail("%s is malformed (see the format at the top of example.c)", path);
+  return good;
+}
+
+/* Check an f32 completion against a recurrent case. */
+static void check_rec_output(const serve_completion *c, const rec_case *want, const char *what) {
+  serve_code code = serve_completion_code(c);
+  if (code != SERVE_CODE_OK) {
+    const char *m = serve_completion_message(c);
+    fail("%s: tag %" PRIu64 " completed %s: %s", what, serve_completion_tag(c),
+         serve_code_name((uint32_t)code), m ? m : "(no message)");
+    return;
+  }
+  const float *data = NULL;
+  size_t len = 0;
+  if (!ok(serve_completion_output_f32(c, &data, &len), what)) return;
+  if (len != want->out_len) {
+    fail("%s: output has %zu values, expected %zu", what, len, want->out_len);
+    return;
+  }
+  for (size_t j = 0; j < len; j++) {
+    float tol = 1e-4f * (absf(want->out[j]) > 1.0f ? absf(want->out[j]) : 1.0f);
+    if (!(absf(data[j] - want->out[j]) <= tol)) {
+      fail("%s: tag %" PRIu64 " output[%zu] = %.9g, expected %.9g", what, serve_completion_tag(c),
+           j, (double)data[j], (double)want->out[j]);
+      return;
+    }
+  }
+}
+
+/* Load `dir` with `policy` (2 workers for cellular) or report why not. */
+static serve_model *load_recurrent(const serve_runtime *rt, const char *dir, uint32_t policy,
+                                   const char *what) {
+  serve_model_options *mo = NULL;
+  serve_model *m = NULL;
+  if (!ok(serve_model_options_new(&mo), "serve_model_options_new")) return NULL;
+  ok(serve_model_options_set_policy(mo, policy), "serve_model_options_set_policy");
+  if (policy == SERVE_POLICY_CELLULAR) {
+    ok(serve_model_options_set_workers(mo, 2), "serve_model_options_set_workers");
+    ok(serve_model_options_set_max_tasks_to_submit(mo, 2),
+       "serve_model_options_set_max_tasks_to_submit");
+  }
+  ok(serve_runtime_load_model(rt, dir, mo, &m), what);
+  serve_model_options_free(mo);
+  return m;
+}
+
+static void run_recurrent_phase(const serve_runtime *rt, const char *lstm_dir,
+                                const char *tree_dir, const rec_cases *r, uint64_t *good) {
+  /* Options that do not fit: refused at once, or when the model's kind is known. */
+  serve_model_options *mo = NULL;
+  ok(serve_model_options_new(&mo), "serve_model_options_new");
+  expect_code(serve_model_options_set_policy(mo, 99), SERVE_CODE_INVALID_ARGUMENT,
+              "serve_model_options_set_policy(99)");
+  expect_code(serve_model_options_set_max_tasks_to_submit(mo, 0), SERVE_CODE_INVALID_ARGUMENT,
+              "serve_model_options_set_max_tasks_to_submit(0)");
+  expect_code(serve_model_options_set_state_slots(mo, 0), SERVE_CODE_INVALID_ARGUMENT,
+              "serve_model_options_set_state_slots(0)");
+  serve_model *m = SENTINEL_PTR(serve_model);
+  ok(serve_model_options_set_policy(mo, SERVE_POLICY_TIMEOUT), "serve_model_options_set_policy");
+  expect_code(serve_runtime_load_model(rt, lstm_dir, mo, &m), SERVE_CODE_UNSUPPORTED,
+              "timeout batching for an lstm");
+  ok(serve_model_options_set_policy(mo, SERVE_POLICY_CELLULAR), "serve_model_options_set_policy");
+  ok(serve_model_options_set_max_wait_ns(mo, 1000), "serve_model_options_set_max_wait_ns");
+  expect_code(serve_runtime_load_model(rt, lstm_dir, mo, &m), SERVE_CODE_INVALID_ARGUMENT,
+              "a max wait under cellular batching");
+  CHECK(m == SENTINEL_PTR(serve_model), "serve_runtime_load_model wrote *out on error");
+  serve_model_options_free(mo);
+
+  const uint32_t policies[2] = {SERVE_POLICY_CELLULAR, SERVE_POLICY_PADDING};
+  for (int p = 0; p < 2; p++) {
+    const char *pname = p == 0 ? "cellular" : "padding";
+    serve_model *lstm = load_recurrent(rt, lstm_dir, policies[p], "load the lstm");
+    serve_model *tree = load_recurrent(rt, tree_dir, policies[p], "load the treelstm");
+    serve_queue *q = NULL;
+    if (lstm == NULL || tree == NULL || !ok(serve_queue_new(&q), "serve_queue_new")) {
+      serve_model_free(lstm);
+      serve_model_free(tree);
+      return;
+    }
+    CHECK(strcmp(serve_model_kind(lstm), "lstm") == 0, "kind %s", serve_model_kind(lstm));
+    CHECK(strcmp(serve_model_kind(tree), "treelstm") == 0, "kind %s", serve_model_kind(tree));
+    CHECK(serve_model_input_len(lstm) == 0, "an lstm has no fixed input length");
+    CHECK(serve_model_output_len(lstm) == r->lstm[0].out_len, "lstm output length %zu",
+          serve_model_output_len(lstm));
+
+    /* Every case twice, all in flight together. Tags: 2·case (+1 for the copy), trees + 10000. */
+    size_t want = 0;
+    for (int copy = 0; copy < 2; copy++) {
+      for (size_t i = 0; i < r->n_lstm; i++)
+        if (ok(serve_submit_tokens(lstm, q, 2 * i + copy, r->lstm[i].tokens, r->lstm[i].n, NULL,
+                                   NULL),
+               "serve_submit_tokens"))
+          want++;
+      for (size_t i = 0; i < r->n_tree; i++)
+        if (ok(serve_submit_tree(tree, q, 10000 + 2 * i + copy, r->tree[i].tokens,
+                                 r->tree[i].parents, r->tree[i].n, NULL, NULL),
+               "serve_submit_tree"))
+          want++;
+    }
+    /* Bad requests are refused with INVALID_ARGUMENT; the ones in flight are unaffected. */
+    const uint32_t out_of_vocab[2] = {1, 4000000000u};
+    expect_code(serve_submit_tokens(lstm, q, 1, out_of_vocab, 2, NULL, NULL),
+                SERVE_CODE_INVALID_ARGUMENT, "a token outside the vocabulary");
+    expect_code(serve_submit_tokens(lstm, q, 1, out_of_vocab, 0, NULL, NULL),
+                SERVE_CODE_INVALID_ARGUMENT, "an empty sequence");
+    const uint32_t toks[3] = {1, 2, 3};
+    const int32_t two_roots[3] = {-1, 0, -1};
+    const int32_t cycle[3] = {-1, 2, 1};
+    const int32_t out_of_range[3] = {-1, 0, 3};
+    expect_code(serve_submit_tree(tree, q, 1, toks, two_roots, 3, NULL, NULL),
+                SERVE_CODE_INVALID_ARGUMENT, "a tree with two roots");
+    expect_code(serve_submit_tree(tree, q, 1, toks, cycle, 3, NULL, NULL),
+                SERVE_CODE_INVALID_ARGUMENT, "a tree with a cycle");
+    expect_code(serve_submit_tree(tree, q, 1, toks, out_of_range, 3, NULL, NULL),
+                SERVE_CODE_INVALID_ARGUMENT, "a parent out of range");
+    expect_code(serve_submit_tree(tree, q, 1, toks, NULL, 3, NULL, NULL),
+                SERVE_CODE_INVALID_ARGUMENT, "a tree without parents");
+    const float f[1] = {0};
+    expect_code(serve_submit_f32(lstm, q, 1, f, 1, NULL, NULL), SERVE_CODE_INVALID_ARGUMENT,
+                "f32 input to an lstm");
+
+    size_t got = 0;
+    while (got < want) {
+      serve_completion *c[16];
+      size_t n = 0;
+      if (!ok(serve_queue_next(q, c, 16, ms_to_ns(30000), &n), "serve_queue_next") || n == 0) {
+        fail("%s: %zu of %zu recurrent requests completed", pname, got, want);
+        break;
+      }
+      for (size_t i = 0; i < n; i++) {
+        uint64_t tag = serve_completion_tag(c[i]);
+        if (tag >= 10000 && (tag - 10000) / 2 < r->n_tree)
+          check_rec_output(c[i], &r->tree[(tag - 10000) / 2], pname);
+        else if (tag < 10000 && tag / 2 < r->n_lstm)
+          check_rec_output(c[i], &r->lstm[tag / 2], pname);
+        else
+          fail("%s: unexpected tag %" PRIu64, pname, tag);
+        serve_completion_free(c[i]);
+      }
+      got += n;
+    }
+    *good += got;
+    serve_queue_free(q);
+    serve_model_free(lstm);
+    serve_model_free(tree);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Cancel and deadline on a model that holds requests back (long batching wait)
  * ------------------------------------------------------------------------------------------- */
 
@@ -664,8 +887,9 @@ static serve_stats *take_stats(const serve_runtime *rt) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s MODEL_DIR EXPECTED_FILE\n", argv[0]);
+  if (argc != 3 && argc != 6) {
+    fprintf(stderr, "usage: %s MODEL_DIR EXPECTED_FILE [LSTM_DIR TREELSTM_DIR RECURRENT_FILE]\n",
+            argv[0]);
     return 2;
   }
   const char *model_dir = argv[1];
@@ -797,6 +1021,12 @@ int main(int argc, char **argv) {
   run_bad_requests(rt, model, queue, &e, &rejects);
   if (slow) run_cancel_and_deadline(rt, slow, &e, &cancelled_or_expired);
   run_callback_phase(model, &e, &good);
+  if (argc == 6) {
+    rec_cases rc;
+    if (read_recurrent(argv[5], &rc)) run_recurrent_phase(rt, argv[3], argv[4], &rc, &good);
+    free_cases(rc.lstm, rc.n_lstm);
+    free_cases(rc.tree, rc.n_tree);
+  }
 
   /* Stats: everything submitted has completed (counters are updated before delivery). */
   serve_stats *st = take_stats(rt);

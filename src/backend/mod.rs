@@ -11,10 +11,12 @@ pub mod cpu;
 pub mod cuda;
 
 use std::fmt;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Code, Error, Result};
 use crate::model::Network;
+use crate::sched::CellType;
 
 /// Which backend a runtime should use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,8 +66,9 @@ pub trait CompletionSignal: Send + Sync {
 /// (The CUDA poller spins instead; the counter stays the only source of truth.)
 pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
-/// The host-side data of one batched task. The engine fills `input`, the stream writes `output`
-/// (or `error`) before it advances its counter, and the engine reads them after it sees the count.
+/// The host-side data of one batched task. The engine fills `work`, the stream writes `output`,
+/// `tokens` (or `error`) before it advances its counter, and the engine reads them after it sees
+/// the count.
 #[derive(Debug)]
 pub struct TaskData {
     /// Rows computed (including padding rows).
@@ -73,19 +76,62 @@ pub struct TaskData {
     pub io: Mutex<TaskIo>,
 }
 
+/// What a task computes.
+#[derive(Debug)]
+pub enum Work {
+    /// Fixed-shape rows: `rows × input_len` values, row-major; padding rows are zeros.
+    Dense(Vec<f32>),
+    /// One batched step of a recurrent model's cell type.
+    Cells(CellTask),
+}
+
+/// One batched cell step (cellular batching): rows of one cell type, each naming the state slots
+/// it reads and writes. Rows beyond `rows.len()` up to the task's row count are padding.
 #[derive(Debug, Default)]
+pub struct CellTask {
+    pub cell: CellType,
+    pub rows: Vec<CellRow>,
+    /// Children's state slots of tree rows (`CellRow::children` indexes this).
+    pub children: Vec<u32>,
+}
+
+/// A real row of a cell task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CellRow {
+    /// The state slot the node writes (chains: the request's slot, holding every layer; trees:
+    /// the node's own slot).
+    pub slot: u32,
+    /// The node's input token (`u32::MAX`: none). Decoder rows after the first read the token
+    /// their previous step produced from the state slot instead.
+    pub token: u32,
+    /// First node of its chain: the previous state is zero (encoder / lstm), or the decoder's
+    /// first step (input token `bos`).
+    pub first: bool,
+    /// Tree rows: the range of `CellTask::children` holding the children's slots.
+    pub children: Range<u32>,
+    /// The node's output is wanted (the last lstm step, a tree root): its top-layer `h` is
+    /// appended to `TaskIo::output`.
+    pub output: bool,
+}
+
+#[derive(Debug)]
 pub struct TaskIo {
-    /// `rows × input_len` values, row-major; padding rows are zeros.
-    pub input: Vec<f32>,
-    /// `rows × output_len` values once the task has completed.
+    pub work: Work,
+    /// Dense: `rows × output_len` values. Cells: `output_len` values for each row marked
+    /// `output`, in row order.
     pub output: Vec<f32>,
+    /// Decoder cells: the token each real row produced.
+    pub tokens: Vec<u32>,
     /// Set when the task failed; every request of the task then completes with it.
     pub error: Option<Error>,
 }
 
 impl TaskData {
-    pub fn new(rows: usize, input: Vec<f32>) -> Arc<TaskData> {
-        Arc::new(TaskData { rows, io: Mutex::new(TaskIo { input, ..TaskIo::default() }) })
+    pub fn new(rows: usize, work: Work) -> Arc<TaskData> {
+        Arc::new(TaskData {
+            rows,
+            io: Mutex::new(TaskIo { work, output: Vec::new(), tokens: Vec::new(), error: None }),
+        })
     }
 }
 
@@ -97,8 +143,11 @@ pub trait Runner: Send + Sync {
     /// Enqueue `task` on `worker`'s stream. Returns the value the worker's counter reaches when
     /// the task has completed (successfully or with `TaskIo::error` set).
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64>;
-    /// Values per input row and per output row.
+    /// Values per input row and per output row (recurrent models: 0 and `hidden`).
     fn io_lens(&self) -> (usize, usize);
+    /// State slots of the model's arena (recurrent models; 0 for fixed-shape ones). The engine
+    /// hands them out to requests and names them in [`CellRow`]s.
+    fn state_slots(&self) -> usize;
 }
 
 /// A backend that can prepare models.
@@ -106,14 +155,19 @@ pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
     /// One line describing the backend (device, threads, features).
     fn describe(&self) -> String;
-    /// Prepare `net` with `workers` streams for batches of up to `max_batch` rows.
-    fn prepare(
-        &self,
-        net: Arc<Network>,
-        workers: usize,
-        max_batch: usize,
-        notify: Notify,
-    ) -> Result<Box<dyn Runner>>;
+    /// Prepare `net` with `workers` streams for batches of up to `max_batch` rows and, for a
+    /// recurrent model, an arena of `state_slots` state slots.
+    fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>>;
+}
+
+/// How a model is prepared on a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunnerShape {
+    pub workers: usize,
+    /// Most rows (padding included) of one task.
+    pub max_batch: usize,
+    /// State slots of a recurrent model's arena.
+    pub state_slots: usize,
 }
 
 /// Create the backend for `choice`. `cpu_threads` = 0 means all cores.

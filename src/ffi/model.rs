@@ -4,7 +4,6 @@ use std::ffi::c_char;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::TimeoutConfig;
 use crate::error::Error;
 use crate::ffi::error::serve_error;
 use crate::ffi::runtime::serve_runtime;
@@ -12,11 +11,87 @@ use crate::ffi::{arg, arg_mut, free_handle, into_handle, out_arg, str_arg, write
 use crate::ffi_boundary;
 use crate::model::Network;
 use crate::runtime::{Model, ModelOptions, PolicyConfig, check};
+use crate::{CellularOptions, PaddingConfig, TimeoutConfig};
 
 /// Options for `serve_runtime_load_model`: an opaque builder. Not thread-safe while being set; a
 /// `const serve_model_options *` may be shared.
 pub struct serve_model_options {
     opts: ModelOptions,
+    knobs: Knobs,
+}
+
+/// The batching settings as the C setters record them; they become a [`PolicyConfig`] when the
+/// model (and so its kind) is known.
+#[derive(Clone, Debug, Default)]
+struct Knobs {
+    policy: u32,
+    max_batch: Option<usize>,
+    max_wait: Option<Duration>,
+    workers: Option<usize>,
+    pad: Option<bool>,
+    max_tasks: Option<usize>,
+}
+
+/// The model kind's own policy: timeout batching (no wait) for `mlp`, cellular batching for
+/// `lstm`, `seq2seq` and `treelstm`.
+pub const SERVE_POLICY_AUTO: u32 = 0;
+/// TF-Serving style timeout batching (fixed-shape models).
+pub const SERVE_POLICY_TIMEOUT: u32 = 1;
+/// BatchMaker cellular batching (recurrent models).
+pub const SERVE_POLICY_CELLULAR: u32 = 2;
+/// Graph batching with padding, the TF/MXNet baseline (recurrent models).
+pub const SERVE_POLICY_PADDING: u32 = 3;
+
+impl Knobs {
+    fn policy(&self, net: &Network) -> crate::Result<PolicyConfig> {
+        let recurrent = net.is_recurrent();
+        let name = match self.policy {
+            SERVE_POLICY_TIMEOUT => "timeout",
+            SERVE_POLICY_CELLULAR => "cellular",
+            SERVE_POLICY_PADDING => "padding",
+            _ if recurrent => "cellular",
+            _ => "timeout",
+        };
+        let only_timeout = |what: &str| {
+            Error::invalid(format!(
+                "{what} applies to the timeout policy; this `{}` model uses {name}",
+                net.kind()
+            ))
+        };
+        Ok(match name {
+            "timeout" => {
+                let mut c = TimeoutConfig { max_wait: Duration::ZERO, ..TimeoutConfig::default() };
+                c.max_batch = self.max_batch.unwrap_or(c.max_batch);
+                c.max_wait = self.max_wait.unwrap_or(c.max_wait);
+                c.workers = self.workers.unwrap_or(c.workers);
+                c.pad_to_max = self.pad.unwrap_or(c.pad_to_max);
+                if self.max_tasks.is_some() {
+                    return Err(Error::invalid(
+                        "max tasks to submit applies to the cellular and padding policies",
+                    ));
+                }
+                PolicyConfig::Timeout(c)
+            }
+            _ if self.max_wait.is_some() => return Err(only_timeout("max wait")),
+            _ if self.pad.is_some() => return Err(only_timeout("pad to max")),
+            "cellular" => {
+                let mut c = CellularOptions::default();
+                c.workers = self.workers.unwrap_or(c.workers);
+                if let Some(b) = self.max_batch {
+                    c.max_batch = vec![b; net.cell_types().len().max(1)];
+                }
+                c.max_tasks_to_submit = self.max_tasks.unwrap_or(c.max_tasks_to_submit);
+                PolicyConfig::Cellular(c)
+            }
+            _ => {
+                let mut c = PaddingConfig::default();
+                c.workers = self.workers.unwrap_or(c.workers);
+                c.max_batch = self.max_batch.unwrap_or(c.max_batch);
+                c.max_tasks_to_submit = self.max_tasks.unwrap_or(c.max_tasks_to_submit);
+                PolicyConfig::Padding(c)
+            }
+        })
+    }
 }
 
 /// A model loaded into a runtime. Thread-safe: submit to it from any number of threads. Valid
@@ -25,15 +100,17 @@ pub struct serve_model {
     pub(crate) model: Model,
 }
 
-/// Create model options with the defaults: timeout batching with max batch 32, max wait 0 (take
-/// whatever is queued as soon as a worker is idle), 1 worker, no padding, the runtime's admission
-/// bound, name = the directory's name.
+/// Create model options with the defaults: the model kind's own policy (`SERVE_POLICY_AUTO`:
+/// timeout batching with max batch 32, max wait 0 and 1 worker for `mlp`; cellular batching with
+/// max batch 512 per cell type (256 for the Seq2Seq decoder), 1 worker and 5 tasks submitted
+/// ahead for recurrent models), the runtime's admission bound, name = the directory's name.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_new(out: *mut *mut serve_model_options) -> *mut serve_error {
     ffi_boundary! {
         out_arg(out, "out")?;
+        let o = serve_model_options { opts: ModelOptions::default(), knobs: Knobs::default() };
         // SAFETY: checked non-NULL.
-        unsafe { write_out(out, into_handle(serve_model_options { opts: ModelOptions::default() })) };
+        unsafe { write_out(out, into_handle(o)) };
         Ok(())
     }
 }
@@ -49,48 +126,58 @@ pub extern "C" fn serve_model_options_free(options: *mut serve_model_options) {
 
 fn set(
     options: *mut serve_model_options,
-    f: impl FnOnce(&mut ModelOptions) -> crate::Result<()>,
+    f: impl FnOnce(&mut serve_model_options) -> crate::Result<()>,
 ) -> crate::Result<()> {
     // SAFETY: checked for NULL; validity and exclusivity are the caller's contract.
-    f(&mut unsafe { arg_mut(options, "options") }?.opts)
+    f(unsafe { arg_mut(options, "options") }?)
 }
 
-/// Set a field of the timeout-batching policy.
-fn set_timeout(
+/// The batching policy: one of the `SERVE_POLICY_*` constants. A policy that does not fit the
+/// model's kind (timeout for a recurrent model, cellular or padding for `mlp`) makes
+/// `serve_runtime_load_model` fail with `SERVE_CODE_UNSUPPORTED`.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_policy(
     options: *mut serve_model_options,
-    f: impl FnOnce(&mut TimeoutConfig) -> crate::Result<()>,
-) -> crate::Result<()> {
-    set(options, |o| {
-        let PolicyConfig::Timeout(c) = &mut o.policy;
-        f(c)
-    })
+    policy: u32,
+) -> *mut serve_error {
+    ffi_boundary! {
+        if policy > SERVE_POLICY_PADDING {
+            return Err(Error::invalid(format!("unknown policy {policy}; use a SERVE_POLICY_* constant")));
+        }
+        set(options, |o| {
+            o.knobs.policy = policy;
+            Ok(())
+        })
+    }
 }
 
-/// Maximum requests per batched task (the `s` of timeout batching); 1 to 65536.
+/// Maximum rows per batched task, 1 to 65536: the `s` of timeout batching, the max batch of every
+/// cell type under cellular batching, the requests per batch of the padding policy.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_max_batch(
     options: *mut serve_model_options,
     max_batch: u32,
 ) -> *mut serve_error {
     ffi_boundary! {
-        set_timeout(options, |c| {
-            check::max_batch(max_batch as usize)?;
-            c.max_batch = max_batch as usize;
+        check::max_batch(max_batch as usize)?;
+        set(options, |o| {
+            o.knobs.max_batch = Some(max_batch as usize);
             Ok(())
         })
     }
 }
 
 /// Longest time, in nanoseconds, the oldest queued request waits for a fuller batch (the `t` of
-/// timeout batching). 0 = no waiting: a batch starts as soon as a worker is idle.
+/// timeout batching). 0 = no waiting: a batch starts as soon as a worker is idle. Timeout policy
+/// only (loading a model under another policy fails with `SERVE_CODE_INVALID_ARGUMENT`).
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_max_wait_ns(
     options: *mut serve_model_options,
     max_wait_ns: u64,
 ) -> *mut serve_error {
     ffi_boundary! {
-        set_timeout(options, |c| {
-            c.max_wait = Duration::from_nanos(max_wait_ns);
+        set(options, |o| {
+            o.knobs.max_wait = Some(Duration::from_nanos(max_wait_ns));
             Ok(())
         })
     }
@@ -103,23 +190,61 @@ pub extern "C" fn serve_model_options_set_workers(
     workers: u32,
 ) -> *mut serve_error {
     ffi_boundary! {
-        set_timeout(options, |c| {
-            check::workers(workers as usize)?;
-            c.workers = workers as usize;
+        check::workers(workers as usize)?;
+        set(options, |o| {
+            o.knobs.workers = Some(workers as usize);
             Ok(())
         })
     }
 }
 
-/// Static batching: every task computes `max_batch` rows, padding the missing ones.
+/// Static batching: every task computes `max_batch` rows, padding the missing ones. Timeout
+/// policy only.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_pad_to_max(
     options: *mut serve_model_options,
     pad: bool,
 ) -> *mut serve_error {
     ffi_boundary! {
-        set_timeout(options, |c| {
-            c.pad_to_max = pad;
+        set(options, |o| {
+            o.knobs.pad = Some(pad);
+            Ok(())
+        })
+    }
+}
+
+/// Tasks a worker may have submitted and unfinished (BatchMaker's `MaxTasksToSubmit`, default
+/// 5), at least 1. Cellular and padding policies only.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_max_tasks_to_submit(
+    options: *mut serve_model_options,
+    max_tasks: u32,
+) -> *mut serve_error {
+    ffi_boundary! {
+        if max_tasks == 0 {
+            return Err(Error::invalid("max tasks to submit must be at least 1"));
+        }
+        set(options, |o| {
+            o.knobs.max_tasks = Some(max_tasks as usize);
+            Ok(())
+        })
+    }
+}
+
+/// State slots of a recurrent model (one per in-flight sequence, one per node of an in-flight
+/// tree; requests wait for slots when all are taken); at least 1. Default: enough for the
+/// admission bound within 256 MiB of state.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_state_slots(
+    options: *mut serve_model_options,
+    slots: u64,
+) -> *mut serve_error {
+    ffi_boundary! {
+        if slots == 0 {
+            return Err(Error::invalid("state slots must be at least 1"));
+        }
+        set(options, |o| {
+            o.opts.state_slots = Some(usize::try_from(slots).unwrap_or(usize::MAX));
             Ok(())
         })
     }
@@ -135,7 +260,7 @@ pub extern "C" fn serve_model_options_set_admission_bound(
         set(options, |o| {
             let bound = usize::try_from(bound).unwrap_or(usize::MAX);
             check::admission_bound(bound)?;
-            o.admission_bound = Some(bound);
+            o.opts.admission_bound = Some(bound);
             Ok(())
         })
     }
@@ -151,7 +276,7 @@ pub extern "C" fn serve_model_options_set_name(
         // SAFETY: NULL-checked string (contract: NUL-terminated).
         let name = unsafe { str_arg(name, "name") }?.to_string();
         set(options, |o| {
-            o.name = Some(name);
+            o.opts.name = Some(name);
             Ok(())
         })
     }
@@ -160,7 +285,9 @@ pub extern "C" fn serve_model_options_set_name(
 /// Load the model directory `dir` (model.toml + weights.safetensors) into `runtime`. `options`
 /// may be NULL for the defaults. Errors: `SERVE_CODE_NOT_FOUND` (no such directory or file),
 /// `SERVE_CODE_FORMAT` (bad model.toml; missing, extra or misshaped tensor; non-f32 dtype;
-/// truncated file; unknown kind), `SERVE_CODE_SHUTDOWN`. On success `*out` owns the model.
+/// truncated file; unknown kind), `SERVE_CODE_UNSUPPORTED` (a policy that does not fit the
+/// kind), `SERVE_CODE_INVALID_ARGUMENT` (an option the policy does not have),
+/// `SERVE_CODE_SHUTDOWN`. On success `*out` owns the model.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_runtime_load_model(
     runtime: *const serve_runtime,
@@ -174,8 +301,13 @@ pub extern "C" fn serve_runtime_load_model(
         let dir = unsafe { path_arg(dir) }?;
         out_arg(out, "out")?;
         // SAFETY: NULL or a live options handle.
-        let opts = unsafe { options.as_ref() }.map(|o| o.opts.clone()).unwrap_or_default();
-        let model = r.rt.load_model(dir, opts)?;
+        let (opts, knobs) = unsafe { options.as_ref() }
+            .map(|o| (o.opts.clone(), o.knobs.clone()))
+            .unwrap_or_default();
+        let model = r.rt.load_model_with(dir, opts, |net, opts| {
+            opts.policy = knobs.policy(net)?;
+            Ok(())
+        })?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(out, into_handle(serve_model { model })) };
         Ok(())
@@ -227,17 +359,22 @@ pub extern "C" fn serve_model_input_len(model: *const serve_model) -> usize {
         // SAFETY: NULL or a live model (contract).
         unsafe { model.as_ref() }.map_or(0, |m| match m.model.network() {
             Network::Mlp(n) => n.input_len(),
+            _ => 0,
         })
     }
 }
 
-/// Values in one request's output for models with a fixed output size; 0 for NULL.
+/// Values in one request's output for models with a fixed output size (`mlp`: its output;
+/// `lstm`, `treelstm`: the hidden size); 0 for `seq2seq` (token outputs) and for NULL.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_output_len(model: *const serve_model) -> usize {
     ffi_boundary! {
         // SAFETY: NULL or a live model (contract).
         unsafe { model.as_ref() }.map_or(0, |m| match m.model.network() {
             Network::Mlp(n) => n.output_len(),
+            Network::Lstm(n) => n.cfg.hidden,
+            Network::TreeLstm(n) => n.cfg.hidden,
+            Network::Seq2Seq(_) => 0,
         })
     }
 }

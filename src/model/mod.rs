@@ -1,16 +1,24 @@
 //! Model formats: a directory with `model.toml` and `weights.safetensors` (fp32, PyTorch
 //! `state_dict` names). See DESIGN §6.
 
+pub mod lstm;
 pub mod mlp;
+pub mod seq2seq;
+pub mod treelstm;
 pub mod weights;
 
 use std::ffi::CStr;
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::{Code, Error, Result};
+use crate::sched::{CellGraph, CellType};
 
+pub use lstm::Lstm;
 pub use mlp::Mlp;
+pub use seq2seq::Seq2Seq;
+pub use treelstm::{NO_TOKEN, TreeLstm};
 
 pub const CONFIG_FILE: &str = "model.toml";
 pub const WEIGHTS_FILE: &str = "weights.safetensors";
@@ -86,12 +94,35 @@ pub enum Output {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Network {
     Mlp(Mlp),
+    Lstm(Lstm),
+    Seq2Seq(Seq2Seq),
+    TreeLstm(TreeLstm),
 }
+
+/// A cell type of a recurrent model, as the schedulers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CellTypeInfo {
+    pub name: &'static str,
+    /// ChooseCellType's tie-break: decoder over encoder, internal over leaf.
+    pub priority: i32,
+}
+
+/// `lstm`: one cell type, a step through every layer.
+pub const LSTM_STEP: CellType = 0;
+/// `seq2seq`: encoder and decoder steps.
+pub const ENCODER: CellType = 0;
+pub const DECODER: CellType = 1;
+/// `treelstm`: leaves and internal nodes.
+pub const LEAF: CellType = 0;
+pub const INTERNAL: CellType = 1;
 
 impl Network {
     pub fn kind(&self) -> ModelKind {
         match self {
             Network::Mlp(_) => ModelKind::Mlp,
+            Network::Lstm(_) => ModelKind::Lstm,
+            Network::Seq2Seq(_) => ModelKind::Seq2Seq,
+            Network::TreeLstm(_) => ModelKind::TreeLstm,
         }
     }
 
@@ -99,11 +130,49 @@ impl Network {
     pub fn check(&self) -> Result<()> {
         match self {
             Network::Mlp(m) => m.check(),
+            Network::Lstm(m) => m.check(),
+            Network::Seq2Seq(m) => m.check(),
+            Network::TreeLstm(m) => m.check(),
+        }
+    }
+
+    /// The cell types of a recurrent model, indexed by [`CellType`]; empty for fixed-shape models.
+    pub fn cell_types(&self) -> &'static [CellTypeInfo] {
+        match self {
+            Network::Mlp(_) => &[],
+            Network::Lstm(_) => &[CellTypeInfo { name: "step", priority: 0 }],
+            Network::Seq2Seq(_) => &[
+                CellTypeInfo { name: "encoder", priority: 0 },
+                CellTypeInfo { name: "decoder", priority: 1 },
+            ],
+            Network::TreeLstm(_) => {
+                &[CellTypeInfo { name: "leaf", priority: 0 }, CellTypeInfo { name: "internal", priority: 1 }]
+            }
+        }
+    }
+
+    /// Whether requests are unfolded into cells (lstm, seq2seq, treelstm).
+    pub fn is_recurrent(&self) -> bool {
+        !self.cell_types().is_empty()
+    }
+
+    /// Hidden size of a recurrent model (0 for an mlp).
+    pub fn hidden(&self) -> usize {
+        match self {
+            Network::Mlp(_) => 0,
+            Network::Lstm(m) => m.cfg.hidden,
+            Network::Seq2Seq(m) => m.cfg.hidden,
+            Network::TreeLstm(m) => m.cfg.hidden,
         }
     }
 
     /// Check a request's input against the model; the error says what is wrong and where.
     pub fn validate(&self, input: &Input) -> Result<()> {
+        let want = match self {
+            Network::Mlp(m) => format!("an f32 vector of length {}", m.input_len()),
+            Network::Lstm(_) | Network::Seq2Seq(_) => "a token sequence".to_string(),
+            Network::TreeLstm(_) => "a tree (tokens and parents)".to_string(),
+        };
         match (self, input) {
             (Network::Mlp(m), Input::F32(v)) if v.len() == m.input_len() => Ok(()),
             (Network::Mlp(m), Input::F32(v)) if v.is_empty() => Err(Error::invalid(format!(
@@ -115,13 +184,88 @@ impl Network {
                 v.len(),
                 m.input_len()
             ))),
-            (Network::Mlp(m), other) => Err(Error::invalid(format!(
-                "input is {}; an mlp takes an f32 vector of length {}",
+            (Network::Lstm(m), Input::Tokens(t)) => m.validate(t),
+            (Network::Seq2Seq(m), Input::Tokens(t)) => m.validate(t),
+            (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
+                m.validate(tokens, parents).map(|_| ())
+            }
+            (net, other) => Err(Error::invalid(format!(
+                "input is {}; a {} model takes {want}",
                 other.describe(),
-                m.input_len()
+                net.kind()
             ))),
         }
     }
+
+    /// Unfold a validated request into its cell graph (BatchMaker §4.2); `None` for fixed-shape
+    /// models. Node numbering: lstm — step t; seq2seq — encoder step t, then decoder step j at
+    /// `len + j`; treelstm — the request's own node indices.
+    pub fn unfold(&self, input: &Input) -> Result<Option<Arc<CellGraph>>> {
+        let g = match (self, input) {
+            (Network::Mlp(_), _) => return Ok(None),
+            (Network::Lstm(_), Input::Tokens(t)) => CellGraph::chains(&[(LSTM_STEP, t.len())]),
+            (Network::Seq2Seq(m), Input::Tokens(t)) => {
+                CellGraph::chains(&[(ENCODER, t.len()), (DECODER, m.cfg.max_decode)])
+            }
+            (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
+                let tree = m.validate(tokens, parents)?;
+                let types =
+                    tree.children.iter().map(|c| if c.is_empty() { LEAF } else { INTERNAL }).collect();
+                CellGraph::new(types, &tree.children)?
+            }
+            _ => {
+                self.validate(input)?;
+                return Err(Error::internal("unfold of an input the model does not take"));
+            }
+        };
+        Ok(Some(Arc::new(g)))
+    }
+
+    /// Write the network as a model directory (`model.toml` + `weights.safetensors`).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let (toml, tensors) = match self {
+            Network::Mlp(m) => return m.save(dir),
+            Network::Lstm(m) => (m.toml(), m.tensors()),
+            Network::Seq2Seq(m) => (m.toml(), m.tensors()),
+            Network::TreeLstm(m) => (m.toml(), m.tensors()),
+        };
+        create_model_dir(dir, &toml)?;
+        let refs: Vec<(&str, &weights::Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        weights::write_safetensors(&dir.join(WEIGHTS_FILE), &refs)
+    }
+}
+
+/// A model.toml size that must be at least 1.
+pub(crate) fn check_positive(toml_path: &Path, key: &str, v: usize) -> Result<()> {
+    if v == 0 {
+        Err(Error::format(format!("{}: {key} must be at least 1", toml_path.display())))
+    } else {
+        Ok(())
+    }
+}
+
+/// An inconsistent network built in code.
+pub(crate) fn config_error(what: &str) -> Error {
+    Error::invalid(what.to_string())
+}
+
+/// A token sequence: non-empty, not longer than `max_len`, every id below `vocab`.
+pub(crate) fn check_tokens(tokens: &[u32], vocab: usize, max_len: usize, kind: &str) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(Error::invalid(format!("empty token sequence; a {kind} model needs at least one token")));
+    }
+    if tokens.len() > max_len {
+        return Err(Error::invalid(format!(
+            "token sequence of length {} is longer than this model's maximum of {max_len}",
+            tokens.len()
+        )));
+    }
+    if let Some((i, &t)) = tokens.iter().enumerate().find(|&(_, &t)| t as usize >= vocab) {
+        return Err(Error::invalid(format!(
+            "token {t} at position {i} is outside the vocabulary (0..{vocab})"
+        )));
+    }
+    Ok(())
 }
 
 /// Load a model directory: `model.toml` says the kind, `weights.safetensors` holds the tensors.
@@ -164,11 +308,34 @@ pub fn load(dir: &Path) -> Result<Network> {
             let w = weights::Weights::load(&weights_path)?;
             Ok(Network::Mlp(Mlp::from_weights(&cfg, &toml_path, w)?))
         }
-        other => Err(Error::new(
-            Code::Unsupported,
-            format!("{}: model kind `{other}` is not supported by this build yet", toml_path.display()),
-        )),
+        ModelKind::Lstm => {
+            let cfg = parse_config(table, &toml_path)?;
+            Ok(Network::Lstm(Lstm::from_weights(cfg, &toml_path, weights::Weights::load(&weights_path)?)?))
+        }
+        ModelKind::Seq2Seq => {
+            let cfg = parse_config(table, &toml_path)?;
+            Ok(Network::Seq2Seq(Seq2Seq::from_weights(
+                cfg,
+                &toml_path,
+                weights::Weights::load(&weights_path)?,
+            )?))
+        }
+        ModelKind::TreeLstm => {
+            let cfg = parse_config(table, &toml_path)?;
+            Ok(Network::TreeLstm(TreeLstm::from_weights(
+                cfg,
+                &toml_path,
+                weights::Weights::load(&weights_path)?,
+            )?))
+        }
     }
+}
+
+/// The rest of model.toml (after `kind`) as a model's config; unknown or missing keys are FORMAT.
+fn parse_config<T: serde::de::DeserializeOwned>(table: toml::Table, toml_path: &Path) -> Result<T> {
+    table
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::format(format!("{}: {}", toml_path.display(), e.message())))
 }
 
 /// Create `dir` (and parents) and write its `model.toml`.

@@ -9,19 +9,22 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Instant;
 
-use crate::backend::{Runner, TaskData};
+use crate::backend::{CellTask, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
-use crate::model::{Input, Output};
+use crate::model::{Input, Network, Output};
+use crate::runtime::cells::{Finished, RequestCells, RowOutcome, SlotPool, push_row, slots_needed};
 use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled};
 use crate::runtime::stats::Stats;
-use crate::sched::{Arrival, Decision, Launch, Policy, RequestId, TaskId, Time};
+use crate::sched::{Arrival, CellGraph, Decision, Launch, Policy, RequestId, TaskId, Time};
 
 /// A request admitted by submit, on its way to the engine.
 pub(crate) struct Pending {
     pub model: usize,
     pub input: Input,
+    /// The request unfolded into cells (recurrent models).
+    pub cells: Option<Arc<CellGraph>>,
     pub deadline: Option<Instant>,
     pub priority: i32,
     pub reply: Reply,
@@ -29,6 +32,7 @@ pub(crate) struct Pending {
 
 /// A model as the engine sees it.
 pub(crate) struct EngineModel {
+    pub net: Arc<Network>,
     pub policy: Box<dyn Policy>,
     pub runner: Arc<dyn Runner>,
     /// Decremented for every completed request of the model (admission control).
@@ -54,13 +58,17 @@ const MAX_EVENTS_PER_TURN: usize = 256;
 
 struct Request {
     pending: Pending,
-    /// The result computed by the request's task, set when the task finishes.
+    /// The result computed by the request's task(s), set when it is known.
     result: Option<Result<Output>>,
+    /// Recurrent requests: state slots and decoding progress.
+    cells: Option<RequestCells>,
 }
 
 struct TaskEntry {
     data: Arc<TaskData>,
+    /// The request and node of each real row.
     requests: Vec<RequestId>,
+    nodes: Vec<u32>,
 }
 
 struct ModelState {
@@ -68,6 +76,8 @@ struct ModelState {
     tasks: HashMap<TaskId, TaskEntry>,
     /// Input and output values per row.
     io: (usize, usize),
+    /// State slots of a recurrent model, and the requests waiting for them.
+    slots: SlotPool,
 }
 
 pub(crate) struct Engine {
@@ -81,6 +91,9 @@ pub(crate) struct Engine {
     stats: Arc<Stats>,
     outbox: Vec<(Arc<QueueShared>, Completion)>,
     drain_until: Option<Instant>,
+    /// Models whose freed state slots may admit waiting requests, once the decisions in hand are
+    /// carried out (admitting re-enters the policy).
+    admit_waiting_later: Vec<usize>,
 }
 
 impl Engine {
@@ -99,6 +112,7 @@ impl Engine {
             stats,
             outbox: Vec::new(),
             drain_until: None,
+            admit_waiting_later: Vec::new(),
         }
     }
 
@@ -134,6 +148,7 @@ impl Engine {
                 Err(RecvTimeoutError::Disconnected) => self.drain_until = Some(Instant::now()),
             }
             self.tick_due();
+            self.admit_deferred();
             self.publish();
             if let Some(until) = self.drain_until {
                 if self.requests.is_empty() {
@@ -187,26 +202,50 @@ impl Engine {
         }
     }
 
+    /// Admit requests waiting for state slots that completions freed.
+    fn admit_deferred(&mut self) {
+        while let Some(model) = self.admit_waiting_later.pop() {
+            self.admit_waiting(model);
+        }
+    }
+
     fn handle(&mut self, ev: Event) {
+        self.handle_event(ev);
+        self.admit_deferred();
+    }
+
+    fn handle_event(&mut self, ev: Event) {
         match ev {
             Event::AddModel(idx, m) => {
                 if self.models.len() <= idx {
                     self.models.resize_with(idx + 1, || None);
                 }
                 let io = m.runner.io_lens();
-                self.models[idx] = Some(ModelState { m: *m, tasks: HashMap::new(), io });
+                let slots = SlotPool::new(m.runner.state_slots());
+                self.models[idx] = Some(ModelState { m: *m, tasks: HashMap::new(), io, slots });
             }
             Event::Arrive(p) => {
                 let id = p.reply.id();
                 let model = p.model;
-                let arrival =
-                    Arrival { id, deadline: p.deadline.map(|d| self.time(d)), priority: p.priority };
-                self.requests.insert(id, Request { pending: *p, result: None });
-                let now = self.now();
-                self.with_policy(model, |pol| pol.arrive(now, arrival));
+                let cells = p.cells.clone().map(RequestCells::new);
+                self.requests.insert(id, Request { pending: *p, result: None, cells });
+                let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+                if self.requests[&id].cells.is_some() {
+                    // Requests take their state slots in arrival order.
+                    state.slots.waiting.push_back(id);
+                    self.admit_waiting(model);
+                } else {
+                    self.arrive(model, id);
+                }
             }
             Event::Cancel(id) => {
-                if let Some(model) = self.requests.get(&id).map(|r| r.pending.model) {
+                let Some(model) = self.requests.get(&id).map(|r| r.pending.model) else { return };
+                let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+                if let Some(at) = state.slots.waiting.iter().position(|&w| w == id) {
+                    // Still waiting for state slots: the policy never saw it.
+                    state.slots.waiting.remove(at);
+                    self.complete(id, Code::Cancelled);
+                } else {
                     let now = self.now();
                     self.with_policy(model, |p| p.cancel(now, id));
                 }
@@ -218,22 +257,90 @@ impl Engine {
         }
     }
 
-    /// A task finished on its worker: hand out its results, then tell the policy.
-    fn task_done(&mut self, model: usize, task: TaskId) {
-        if self.collect_results(model, task) {
-            let now = self.now();
-            self.with_policy(model, |p| p.task_done(now, task));
+    /// Give the request to its model's policy.
+    fn arrive(&mut self, model: usize, id: RequestId) {
+        let r = &self.requests[&id];
+        let arrival = Arrival {
+            id,
+            deadline: r.pending.deadline.map(|d| self.time(d)),
+            priority: r.pending.priority,
+            cells: r.cells.as_ref().map(|c| c.graph.clone()),
+        };
+        let now = self.now();
+        self.with_policy(model, |pol| pol.arrive(now, arrival));
+    }
+
+    /// Hand state slots to waiting requests, in arrival order, while there are enough.
+    fn admit_waiting(&mut self, model: usize) {
+        loop {
+            let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+            let Some(&id) = state.slots.waiting.front() else { return };
+            let Some(rc) = self.requests.get_mut(&id).and_then(|r| r.cells.as_mut()) else {
+                state.slots.waiting.pop_front();
+                continue;
+            };
+            let Some(slots) = state.slots.take(slots_needed(&state.m.net, &rc.graph)) else { return };
+            rc.slots = slots;
+            state.slots.waiting.pop_front();
+            self.arrive(model, id);
         }
     }
 
-    /// Split a finished task's output (or error) among its requests. False for an unknown task.
-    fn collect_results(&mut self, model: usize, task: TaskId) -> bool {
-        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return false };
-        let Some(entry) = state.tasks.remove(&task) else { return false };
+    /// A task finished on its worker: hand out its results, then tell the policy.
+    fn task_done(&mut self, model: usize, task: TaskId) {
+        if let Some(ended) = self.collect_results(model, task) {
+            let now = self.now();
+            self.with_policy(model, |p| {
+                for id in ended {
+                    p.end_early(now, id);
+                }
+                p.task_done(now, task)
+            });
+        }
+    }
+
+    /// Split a finished task's output (or error) among its requests. `None` for an unknown task;
+    /// otherwise the requests that ended before their last cell (the policy must be told).
+    fn collect_results(&mut self, model: usize, task: TaskId) -> Option<Vec<RequestId>> {
+        let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
+        let entry = state.tasks.remove(&task)?;
         let out_len = state.io.1;
         let mut io = entry.data.io.lock().unwrap_or_else(|p| p.into_inner());
         let error = io.error.take();
         let output = std::mem::take(&mut io.output);
+        if let Work::Cells(cells) = &io.work {
+            let net = state.m.net.clone();
+            let mut ended = Vec::new();
+            let mut finished =
+                Finished { task: cells, tokens: &io.tokens, outputs: output.chunks_exact(out_len.max(1)) };
+            for (i, (id, &node)) in entry.requests.iter().zip(&entry.nodes).enumerate() {
+                let Some(r) = self.requests.get_mut(id) else { continue };
+                let outcome = match &error {
+                    Some(e) => Err(Error::new(Code::Backend, e.message())),
+                    None => {
+                        let rc = r.cells.as_mut().expect("cell rows belong to recurrent requests");
+                        finished.row_outcome(&net, &r.pending.input, rc, i, node)
+                    }
+                };
+                match outcome {
+                    Ok(RowOutcome::Continue) => {}
+                    Ok(RowOutcome::Result { output, early }) => {
+                        r.result = Some(Ok(output));
+                        if early {
+                            ended.push(*id);
+                        }
+                    }
+                    Err(e) => {
+                        // A failed cell ends the request: its later cells would read bad state.
+                        if !matches!(r.result, Some(Err(_))) {
+                            r.result = Some(Err(e));
+                            ended.push(*id);
+                        }
+                    }
+                }
+            }
+            return Some(ended);
+        }
         drop(io);
         for (row, id) in entry.requests.iter().enumerate() {
             let Some(r) = self.requests.get_mut(id) else { continue };
@@ -249,7 +356,7 @@ impl Engine {
                 },
             });
         }
-        true
+        Some(Vec::new())
     }
 
     /// Feed one event to a model's policy and carry out every decision it makes.
@@ -263,9 +370,12 @@ impl Engine {
             let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
             let Some(d) = state.m.policy.poll() else {
                 let Some(task) = failed.pop() else { return };
-                if self.collect_results(model, task) {
+                if let Some(ended) = self.collect_results(model, task) {
                     let now = self.now();
                     if let Some(Some(state)) = self.models.get_mut(model) {
+                        for id in ended {
+                            state.m.policy.end_early(now, id);
+                        }
                         state.m.policy.task_done(now, task);
                     }
                 }
@@ -286,17 +396,30 @@ impl Engine {
     /// task is then recorded as failed and must be finished by the caller).
     fn launch(&mut self, model: usize, l: Launch) -> std::result::Result<(), TaskId> {
         let state = self.models[model].as_mut().expect("model present");
-        let in_len = state.io.0;
-        let mut input = vec![0.0f32; l.batch * in_len];
-        for (row, id) in l.requests.iter().enumerate() {
-            if let Some(Request { pending: Pending { input: Input::F32(v), .. }, .. }) = self.requests.get(id)
-            {
-                input[row * in_len..(row + 1) * in_len].copy_from_slice(v);
+        let work = if l.nodes.is_empty() {
+            let in_len = state.io.0;
+            let mut input = vec![0.0f32; l.batch * in_len];
+            for (row, id) in l.requests.iter().enumerate() {
+                if let Some(Request { pending: Pending { input: Input::F32(v), .. }, .. }) =
+                    self.requests.get(id)
+                {
+                    input[row * in_len..(row + 1) * in_len].copy_from_slice(v);
+                }
             }
-        }
-        let data = TaskData::new(l.batch, input);
+            Work::Dense(input)
+        } else {
+            let mut cells =
+                CellTask { cell: l.cell, rows: Vec::with_capacity(l.requests.len()), children: Vec::new() };
+            for (id, &node) in l.requests.iter().zip(&l.nodes) {
+                let r = self.requests.get(id).expect("a launched request is pending");
+                let rc = r.cells.as_ref().expect("cell rows belong to recurrent requests");
+                push_row(&state.m.net, &r.pending.input, rc, node, &mut cells);
+            }
+            Work::Cells(cells)
+        };
+        let data = TaskData::new(l.batch, work);
         self.stats.record_task(l.requests.len());
-        state.tasks.insert(l.task, TaskEntry { data: data.clone(), requests: l.requests });
+        state.tasks.insert(l.task, TaskEntry { data: data.clone(), requests: l.requests, nodes: l.nodes });
         match state.m.runner.launch(l.worker, data.clone()) {
             Ok(target) => {
                 let signal = state.m.runner.signal(l.worker);
@@ -318,7 +441,16 @@ impl Engine {
     }
 
     fn complete(&mut self, id: RequestId, code: Code) {
-        let Some(Request { pending, result: computed }) = self.requests.remove(&id) else { return };
+        let Some(Request { pending, result: computed, cells }) = self.requests.remove(&id) else { return };
+        if let Some(mut rc) = cells
+            && !rc.slots.is_empty()
+            && let Some(Some(state)) = self.models.get_mut(pending.model)
+        {
+            // Nothing of the request runs any more (the policy's contract): its slots are free.
+            state.slots.give_back(&mut rc.slots);
+            let model = pending.model;
+            self.admit_waiting_later.push(model);
+        }
         let result = match code {
             Code::Ok => {
                 computed.unwrap_or_else(|| Err(Error::internal("request completed without a result")))

@@ -6,6 +6,7 @@
 //! completion counter; the poller sees the counter move and reports `task_done` to the engine,
 //! which completes the task's requests into their tickets or completion queues.
 
+mod cells;
 mod engine;
 mod poller;
 pub mod queue;
@@ -19,10 +20,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify};
+use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify, RunnerShape};
 use crate::error::{Code, Error, Result};
 use crate::model::{self, Input, ModelKind, Network};
+use crate::sched::baseline::padding::{PaddingConfig, PaddingPolicy};
 use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
+use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy, DEFAULT_MAX_TASKS_TO_SUBMIT};
 use crate::sched::{Policy, RequestId};
 
 use engine::{Engine, EngineModel, Event, Pending};
@@ -111,16 +114,129 @@ impl RuntimeBuilder {
 }
 
 /// Which policy batches a model's requests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum PolicyConfig {
+    /// The model kind's natural policy: timeout batching with no wait (NO_Wait) for fixed-shape
+    /// models, cellular batching with default options for recurrent ones.
+    #[default]
+    Auto,
     /// TF-Serving style: max batch size, max wait (0 = NO_Wait), workers, static padding.
+    /// Fixed-shape models only.
     Timeout(TimeoutConfig),
+    /// BatchMaker's cellular batching. Recurrent models only.
+    Cellular(CellularOptions),
+    /// Graph batching with padding (the TF/MXNet baseline). Recurrent models only.
+    Padding(PaddingConfig),
 }
 
-impl Default for PolicyConfig {
+/// Options of cellular batching for a model; cell types come from the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CellularOptions {
+    pub workers: usize,
+    /// Max batch per cell type, indexed like [`Network::cell_types`]; a missing entry takes
+    /// [`CellularOptions::DEFAULT_MAX_BATCH`] (the Seq2Seq decoder: half of it).
+    pub max_batch: Vec<usize>,
+    /// `MaxTasksToSubmit`.
+    pub max_tasks_to_submit: usize,
+}
+
+impl CellularOptions {
+    pub const DEFAULT_MAX_BATCH: usize = 512;
+}
+
+impl Default for CellularOptions {
     fn default() -> Self {
-        PolicyConfig::Timeout(TimeoutConfig { max_wait: Duration::ZERO, ..TimeoutConfig::default() })
+        CellularOptions {
+            workers: 1,
+            max_batch: Vec::new(),
+            max_tasks_to_submit: DEFAULT_MAX_TASKS_TO_SUBMIT,
+        }
     }
+}
+
+/// Bytes of recurrent state a model's arena may take by default.
+pub const DEFAULT_STATE_BYTES: usize = 256 << 20;
+
+/// The policy object for `net` under `cfg`, its worker count and its largest task (rows).
+fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<(Box<dyn Policy>, usize, usize)> {
+    let recurrent = net.is_recurrent();
+    let kind = net.kind();
+    let cfg = match cfg {
+        PolicyConfig::Auto if recurrent => PolicyConfig::Cellular(CellularOptions::default()),
+        PolicyConfig::Auto => {
+            PolicyConfig::Timeout(TimeoutConfig { max_wait: Duration::ZERO, ..TimeoutConfig::default() })
+        }
+        other => other.clone(),
+    };
+    let unsupported = |policy: &str, what: &str| {
+        Err(Error::new(Code::Unsupported, format!("the {policy} policy batches {what}; `{kind}` is not one")))
+    };
+    match cfg {
+        PolicyConfig::Timeout(_) if recurrent => unsupported("timeout", "fixed-shape models"),
+        PolicyConfig::Cellular(_) | PolicyConfig::Padding(_) if !recurrent => {
+            unsupported("cellular and padding", "recurrent models (lstm, seq2seq, treelstm)")
+        }
+        PolicyConfig::Timeout(cfg) => {
+            check::max_batch(cfg.max_batch)?;
+            check::workers(cfg.workers)?;
+            Ok((Box::new(TimeoutPolicy::new(cfg)), cfg.workers, cfg.max_batch))
+        }
+        PolicyConfig::Cellular(o) => {
+            check::workers(o.workers)?;
+            let types = net.cell_types();
+            if o.max_batch.len() > types.len() {
+                return Err(Error::invalid(format!(
+                    "{} max batch sizes given; a {kind} model has {} cell type(s)",
+                    o.max_batch.len(),
+                    types.len()
+                )));
+            }
+            let cell_types = types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let default = if kind == ModelKind::Seq2Seq && i == usize::from(model::DECODER) {
+                        CellularOptions::DEFAULT_MAX_BATCH / 2
+                    } else {
+                        CellularOptions::DEFAULT_MAX_BATCH
+                    };
+                    let b = o.max_batch.get(i).copied().unwrap_or(default);
+                    check::max_batch(b)?;
+                    Ok(CellTypeConfig::new(t.name, b, t.priority))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let max = cell_types.iter().map(|t| t.max_batch).max().unwrap_or(1);
+            let cfg =
+                CellularConfig { cell_types, workers: o.workers, max_tasks_to_submit: o.max_tasks_to_submit };
+            Ok((Box::new(CellularPolicy::new(cfg)?), o.workers, max))
+        }
+        PolicyConfig::Padding(cfg) => {
+            check::workers(cfg.workers)?;
+            check::max_batch(cfg.max_batch)?;
+            // A tree level is padded to batch × its widest request's node count.
+            let rows = match net {
+                Network::TreeLstm(m) => cfg.max_batch.saturating_mul(m.max_nodes()),
+                _ => cfg.max_batch,
+            };
+            Ok((Box::new(PaddingPolicy::new(cfg)?), cfg.workers, rows.min(MAX_TASK_ROWS)))
+        }
+        PolicyConfig::Auto => unreachable!("resolved above"),
+    }
+}
+
+/// Most rows a padded tree level may have (its buffers are allocated up front).
+const MAX_TASK_ROWS: usize = 1 << 16;
+
+/// State slots for a recurrent model: enough for `bound` requests within
+/// [`DEFAULT_STATE_BYTES`], and at least one request of the largest size.
+fn default_state_slots(net: &Network, bound: usize) -> usize {
+    let (per_slot, per_request, most) = match net {
+        Network::Mlp(_) => return 0,
+        Network::Lstm(m) => (m.cfg.layers * 2 * m.cfg.hidden * 4, 1, 1),
+        Network::Seq2Seq(m) => (m.cfg.layers * 2 * m.cfg.hidden * 4 + 4, 1, 1),
+        Network::TreeLstm(m) => (2 * m.cfg.hidden * 4, 64, m.max_nodes()),
+    };
+    bound.saturating_mul(per_request).min(DEFAULT_STATE_BYTES / per_slot.max(1)).max(most)
 }
 
 /// Options for [`Runtime::load_model`].
@@ -131,6 +247,10 @@ pub struct ModelOptions {
     pub admission_bound: Option<usize>,
     /// A name for messages and stats; defaults to the directory's name.
     pub name: Option<String>,
+    /// State slots of a recurrent model's arena (one per in-flight request; one per node of an
+    /// in-flight tree). Requests wait for slots in arrival order when all are taken. Default:
+    /// enough for the admission bound within 256 MiB.
+    pub state_slots: Option<usize>,
 }
 
 struct ModelShared {
@@ -139,6 +259,8 @@ struct ModelShared {
     net: Arc<Network>,
     admitted: Arc<AtomicUsize>,
     bound: usize,
+    /// State slots of a recurrent model (0 otherwise).
+    state_slots: usize,
 }
 
 struct Shared {
@@ -217,8 +339,20 @@ impl Runtime {
 
     /// Load the model in `dir` (DESIGN §6) and prepare it on the backend.
     pub fn load_model(&self, dir: impl AsRef<Path>, opts: ModelOptions) -> Result<Model> {
+        self.load_model_with(dir, opts, |_, _| Ok(()))
+    }
+
+    /// [`load_model`](Self::load_model), with the options finished by `configure` once the
+    /// network is known (e.g. to pick the policy for its kind).
+    pub fn load_model_with(
+        &self,
+        dir: impl AsRef<Path>,
+        mut opts: ModelOptions,
+        configure: impl FnOnce(&Network, &mut ModelOptions) -> Result<()>,
+    ) -> Result<Model> {
         let dir = dir.as_ref();
         let net = Arc::new(model::load(dir)?);
+        configure(&net, &mut opts)?;
         let name = opts.name.clone().unwrap_or_else(|| {
             dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
         });
@@ -230,16 +364,18 @@ impl Runtime {
         net.check()?;
         let bound = opts.admission_bound.unwrap_or(self.shared.default_bound);
         check::admission_bound(bound)?;
-        let (policy, workers, max_batch): (Box<dyn Policy>, usize, usize) = match opts.policy {
-            PolicyConfig::Timeout(cfg) => {
-                check::max_batch(cfg.max_batch)?;
-                check::workers(cfg.workers)?;
-                (Box::new(TimeoutPolicy::new(cfg)), cfg.workers, cfg.max_batch)
-            }
+        let (policy, workers, max_batch) = make_policy(&net, &opts.policy)?;
+        let state_slots = match opts.state_slots {
+            Some(0) => return Err(Error::invalid("state slots must be at least 1")),
+            Some(n) => n,
+            None => default_state_slots(&net, bound),
         };
         let poller = self.shared.poller_thread.clone();
         let notify: Notify = Arc::new(move || poller.unpark());
-        let runner = self.shared.backend.prepare(net.clone(), workers, max_batch, notify)?;
+        let shape =
+            RunnerShape { workers, max_batch, state_slots: if net.is_recurrent() { state_slots } else { 0 } };
+        let runner = self.shared.backend.prepare(net.clone(), shape, notify)?;
+        let state_slots = runner.state_slots();
         let admitted = Arc::new(AtomicUsize::new(0));
         let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
         if !*gate {
@@ -248,6 +384,7 @@ impl Runtime {
         let index = self.shared.models.fetch_add(1, Ordering::AcqRel);
         let on_done = admitted.clone();
         let em = EngineModel {
+            net: net.clone(),
             policy,
             runner: Arc::from(runner),
             on_complete: Box::new(move || {
@@ -259,7 +396,10 @@ impl Runtime {
             .send(Event::AddModel(index, Box::new(em)))
             .map_err(|_| Error::new(Code::Shutdown, "the runtime is shut down"))?;
         drop(gate);
-        Ok(Model { rt: self.shared.clone(), m: Arc::new(ModelShared { index, name, net, admitted, bound }) })
+        Ok(Model {
+            rt: self.shared.clone(),
+            m: Arc::new(ModelShared { index, name, net, admitted, bound, state_slots }),
+        })
     }
 
     /// Ask for request `id` to be cancelled. A queued request completes `Cancelled` at once, a
@@ -378,7 +518,21 @@ impl Model {
         opts: SubmitOptions,
         sink: impl FnOnce(RequestId) -> Sink,
     ) -> Result<RequestId> {
-        self.m.net.validate(&input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
+        let cells = self
+            .m
+            .net
+            .validate(&input)
+            .and_then(|_| self.m.net.unfold(&input))
+            .map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
+        if let Some(g) = &cells {
+            let need = cells::slots_needed(&self.m.net, g);
+            if need > self.m.state_slots {
+                return Err(Error::invalid(format!(
+                    "model `{}`: the request needs {need} state slots; the model has {}",
+                    self.m.name, self.m.state_slots
+                )));
+            }
+        }
         if let Some(d) = opts.deadline
             && d <= Instant::now()
         {
@@ -402,8 +556,14 @@ impl Model {
         let id = self.rt.next_id.fetch_add(1, Ordering::AcqRel);
         self.rt.stats.record_submit();
         let reply = Reply::new(id, sink(id), self.rt.stats.clone());
-        let pending =
-            Pending { model: self.m.index, input, deadline: opts.deadline, priority: opts.priority, reply };
+        let pending = Pending {
+            model: self.m.index,
+            input,
+            cells,
+            deadline: opts.deadline,
+            priority: opts.priority,
+            reply,
+        };
         if let Err(mpsc::SendError(ev)) = self.rt.events.send(Event::Arrive(Box::new(pending))) {
             // The engine is gone (it cannot be while the gate is open, but never lose a request):
             // the reply completes the request `Cancelled` when dropped here.

@@ -16,11 +16,15 @@
 //! * `task_done` is called exactly once for every launched task.
 
 pub mod baseline;
+pub mod cellular;
+pub mod graph;
 
 use std::ops::{Add, Sub};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Code;
+pub use graph::{CellGraph, CellType};
 
 /// A point in (real or virtual) time: nanoseconds since the driver's epoch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -71,23 +75,40 @@ pub type TaskId = u64;
 pub type WorkerId = usize;
 
 /// What a policy learns about a request when it arrives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Arrival {
     pub id: RequestId,
     /// The request must complete by then, or complete `DeadlineExceeded`.
     pub deadline: Option<Time>,
     /// Larger is served first; requests of equal priority are served in arrival order.
     pub priority: i32,
+    /// The request unfolded into cells (recurrent models); `None` for a fixed-shape request,
+    /// which is one row of one task.
+    pub cells: Option<Arc<CellGraph>>,
 }
 
-/// A batched task to start on an idle worker.
+impl Arrival {
+    /// A fixed-shape request with no deadline and priority 0.
+    pub fn fixed(id: RequestId) -> Arrival {
+        Arrival { id, deadline: None, priority: 0, cells: None }
+    }
+}
+
+/// A batched task to start on a worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
     pub task: TaskId,
     pub worker: WorkerId,
-    /// Requests in the task, in batch-row order.
+    /// The cell type every row runs (0 for fixed-shape models).
+    pub cell: CellType,
+    /// The request of each real row, in batch-row order. A request appears once per node it has
+    /// in the task (several nodes of one tree may share a task).
     pub requests: Vec<RequestId>,
-    /// Rows the task computes: `requests.len()`, or more when the policy pads the batch.
+    /// The node of each row within its request's cell graph, parallel to `requests`; empty for
+    /// fixed-shape requests.
+    pub nodes: Vec<u32>,
+    /// Rows the task computes: `requests.len()`, or more when the policy pads the batch (padding
+    /// rows come last and belong to no request).
     pub batch: usize,
 }
 
@@ -109,6 +130,11 @@ pub trait Policy: Send {
     fn cancel(&mut self, now: Time, id: RequestId);
     /// A task launched earlier has finished on its worker.
     fn task_done(&mut self, now: Time, task: TaskId);
+    /// The request's output ended before its last cell (a Seq2Seq decoder emitted `eos`): its
+    /// cells not yet launched are dropped, and it completes `Ok` once no task of it is running.
+    /// Given before the `task_done` of the task that produced the end. Fixed-shape policies
+    /// never see it (their requests end with their only task).
+    fn end_early(&mut self, now: Time, id: RequestId);
     /// Time has advanced to `now` (timers, deadlines).
     fn tick(&mut self, now: Time);
     /// The next decision, if any. Drain until `None` after every event.

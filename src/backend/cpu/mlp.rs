@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::cpu::gemm::{PackedWeight, Threads, linear};
 use crate::backend::cpu::stream::{CpuStream, Job};
-use crate::backend::{CompletionSignal, Notify, Runner, TaskData};
+use crate::backend::{CompletionSignal, Notify, Runner, TaskData, Work};
 use crate::error::{Error, Result};
 use crate::model::Network;
 
@@ -46,7 +46,9 @@ impl MlpRunner {
         threads: usize,
         notify: Notify,
     ) -> Result<MlpRunner> {
-        let Network::Mlp(mlp) = &*net;
+        let Network::Mlp(mlp) = &*net else {
+            return Err(Error::internal(format!("an mlp runner cannot run a {} model", net.kind())));
+        };
         let model = Arc::new(Prepared {
             layers: mlp
                 .layers
@@ -119,6 +121,10 @@ impl Runner for MlpRunner {
         (self.model.input_len, self.model.output_len)
     }
 
+    fn state_slots(&self) -> usize {
+        0
+    }
+
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
         if task.rows == 0 || task.rows > self.max_batch {
             return Err(Error::internal(format!(
@@ -134,11 +140,15 @@ impl Runner for MlpRunner {
             run: Box::new(move |scratch: &mut Scratch| {
                 let mut io = task.io.lock().expect("task io lock");
                 let io = &mut *io;
+                let Work::Dense(input) = &io.work else {
+                    io.error = Some(Error::internal("an mlp task must carry dense rows"));
+                    return;
+                };
                 let macs = task.rows * model.flops_per_row / 2;
                 if threads.0 > 1 && macs >= super::gemm::PARALLEL_MIN_MACS {
-                    pool.install(|| forward(&model, &io.input, task.rows, scratch, &mut io.output, threads));
+                    pool.install(|| forward(&model, input, task.rows, scratch, &mut io.output, threads));
                 } else {
-                    forward(&model, &io.input, task.rows, scratch, &mut io.output, Threads(1));
+                    forward(&model, input, task.rows, scratch, &mut io.output, Threads(1));
                 }
             }),
             on_panic: Box::new(move |e| t2.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e)),

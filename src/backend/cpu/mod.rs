@@ -4,13 +4,18 @@
 //! count, one ordered stream thread per worker, and per-stream completion counters read by the
 //! same poller code the CUDA backend uses.
 
+pub mod activation;
+pub mod arena;
 pub mod gemm;
+pub mod lstm_cell;
 mod mlp;
+mod recurrent;
 pub mod stream;
+pub mod tree_cell;
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, BackendKind, Notify, Runner};
+use crate::backend::{Backend, BackendKind, Notify, Runner, RunnerShape};
 use crate::error::{Error, Result};
 use crate::model::Network;
 
@@ -75,22 +80,19 @@ impl Backend for CpuBackend {
         format!("cpu: {} compute thread(s), features [{}]", self.threads, feats.join(" "))
     }
 
-    fn prepare(
-        &self,
-        net: Arc<Network>,
-        workers: usize,
-        max_batch: usize,
-        notify: Notify,
-    ) -> Result<Box<dyn Runner>> {
-        match &*net {
-            Network::Mlp(_) => Ok(Box::new(mlp::MlpRunner::new(
-                net.clone(),
-                workers,
-                max_batch,
-                self.pool.clone(),
-                self.threads,
-                notify,
-            )?)),
+    fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
+        if net.is_recurrent() {
+            let r = recurrent::RecurrentRunner::new(net, shape, self.pool.clone(), self.threads, notify)?;
+            return Ok(Box::new(r));
         }
+        let r = mlp::MlpRunner::new(
+            net,
+            shape.workers,
+            shape.max_batch,
+            self.pool.clone(),
+            self.threads,
+            notify,
+        )?;
+        Ok(Box::new(r))
     }
 }

@@ -371,7 +371,7 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
 /// A runtime serving the plan's network under `cfg`, warmed up (buffers touched, threads started).
 fn start_model(plan: &BenchPlan, cfg: TimeoutConfig) -> CliResult<(Runtime, Model)> {
     let rt = build_runtime(plan.rt)?;
-    let opts = ModelOptions { policy: PolicyConfig::Timeout(cfg), admission_bound: None, name: None };
+    let opts = ModelOptions { policy: PolicyConfig::Timeout(cfg), ..ModelOptions::default() };
     let model = rt.add_network(plan.net.clone(), plan.name.clone(), opts)?;
     for _ in 0..3 {
         let tickets = (0..cfg.max_batch * cfg.workers)

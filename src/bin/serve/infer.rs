@@ -20,13 +20,16 @@ use crate::{CliResult, InferArgs, build_runtime, fatal, stdout_err, timeout_poli
 pub(crate) fn cmd_infer(a: InferArgs) -> CliResult<()> {
     let reader = open_input(&a.input)?;
     let rt = build_runtime(a.rt)?;
-    let opts = ModelOptions {
-        policy: PolicyConfig::Timeout(timeout_policy(a.max_batch, a.max_wait_us, 1)),
-        admission_bound: a.max_inflight,
-        name: None,
-    };
+    let opts = ModelOptions { admission_bound: a.max_inflight, ..ModelOptions::default() };
     let model = rt
-        .load_model(&a.model_dir, opts)
+        .load_model_with(&a.model_dir, opts, |net, opts| {
+            // Recurrent models take cellular batching (the default); fixed-shape ones the
+            // timeout batching the flags describe.
+            if !net.is_recurrent() {
+                opts.policy = PolicyConfig::Timeout(timeout_policy(a.max_batch, a.max_wait_us, 1));
+            }
+            Ok(())
+        })
         .map_err(|e| fatal(format!("cannot load model {}: {e}", a.model_dir.display())))?;
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());

@@ -168,7 +168,14 @@ impl TimeoutPolicy {
             self.running += batch.len();
             let rows = if self.cfg.pad_to_max { self.cfg.max_batch } else { batch.len() };
             self.tasks.insert(task, (worker, batch.clone()));
-            self.out.push_back(Decision::Launch(Launch { task, worker, requests: batch, batch: rows }));
+            self.out.push_back(Decision::Launch(Launch {
+                task,
+                worker,
+                cell: 0,
+                requests: batch,
+                nodes: Vec::new(),
+                batch: rows,
+            }));
             self.tidy();
         }
     }
@@ -218,6 +225,10 @@ impl Policy for TimeoutPolicy {
         self.dispatch(now);
     }
 
+    fn end_early(&mut self, _now: Time, _id: RequestId) {
+        // A fixed-shape request ends with its only task; there is nothing to cut short.
+    }
+
     fn tick(&mut self, now: Time) {
         self.dispatch(now);
     }
@@ -263,7 +274,7 @@ mod tests {
     }
 
     fn arrive(p: &mut TimeoutPolicy, now: Time, id: RequestId) {
-        p.arrive(now, Arrival { id, deadline: None, priority: 0 });
+        p.arrive(now, Arrival { id, deadline: None, priority: 0, cells: None });
     }
 
     fn drain(p: &mut TimeoutPolicy) -> Vec<Decision> {
@@ -271,7 +282,14 @@ mod tests {
     }
 
     fn launch(task: TaskId, worker: WorkerId, requests: &[RequestId], batch: usize) -> Decision {
-        Decision::Launch(Launch { task, worker, requests: requests.to_vec(), batch })
+        Decision::Launch(Launch {
+            task,
+            worker,
+            cell: 0,
+            requests: requests.to_vec(),
+            nodes: Vec::new(),
+            batch,
+        })
     }
 
     fn ok(id: RequestId) -> Decision {
@@ -381,10 +399,10 @@ mod tests {
         let mut p = policy(2, 0, 1);
         arrive(&mut p, us(0), 0); // occupies the worker
         drain(&mut p);
-        p.arrive(us(1), Arrival { id: 1, deadline: None, priority: 0 });
-        p.arrive(us(2), Arrival { id: 2, deadline: None, priority: 5 });
-        p.arrive(us(3), Arrival { id: 3, deadline: None, priority: 0 });
-        p.arrive(us(4), Arrival { id: 4, deadline: None, priority: 5 });
+        p.arrive(us(1), Arrival { id: 1, deadline: None, priority: 0, cells: None });
+        p.arrive(us(2), Arrival { id: 2, deadline: None, priority: 5, cells: None });
+        p.arrive(us(3), Arrival { id: 3, deadline: None, priority: 0, cells: None });
+        p.arrive(us(4), Arrival { id: 4, deadline: None, priority: 5, cells: None });
         p.task_done(us(5), 0);
         assert_eq!(drain(&mut p), vec![ok(0), launch(1, 0, &[2, 4], 2)]);
     }
@@ -392,7 +410,7 @@ mod tests {
     #[test]
     fn queued_request_expires_at_its_deadline_without_running() {
         let mut p = policy(4, 1000, 1);
-        p.arrive(us(0), Arrival { id: 1, deadline: Some(us(300)), priority: 0 });
+        p.arrive(us(0), Arrival { id: 1, deadline: Some(us(300)), priority: 0, cells: None });
         arrive(&mut p, us(10), 2);
         assert_eq!(p.next_wakeup(), Some(us(300)));
         p.tick(us(300));
@@ -406,7 +424,7 @@ mod tests {
     #[test]
     fn deadline_passing_while_running_completes_deadline_exceeded() {
         let mut p = policy(2, 0, 1);
-        p.arrive(us(0), Arrival { id: 1, deadline: Some(us(100)), priority: 0 });
+        p.arrive(us(0), Arrival { id: 1, deadline: Some(us(100)), priority: 0, cells: None });
         assert_eq!(drain(&mut p), vec![launch(0, 0, &[1], 1)]);
         assert_eq!(p.next_wakeup(), None, "running requests are checked at their boundary");
         p.task_done(us(100), 0);
@@ -462,7 +480,7 @@ mod tests {
             for id in 0..n {
                 now += rng.random_range(0..20);
                 let deadline = rng.random_bool(0.2).then(|| us(now + rng.random_range(0..100)));
-                p.arrive(us(now), Arrival { id, deadline, priority: rng.random_range(0..3) });
+                p.arrive(us(now), Arrival { id, deadline, priority: rng.random_range(0..3), cells: None });
                 if rng.random_bool(0.1) {
                     p.cancel(us(now), rng.random_range(0..=id));
                 }

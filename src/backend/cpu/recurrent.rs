@@ -1,0 +1,356 @@
+//! Recurrent models (`lstm`, `seq2seq`, `treelstm`) on the CPU, executed cell task by cell task
+//! for cellular batching: weights packed once and shared by every worker; one state arena (a slot
+//! per in-flight request — per tree node for `treelstm` — holding `h` and `c` of every layer);
+//! one stream per worker with its own step buffers, allocated at prepare and reused.
+//!
+//! A cell task runs the structure the CUDA kernels mirror (DESIGN §5): embedding gather into the
+//! batch input, then per layer one gather of `[x_t | h_{t-1}]`, one GEMM against
+//! `[W_ih | W_hh]`, and a fused pointwise + scatter back to the slots; a decoder step adds the
+//! projection and the argmax, whose token is fed back through the slot to the next step.
+
+use std::sync::{Arc, Mutex};
+
+use crate::backend::cpu::arena::StateArena;
+use crate::backend::cpu::gemm::{PARALLEL_MIN_MACS, Threads};
+use crate::backend::cpu::lstm_cell::{
+    LstmLayer, LstmRow, LstmScratch, NO_TOKEN, Projection, embed_rows, lstm_layer_step, project_argmax,
+};
+use crate::backend::cpu::stream::{CpuStream, Job};
+use crate::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
+use crate::backend::{CellTask, CompletionSignal, Notify, Runner, RunnerShape, TaskData, Work};
+use crate::error::{Error, Result};
+use crate::model::lstm::LstmStack;
+use crate::model::{DECODER, Network};
+
+/// The packed cells of a model.
+enum Cells {
+    /// `lstm`, or one of `seq2seq`'s two stacks: embedding `[vocab, E]` and the layers.
+    Chain {
+        embedding: Vec<f32>,
+        layers: Vec<LstmLayer>,
+    },
+    /// `seq2seq`: encoder (cell 0), decoder (cell 1) with its projection.
+    Seq2Seq {
+        encoder: Box<Cells>,
+        decoder: Box<Cells>,
+        proj: Projection,
+        bos: u32,
+    },
+    Tree {
+        embedding: Vec<f32>,
+        cell: TreeCell,
+    },
+}
+
+fn pack_stack(s: &LstmStack) -> Vec<LstmLayer> {
+    s.layers
+        .iter()
+        .map(|l| LstmLayer::from_torch(&l.w_ih, &l.w_hh, &l.b_ih, &l.b_hh, l.input, s.hidden))
+        .collect()
+}
+
+/// The prepared model, shared by the streams.
+struct Prepared {
+    cells: Cells,
+    embed: usize,
+    hidden: usize,
+    arena: StateArena,
+    /// Where a decoder slot keeps its last token (after every layer's `h`, `c`).
+    token_offset: usize,
+    /// Multiply-adds of one row of a step (to decide whether to use the thread pool).
+    macs_per_row: usize,
+}
+
+/// Step buffers of one stream.
+struct Scratch {
+    ids: Vec<u32>,
+    x: Vec<f32>,
+    h_a: Vec<f32>,
+    h_b: Vec<f32>,
+    lstm: LstmScratch,
+    tree: TreeScratch,
+    lstm_rows: Vec<LstmRow>,
+    tree_rows: Vec<TreeRow>,
+    logits: Vec<f32>,
+}
+
+pub(super) struct RecurrentRunner {
+    model: Arc<Prepared>,
+    streams: Vec<Mutex<CpuStream<Scratch>>>,
+    pool: Arc<rayon::ThreadPool>,
+    threads: usize,
+    max_batch: usize,
+}
+
+/// A zeroed buffer of `len` values, or UNAVAILABLE.
+fn zeroed<T: Clone + Default>(len: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::new(crate::error::Code::Unavailable, format!("cannot allocate {what} for {len} values"))
+    })?;
+    v.resize(len, T::default());
+    Ok(v)
+}
+
+impl RecurrentRunner {
+    pub(super) fn new(
+        net: Arc<Network>,
+        shape: RunnerShape,
+        pool: Arc<rayon::ThreadPool>,
+        threads: usize,
+        notify: Notify,
+    ) -> Result<RecurrentRunner> {
+        let (cells, embed, hidden, layers, vocab) = match &*net {
+            Network::Lstm(m) => (
+                Cells::Chain { embedding: m.embedding.clone(), layers: pack_stack(&m.stack) },
+                m.cfg.embed,
+                m.cfg.hidden,
+                m.cfg.layers,
+                0,
+            ),
+            Network::Seq2Seq(m) => (
+                Cells::Seq2Seq {
+                    encoder: Box::new(Cells::Chain {
+                        embedding: m.enc_embedding.clone(),
+                        layers: pack_stack(&m.encoder),
+                    }),
+                    decoder: Box::new(Cells::Chain {
+                        embedding: m.dec_embedding.clone(),
+                        layers: pack_stack(&m.decoder),
+                    }),
+                    proj: Projection::from_torch(&m.proj_weight, &m.proj_bias),
+                    bos: m.cfg.bos,
+                },
+                m.cfg.embed,
+                m.cfg.hidden,
+                m.cfg.layers,
+                m.cfg.vocab,
+            ),
+            Network::TreeLstm(m) => (
+                Cells::Tree {
+                    embedding: m.embedding.clone(),
+                    cell: TreeCell::from_torch(
+                        &m.w_iou,
+                        &m.b_iou,
+                        &m.u_iou,
+                        &m.w_f,
+                        &m.b_f,
+                        &m.u_f,
+                        m.cfg.embed,
+                        m.cfg.hidden,
+                    ),
+                },
+                m.cfg.embed,
+                m.cfg.hidden,
+                1,
+                0,
+            ),
+            Network::Mlp(_) => return Err(Error::internal("a recurrent runner cannot run an mlp")),
+        };
+        let token_offset = layers * 2 * hidden;
+        let width = token_offset + usize::from(matches!(cells, Cells::Seq2Seq { .. }));
+        let arena = StateArena::new(shape.state_slots, width)?;
+        let macs_per_row = match &*net {
+            Network::TreeLstm(_) => (embed * 4 + hidden * 4) * hidden,
+            _ => layers * (embed.max(hidden) + hidden) * 4 * hidden + vocab * hidden,
+        };
+        let model = Arc::new(Prepared { cells, embed, hidden, arena, token_offset, macs_per_row });
+        let rows = shape.max_batch;
+        let wide = embed.max(hidden);
+        let streams = (0..shape.workers)
+            .map(|w| {
+                let mut lstm = LstmScratch::new();
+                let mut tree = TreeScratch::new();
+                match &model.cells {
+                    // Children of one task: at most every node of the batch but the roots.
+                    Cells::Tree { .. } => tree.reserve(rows, rows, hidden)?,
+                    _ => {
+                        lstm.reserve(rows, embed, hidden)?;
+                        lstm.reserve(rows, hidden, hidden)?;
+                    }
+                }
+                let scratch = Scratch {
+                    ids: zeroed(rows, "token ids")?,
+                    x: zeroed(rows * wide, "step inputs")?,
+                    h_a: zeroed(rows * hidden, "hidden states")?,
+                    h_b: zeroed(rows * hidden, "hidden states")?,
+                    lstm,
+                    tree,
+                    lstm_rows: Vec::with_capacity(rows),
+                    tree_rows: Vec::with_capacity(rows),
+                    logits: zeroed(if vocab > 0 { rows * vocab } else { 0 }, "logits")?,
+                };
+                CpuStream::new(format!("serve-stream-{w}"), scratch, notify.clone()).map(Mutex::new)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecurrentRunner { model, streams, pool, threads, max_batch: shape.max_batch })
+    }
+}
+
+/// Run the layers of a chain cell over the task's rows; leaves the top layer's `h` in `s.h_a`.
+fn run_chain(
+    p: &Prepared,
+    embedding: &[f32],
+    layers: &[LstmLayer],
+    padded: usize,
+    s: &mut Scratch,
+    threads: Threads,
+) {
+    let (e, h) = (p.embed, p.hidden);
+    embed_rows(embedding, e, &s.ids[..padded], &mut s.x[..padded * e]);
+    for (k, layer) in layers.iter().enumerate() {
+        let offset = k * 2 * h;
+        if k == 0 {
+            lstm_layer_step(
+                layer,
+                &s.x,
+                &s.lstm_rows,
+                padded,
+                &p.arena,
+                offset,
+                &mut s.lstm,
+                &mut s.h_a,
+                threads,
+            );
+        } else {
+            lstm_layer_step(
+                layer,
+                &s.h_a,
+                &s.lstm_rows,
+                padded,
+                &p.arena,
+                offset,
+                &mut s.lstm,
+                &mut s.h_b,
+                threads,
+            );
+            std::mem::swap(&mut s.h_a, &mut s.h_b);
+        }
+    }
+}
+
+/// Execute one cell task: outputs of rows marked `output` go to `out`, decoder tokens to `tokens`.
+fn run(
+    p: &Prepared,
+    task: &CellTask,
+    padded: usize,
+    s: &mut Scratch,
+    out: &mut Vec<f32>,
+    tokens: &mut Vec<u32>,
+    threads: Threads,
+) {
+    let h = p.hidden;
+    s.ids[..padded].fill(NO_TOKEN);
+    match &p.cells {
+        Cells::Tree { embedding, cell } => {
+            s.tree_rows.clear();
+            for (i, r) in task.rows.iter().enumerate() {
+                s.ids[i] = r.token;
+                s.tree_rows.push(TreeRow {
+                    slot: r.slot,
+                    children: r.children.start as usize..r.children.end as usize,
+                });
+            }
+            embed_rows(embedding, p.embed, &s.ids[..padded], &mut s.x[..padded * p.embed]);
+            tree_step(
+                cell,
+                &s.x,
+                &s.tree_rows,
+                &task.children,
+                padded,
+                &p.arena,
+                &mut s.tree,
+                &mut s.h_a,
+                threads,
+            );
+        }
+        cells => {
+            let decoder = task.cell == DECODER && matches!(cells, Cells::Seq2Seq { .. });
+            let (chain, bos) = match cells {
+                Cells::Seq2Seq { encoder, decoder: dec, bos, .. } => {
+                    (if decoder { &**dec } else { &**encoder }, *bos)
+                }
+                other => (other, 0),
+            };
+            let Cells::Chain { embedding, layers } = chain else { unreachable!("chains hold layers") };
+            s.lstm_rows.clear();
+            for (i, r) in task.rows.iter().enumerate() {
+                s.ids[i] = if !decoder {
+                    r.token
+                } else if r.first {
+                    bos
+                } else {
+                    p.arena.read_u32(r.slot, p.token_offset)
+                };
+                // A decoder continues from the encoder's state: never fresh.
+                s.lstm_rows.push(LstmRow { slot: r.slot, fresh: r.first && !decoder });
+            }
+            run_chain(p, embedding, layers, padded, s, threads);
+            if decoder {
+                let Cells::Seq2Seq { proj, .. } = cells else { unreachable!() };
+                let n = task.rows.len();
+                tokens.clear();
+                tokens.resize(n, 0);
+                project_argmax(proj, &s.h_a, n, &mut s.logits, tokens, threads);
+                for (r, &t) in task.rows.iter().zip(tokens.iter()) {
+                    p.arena.write_u32(r.slot, p.token_offset, t);
+                }
+            }
+        }
+    }
+    out.clear();
+    for (i, r) in task.rows.iter().enumerate() {
+        if r.output {
+            out.extend_from_slice(&s.h_a[i * h..(i + 1) * h]);
+        }
+    }
+}
+
+impl Runner for RecurrentRunner {
+    fn workers(&self) -> usize {
+        self.streams.len()
+    }
+
+    fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal> {
+        self.streams[worker].lock().expect("stream lock").signal()
+    }
+
+    fn io_lens(&self) -> (usize, usize) {
+        (0, self.model.hidden)
+    }
+
+    fn state_slots(&self) -> usize {
+        self.model.arena.slots()
+    }
+
+    fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
+        if task.rows == 0 || task.rows > self.max_batch {
+            return Err(Error::internal(format!(
+                "task of {} rows on a runner prepared for at most {}",
+                task.rows, self.max_batch
+            )));
+        }
+        let model = self.model.clone();
+        let pool = self.pool.clone();
+        let threads = self.threads;
+        let t2 = task.clone();
+        let job = Job {
+            run: Box::new(move |scratch: &mut Scratch| {
+                let mut io = task.io.lock().expect("task io lock");
+                let io = &mut *io;
+                let Work::Cells(cells) = &io.work else {
+                    io.error = Some(Error::internal("a recurrent model's task must carry cells"));
+                    return;
+                };
+                let (out, tokens) = (&mut io.output, &mut io.tokens);
+                if threads > 1 && task.rows * model.macs_per_row >= PARALLEL_MIN_MACS {
+                    pool.install(|| run(&model, cells, task.rows, scratch, out, tokens, Threads(threads)));
+                } else {
+                    run(&model, cells, task.rows, scratch, out, tokens, Threads(1));
+                }
+            }),
+            on_panic: Box::new(move |e| t2.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e)),
+        };
+        self.streams[worker].lock().expect("stream lock").enqueue(job)
+    }
+}

@@ -1,0 +1,150 @@
+//! The engine's side of cellular execution: state slots handed to requests, cell tasks built from
+//! a policy's launch (node → state slots, token, children), and a finished task's rows turned back
+//! into request results (final `h`, decoded tokens, `eos`).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::backend::{CellRow, CellTask};
+use crate::error::{Error, Result};
+use crate::model::{DECODER, Input, NO_TOKEN, Network, Output};
+use crate::sched::{CellGraph, RequestId};
+
+/// The recurrent state of one request in the engine.
+pub(crate) struct RequestCells {
+    pub graph: Arc<CellGraph>,
+    /// Its state slots (empty while it waits for them): one for a chain model, one per node for a
+    /// tree.
+    pub slots: Vec<u32>,
+    /// Seq2Seq: tokens decoded so far.
+    pub decoded: Vec<u32>,
+    /// Seq2Seq: the output is complete (`eos` or `max_decode`); later decoder rows are ignored.
+    pub ended: bool,
+}
+
+impl RequestCells {
+    pub fn new(graph: Arc<CellGraph>) -> RequestCells {
+        RequestCells { graph, slots: Vec::new(), decoded: Vec::new(), ended: false }
+    }
+}
+
+/// State slots needed by a request of `net` with this graph.
+pub(crate) fn slots_needed(net: &Network, graph: &CellGraph) -> usize {
+    match net {
+        Network::TreeLstm(_) => graph.len(),
+        _ => 1,
+    }
+}
+
+/// The free state slots of one model, and the requests waiting for slots (in arrival order).
+pub(crate) struct SlotPool {
+    free: Vec<u32>,
+    pub waiting: VecDeque<RequestId>,
+}
+
+impl SlotPool {
+    pub fn new(slots: usize) -> SlotPool {
+        SlotPool { free: (0..slots as u32).rev().collect(), waiting: VecDeque::new() }
+    }
+
+    /// `n` slots, or `None` if fewer are free.
+    pub fn take(&mut self, n: usize) -> Option<Vec<u32>> {
+        let at = self.free.len().checked_sub(n)?;
+        Some(self.free.split_off(at))
+    }
+
+    pub fn give_back(&mut self, slots: &mut Vec<u32>) {
+        self.free.append(slots);
+    }
+}
+
+/// Add the row of `node` of a request to `task`.
+pub(crate) fn push_row(net: &Network, input: &Input, rc: &RequestCells, node: u32, task: &mut CellTask) {
+    let v = node as usize;
+    let row = match (net, input) {
+        (Network::Lstm(_), Input::Tokens(t)) => CellRow {
+            slot: rc.slots[0],
+            token: t[v],
+            first: v == 0,
+            children: 0..0,
+            output: v + 1 == t.len(),
+        },
+        (Network::Seq2Seq(_), Input::Tokens(t)) if v < t.len() => {
+            CellRow { slot: rc.slots[0], token: t[v], first: v == 0, children: 0..0, output: false }
+        }
+        (Network::Seq2Seq(_), Input::Tokens(t)) => {
+            CellRow { slot: rc.slots[0], token: NO_TOKEN, first: v == t.len(), children: 0..0, output: false }
+        }
+        (Network::TreeLstm(_), Input::Tree { tokens, parents }) => {
+            let start = task.children.len() as u32;
+            task.children.extend(rc.graph.preds(v).iter().map(|&c| rc.slots[c as usize]));
+            CellRow {
+                slot: rc.slots[v],
+                token: tokens[v],
+                first: false,
+                children: start..task.children.len() as u32,
+                output: parents[v] == -1,
+            }
+        }
+        _ => unreachable!("inputs are validated against their model at submit"),
+    };
+    task.rows.push(row);
+}
+
+/// What a finished row means for its request.
+pub(crate) enum RowOutcome {
+    /// Nothing to deliver yet.
+    Continue,
+    /// The request's result is ready; `early` when it ended before its last cell (the policy is
+    /// told, so the rest of its cells are dropped).
+    Result { output: Output, early: bool },
+}
+
+/// A finished cell task's results, read row by row.
+pub(crate) struct Finished<'a> {
+    pub task: &'a CellTask,
+    /// Decoder tasks: the token of each real row.
+    pub tokens: &'a [u32],
+    /// The `output` rows' values, `hidden` each, consumed in row order.
+    pub outputs: std::slice::ChunksExact<'a, f32>,
+}
+
+impl Finished<'_> {
+    /// Interpret row `i` (node `node`) for its request.
+    pub fn row_outcome(
+        &mut self,
+        net: &Network,
+        input: &Input,
+        rc: &mut RequestCells,
+        i: usize,
+        node: u32,
+    ) -> Result<RowOutcome> {
+        let row = &self.task.rows[i];
+        if row.output {
+            let h = self
+                .outputs
+                .next()
+                .ok_or_else(|| Error::internal("a cell task returned fewer outputs than rows"))?;
+            return Ok(RowOutcome::Result { output: Output::F32(h.to_vec()), early: false });
+        }
+        match (net, input) {
+            (Network::Seq2Seq(m), Input::Tokens(src)) if self.task.cell == DECODER => {
+                if rc.ended {
+                    return Ok(RowOutcome::Continue); // decoded past eos by a task submitted ahead
+                }
+                let t = *self
+                    .tokens
+                    .get(i)
+                    .ok_or_else(|| Error::internal("a decoder task returned too few tokens"))?;
+                rc.decoded.push(t);
+                let last = node as usize + 1 == src.len() + m.cfg.max_decode;
+                if t == m.cfg.eos || last {
+                    rc.ended = true;
+                    return Ok(RowOutcome::Result { output: Output::Tokens(rc.decoded.clone()), early: !last });
+                }
+                Ok(RowOutcome::Continue)
+            }
+            _ => Ok(RowOutcome::Continue),
+        }
+    }
+}

@@ -1,0 +1,548 @@
+//! Graph batching with padding: the TensorFlow / MXNet baseline of the BatchMaker paper (§2.2, §7).
+//!
+//! Requests wait in **buckets** by size (graph nodes; width 10: sizes 1–10, 11–20, …). Whenever a
+//! worker is idle, the next non-empty bucket in **round-robin** order gives it a batch of up to
+//! `max_batch` requests — at once, with no batching timeout. The batch then runs as one padded
+//! graph: for each cell type in order and each level within it, one task holds that level's node
+//! of every request, padded as if every request were as large as the batch's largest (its
+//! longest sequence, its widest tree level). A request cannot join a batch that has started, and
+//! every request of a batch completes together when the batch ends — which is what cellular
+//! batching improves on. Seq2Seq decoding stops when every request of the batch has emitted
+//! `eos` (or at `max_decode`), like TF's `dynamic_decode`.
+//!
+//! To compare fairly with cellular batching on the same runtime, a batch keeps up to
+//! `max_tasks_to_submit` level tasks submitted ahead on its worker's stream. Cancel and deadline
+//! take effect at the next level boundary: the request's later rows become padding and it
+//! completes once none of its rows is running.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::error::{Code, Error, Result};
+use crate::sched::{
+    Arrival, CellGraph, CellType, Decision, Launch, Policy, RequestId, TaskId, Time, WorkerId,
+};
+
+/// Configuration of a [`PaddingPolicy`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PaddingConfig {
+    /// Width of a size bucket (the papers use 10).
+    pub bucket_width: usize,
+    /// Most requests in one batch.
+    pub max_batch: usize,
+    pub workers: usize,
+    /// Level tasks a batch may have submitted and unfinished.
+    pub max_tasks_to_submit: usize,
+}
+
+impl Default for PaddingConfig {
+    fn default() -> Self {
+        PaddingConfig { bucket_width: 10, max_batch: 64, workers: 1, max_tasks_to_submit: 5 }
+    }
+}
+
+impl PaddingConfig {
+    pub fn check(&self) -> Result<()> {
+        if self.bucket_width == 0 || self.max_batch == 0 || self.workers == 0 || self.max_tasks_to_submit == 0
+        {
+            return Err(Error::invalid(format!(
+                "padding policy: bucket width, max batch, workers and tasks to submit must be ≥ 1 ({self:?})"
+            )));
+        }
+        Ok(())
+    }
+}
+
+enum State {
+    Queued { bucket: usize },
+    InBatch,
+}
+
+struct Req {
+    deadline: Option<Time>,
+    graph: Arc<CellGraph>,
+    state: State,
+    /// Submitted level tasks holding rows of this request, not yet done.
+    inflight: u32,
+    /// Stopped at a boundary (cancel, deadline): completes with this code once nothing runs.
+    doomed: Option<Code>,
+    /// Its output is complete (Seq2Seq `eos`): later rows are padding; completes with the batch.
+    ended: bool,
+}
+
+/// One level of a padded batch: the nodes of every request at (cell type, level).
+struct Level {
+    cell: CellType,
+    rows: Vec<(RequestId, u32)>,
+    /// Rows the task computes: batch size × the most nodes any request has at this level.
+    padded: usize,
+}
+
+struct Batch {
+    members: Vec<RequestId>,
+    levels: Vec<Level>,
+    next_level: usize,
+    outstanding: VecDeque<TaskId>,
+}
+
+/// The padding (graph batching) baseline.
+pub struct PaddingPolicy {
+    cfg: PaddingConfig,
+    reqs: HashMap<RequestId, Req>,
+    buckets: BTreeMap<usize, VecDeque<RequestId>>,
+    /// The bucket served last (round-robin continues after it).
+    cursor: Option<usize>,
+    batches: Vec<Option<Batch>>,
+    /// Requests of each task (rows may repeat a request).
+    tasks: HashMap<TaskId, (WorkerId, Vec<RequestId>)>,
+    next_task: TaskId,
+    deadlines: BinaryHeap<Reverse<(Time, RequestId)>>,
+    out: VecDeque<Decision>,
+    queued: usize,
+    running: usize,
+}
+
+impl PaddingPolicy {
+    pub fn new(cfg: PaddingConfig) -> Result<PaddingPolicy> {
+        cfg.check()?;
+        Ok(PaddingPolicy {
+            batches: (0..cfg.workers).map(|_| None).collect(),
+            cfg,
+            reqs: HashMap::new(),
+            buckets: BTreeMap::new(),
+            cursor: None,
+            tasks: HashMap::new(),
+            next_task: 0,
+            deadlines: BinaryHeap::new(),
+            out: VecDeque::new(),
+            queued: 0,
+            running: 0,
+        })
+    }
+
+    pub fn config(&self) -> &PaddingConfig {
+        &self.cfg
+    }
+
+    /// The next non-empty bucket after the cursor, wrapping around.
+    fn next_bucket(&self) -> Option<usize> {
+        let after = self.cursor.map_or(0, |c| c + 1);
+        self.buckets
+            .range(after..)
+            .chain(self.buckets.range(..after))
+            .find(|(_, q)| !q.is_empty())
+            .map(|(&b, _)| b)
+    }
+
+    /// Give every idle worker a batch, round-robin over the buckets.
+    fn start_batches(&mut self) {
+        for worker in 0..self.cfg.workers {
+            if self.batches[worker].is_some() {
+                continue;
+            }
+            let Some(bucket) = self.next_bucket() else { return };
+            self.cursor = Some(bucket);
+            let q = self.buckets.get_mut(&bucket).expect("bucket exists");
+            let take = q.len().min(self.cfg.max_batch);
+            let members: Vec<RequestId> = q.drain(..take).collect();
+            if q.is_empty() {
+                self.buckets.remove(&bucket);
+            }
+            self.queued -= members.len();
+            self.running += members.len();
+            for id in &members {
+                self.reqs.get_mut(id).expect("queued request").state = State::InBatch;
+            }
+            let levels = self.plan(&members);
+            self.batches[worker] =
+                Some(Batch { members, levels, next_level: 0, outstanding: VecDeque::new() });
+            self.submit(worker);
+        }
+    }
+
+    /// The padded levels of a batch: (cell type, level) groups in order.
+    fn plan(&self, members: &[RequestId]) -> Vec<Level> {
+        let mut groups: BTreeMap<(CellType, u32), Vec<(RequestId, u32)>> = BTreeMap::new();
+        for &id in members {
+            let g = &self.reqs[&id].graph;
+            for (node, level) in g.levels().into_iter().enumerate() {
+                groups.entry((g.cell_type(node), level)).or_default().push((id, node as u32));
+            }
+        }
+        groups
+            .into_iter()
+            .map(|((cell, _), rows)| {
+                let mut per_req: HashMap<RequestId, usize> = HashMap::new();
+                for &(id, _) in &rows {
+                    *per_req.entry(id).or_default() += 1;
+                }
+                let widest = per_req.values().copied().max().unwrap_or(1);
+                Level { cell, rows, padded: members.len() * widest }
+            })
+            .collect()
+    }
+
+    /// Whether `id` still takes rows (not stopped, not ended, not completed).
+    fn alive(&self, id: RequestId) -> bool {
+        self.reqs.get(&id).is_some_and(|r| r.doomed.is_none() && !r.ended)
+    }
+
+    /// Submit level tasks of `worker`'s batch up to the lookahead; end the batch when done.
+    fn submit(&mut self, worker: WorkerId) {
+        let Some(mut batch) = self.batches[worker].take() else { return };
+        while batch.outstanding.len() < self.cfg.max_tasks_to_submit && batch.next_level < batch.levels.len()
+        {
+            if !batch.members.iter().any(|&id| self.alive(id)) {
+                batch.next_level = batch.levels.len();
+                break;
+            }
+            let level = &batch.levels[batch.next_level];
+            batch.next_level += 1;
+            let rows: Vec<(RequestId, u32)> =
+                level.rows.iter().copied().filter(|&(id, _)| self.alive(id)).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let task = self.next_task;
+            self.next_task += 1;
+            let mut distinct: Vec<RequestId> = rows.iter().map(|r| r.0).collect();
+            distinct.dedup();
+            for id in &distinct {
+                self.reqs.get_mut(id).expect("member").inflight += 1;
+            }
+            batch.outstanding.push_back(task);
+            self.tasks.insert(task, (worker, distinct));
+            self.out.push_back(Decision::Launch(Launch {
+                task,
+                worker,
+                cell: level.cell,
+                requests: rows.iter().map(|r| r.0).collect(),
+                nodes: rows.iter().map(|r| r.1).collect(),
+                batch: level.padded,
+            }));
+        }
+        if batch.outstanding.is_empty() && batch.next_level >= batch.levels.len() {
+            for id in batch.members {
+                if self.reqs.contains_key(&id) {
+                    self.complete(id, None);
+                }
+            }
+        } else {
+            self.batches[worker] = Some(batch);
+        }
+    }
+
+    /// Complete `id` with `code`, or with its own outcome (`None`: doomed code, deadline, Ok).
+    fn complete(&mut self, id: RequestId, now: Option<Time>) {
+        let r = self.reqs.remove(&id).expect("live request");
+        match r.state {
+            State::Queued { .. } => self.queued -= 1,
+            State::InBatch => self.running -= 1,
+        }
+        let code = match (r.doomed, now) {
+            (Some(code), _) => code,
+            (None, Some(now)) if r.deadline.is_some_and(|d| d <= now) => Code::DeadlineExceeded,
+            _ => Code::Ok,
+        };
+        self.out.push_back(Decision::Complete { id, code });
+    }
+
+    /// Stop `id` at the next boundary with `code`.
+    fn doom(&mut self, id: RequestId, code: Code) {
+        let Some(r) = self.reqs.get_mut(&id) else { return };
+        if r.doomed.is_some() {
+            return;
+        }
+        r.doomed = Some(code);
+        match r.state {
+            State::Queued { bucket } => {
+                if let Some(q) = self.buckets.get_mut(&bucket) {
+                    q.retain(|&x| x != id);
+                    if q.is_empty() {
+                        self.buckets.remove(&bucket);
+                    }
+                }
+                self.complete(id, None);
+            }
+            State::InBatch if r.inflight == 0 => self.complete(id, None),
+            State::InBatch => {}
+        }
+    }
+
+    /// Stop every request whose deadline has passed, and drop deadline entries of requests that
+    /// have completed or are stopping, so the earliest entry is a live one.
+    fn expire(&mut self, now: Time) {
+        while let Some(&Reverse((d, id))) = self.deadlines.peek() {
+            let live = self.reqs.get(&id).is_some_and(|r| r.doomed.is_none());
+            if live && d > now {
+                break;
+            }
+            self.deadlines.pop();
+            if live {
+                self.doom(id, Code::DeadlineExceeded);
+            }
+        }
+    }
+}
+
+impl Policy for PaddingPolicy {
+    fn arrive(&mut self, now: Time, a: Arrival) {
+        assert!(!self.reqs.contains_key(&a.id), "request {} arrived twice", a.id);
+        let graph = a.cells.unwrap_or_else(|| Arc::new(CellGraph::chains(&[(0, 1)])));
+        assert!(!graph.is_empty(), "request {} has an empty cell graph", a.id);
+        let bucket = (graph.len() - 1) / self.cfg.bucket_width;
+        self.reqs.insert(
+            a.id,
+            Req {
+                deadline: a.deadline,
+                graph,
+                state: State::Queued { bucket },
+                inflight: 0,
+                doomed: None,
+                ended: false,
+            },
+        );
+        self.buckets.entry(bucket).or_default().push_back(a.id);
+        self.queued += 1;
+        if let Some(d) = a.deadline {
+            self.deadlines.push(Reverse((d, a.id)));
+        }
+        self.expire(now);
+        self.start_batches();
+    }
+
+    fn cancel(&mut self, now: Time, id: RequestId) {
+        self.doom(id, Code::Cancelled);
+        self.expire(now);
+        self.start_batches();
+    }
+
+    fn end_early(&mut self, now: Time, id: RequestId) {
+        if let Some(r) = self.reqs.get_mut(&id) {
+            r.ended = true;
+        }
+        self.expire(now);
+    }
+
+    fn task_done(&mut self, now: Time, task: TaskId) {
+        let (worker, ids) = self.tasks.remove(&task).expect("task_done for an unknown task");
+        let batch = self.batches[worker].as_mut().expect("a task's batch is running");
+        let front = batch.outstanding.pop_front();
+        debug_assert_eq!(front, Some(task), "a worker's tasks finish in stream order");
+        self.expire(now);
+        for id in ids {
+            let Some(r) = self.reqs.get_mut(&id) else { continue };
+            r.inflight -= 1;
+            if r.inflight == 0 && r.doomed.is_some() {
+                self.complete(id, Some(now));
+            }
+        }
+        self.submit(worker);
+        self.start_batches();
+        self.expire(now);
+    }
+
+    fn tick(&mut self, now: Time) {
+        self.expire(now);
+        for w in 0..self.cfg.workers {
+            self.submit(w);
+        }
+        self.start_batches();
+    }
+
+    fn poll(&mut self) -> Option<Decision> {
+        self.out.pop_front()
+    }
+
+    fn next_wakeup(&self) -> Option<Time> {
+        self.deadlines.peek().map(|Reverse((d, _))| *d)
+    }
+
+    fn queued(&self) -> usize {
+        self.queued
+    }
+
+    fn running(&self) -> usize {
+        self.running
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(v: u64) -> Time {
+        Time::from_micros(v)
+    }
+
+    fn policy(max_batch: usize, workers: usize, lookahead: usize) -> PaddingPolicy {
+        PaddingPolicy::new(PaddingConfig {
+            bucket_width: 10,
+            max_batch,
+            workers,
+            max_tasks_to_submit: lookahead,
+        })
+        .unwrap()
+    }
+
+    fn chain(len: usize) -> Arc<CellGraph> {
+        Arc::new(CellGraph::chains(&[(0, len)]))
+    }
+
+    fn arrive(p: &mut PaddingPolicy, id: RequestId, g: Arc<CellGraph>) {
+        p.arrive(us(0), Arrival { id, deadline: None, priority: 0, cells: Some(g) });
+    }
+
+    fn drain(p: &mut PaddingPolicy) -> Vec<Decision> {
+        std::iter::from_fn(|| p.poll()).collect()
+    }
+
+    fn launch(
+        task: TaskId,
+        worker: WorkerId,
+        cell: CellType,
+        rows: &[(RequestId, u32)],
+        batch: usize,
+    ) -> Decision {
+        Decision::Launch(Launch {
+            task,
+            worker,
+            cell,
+            requests: rows.iter().map(|r| r.0).collect(),
+            nodes: rows.iter().map(|r| r.1).collect(),
+            batch,
+        })
+    }
+
+    fn done(id: RequestId) -> Decision {
+        Decision::Complete { id, code: Code::Ok }
+    }
+
+    #[test]
+    fn a_batch_starts_at_once_and_pads_to_its_longest_request() {
+        let mut p = policy(4, 1, 8);
+        arrive(&mut p, 1, chain(3));
+        // The worker was idle: request 1 starts alone, without waiting for company.
+        assert_eq!(
+            drain(&mut p),
+            vec![launch(0, 0, 0, &[(1, 0)], 1), launch(1, 0, 0, &[(1, 1)], 1), launch(2, 0, 0, &[(1, 2)], 1)]
+        );
+        arrive(&mut p, 2, chain(2));
+        arrive(&mut p, 3, chain(4));
+        assert_eq!(drain(&mut p), vec![], "no joining a running batch");
+        for t in 0..3 {
+            p.task_done(us(1 + t), t);
+        }
+        // Both in bucket 0: one batch, 4 levels, every level padded to 2 rows.
+        assert_eq!(
+            drain(&mut p),
+            vec![
+                done(1),
+                launch(3, 0, 0, &[(2, 0), (3, 0)], 2),
+                launch(4, 0, 0, &[(2, 1), (3, 1)], 2),
+                launch(5, 0, 0, &[(3, 2)], 2),
+                launch(6, 0, 0, &[(3, 3)], 2),
+            ]
+        );
+        for t in 3..7 {
+            p.task_done(us(10 + t), t);
+        }
+        // The short request waited for the long one: they complete together.
+        assert_eq!(drain(&mut p), vec![done(2), done(3)]);
+    }
+
+    #[test]
+    fn buckets_are_served_round_robin() {
+        let mut p = policy(8, 1, 1);
+        arrive(&mut p, 1, chain(25));
+        assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)], 1)]);
+        arrive(&mut p, 2, chain(5)); // bucket 0
+        arrive(&mut p, 3, chain(15)); // bucket 1
+        arrive(&mut p, 4, chain(7)); // bucket 0
+        arrive(&mut p, 5, chain(35)); // bucket 3
+        for t in 0..25 {
+            p.task_done(us(t + 1), t);
+        }
+        // Last served bucket 2 (request 1): next is bucket 3, then wrap to 0, then 1.
+        let after =
+            |d: &[Decision], id: RequestId| d[d.iter().position(|x| *x == done(id)).unwrap() + 1].clone();
+        assert_eq!(after(&drain(&mut p), 1), launch(25, 0, 0, &[(5, 0)], 1));
+        for t in 25..60 {
+            p.task_done(us(100 + t), t);
+        }
+        assert_eq!(after(&drain(&mut p), 5), launch(60, 0, 0, &[(2, 0), (4, 0)], 2));
+        for t in 60..67 {
+            p.task_done(us(200 + t), t);
+        }
+        assert_eq!(after(&drain(&mut p), 4), launch(67, 0, 0, &[(3, 0)], 1));
+    }
+
+    #[test]
+    fn decoding_stops_when_every_request_has_ended() {
+        let mut p = policy(4, 1, 1);
+        let g = Arc::new(CellGraph::chains(&[(0, 1), (1, 5)]));
+        arrive(&mut p, 1, g.clone());
+        assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)], 1)]);
+        arrive(&mut p, 2, g.clone());
+        arrive(&mut p, 3, g);
+        p.task_done(us(1), 0);
+        assert_eq!(drain(&mut p), vec![launch(1, 0, 1, &[(1, 1)], 1)]);
+        p.end_early(us(2), 1);
+        p.task_done(us(2), 1);
+        assert_eq!(drain(&mut p), vec![done(1), launch(2, 0, 0, &[(2, 0), (3, 0)], 2)]);
+        p.task_done(us(3), 2);
+        p.end_early(us(4), 2);
+        p.task_done(us(4), 3);
+        // Request 2 ended: its row is padding from now on; the batch goes on for request 3.
+        assert_eq!(drain(&mut p), vec![launch(3, 0, 1, &[(2, 1), (3, 1)], 2), launch(4, 0, 1, &[(3, 2)], 2)]);
+        p.end_early(us(5), 3);
+        p.task_done(us(5), 4);
+        assert_eq!(drain(&mut p), vec![done(2), done(3)]);
+    }
+
+    #[test]
+    fn tree_levels_pad_to_the_widest_request() {
+        let mut p = policy(4, 1, 8);
+        // Request 1: root 0, leaves 1, 2, 3. Request 2: root 0 with internal 1 with leaf 2.
+        let t1 =
+            Arc::new(CellGraph::new(vec![1, 0, 0, 0], &[vec![1, 2, 3], vec![], vec![], vec![]]).unwrap());
+        let t2 = Arc::new(CellGraph::new(vec![1, 1, 0], &[vec![1], vec![2], vec![]]).unwrap());
+        arrive(&mut p, 9, chain(1));
+        let _ = drain(&mut p);
+        arrive(&mut p, 1, t1);
+        arrive(&mut p, 2, t2);
+        p.task_done(us(1), 0);
+        assert_eq!(
+            drain(&mut p),
+            vec![
+                done(9),
+                launch(1, 0, 0, &[(1, 1), (1, 2), (1, 3), (2, 2)], 6),
+                launch(2, 0, 1, &[(1, 0), (2, 1)], 2),
+                launch(3, 0, 1, &[(2, 0)], 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn cancel_and_deadline_stop_a_member_at_a_level_boundary() {
+        let mut p = policy(4, 1, 1);
+        p.arrive(us(0), Arrival { id: 1, deadline: None, priority: 0, cells: Some(chain(3)) });
+        p.arrive(us(0), Arrival { id: 2, deadline: Some(us(5)), priority: 0, cells: Some(chain(3)) });
+        assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)], 1)]);
+        p.arrive(us(1), Arrival { id: 3, deadline: Some(us(3)), priority: 0, cells: Some(chain(3)) });
+        p.tick(us(3));
+        assert_eq!(drain(&mut p), vec![Decision::Complete { id: 3, code: Code::DeadlineExceeded }]);
+        p.cancel(us(4), 1);
+        assert_eq!(drain(&mut p), vec![]);
+        p.task_done(us(4), 0);
+        // Request 1 stops at the boundary; the batch of 1 ends. Request 2 starts.
+        assert_eq!(
+            drain(&mut p),
+            vec![Decision::Complete { id: 1, code: Code::Cancelled }, launch(1, 0, 0, &[(2, 0)], 1)]
+        );
+        p.task_done(us(6), 1);
+        assert_eq!(drain(&mut p), vec![Decision::Complete { id: 2, code: Code::DeadlineExceeded }]);
+        assert_eq!((p.queued(), p.running()), (0, 0));
+    }
+}

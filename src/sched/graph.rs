@@ -1,0 +1,253 @@
+//! Cell graphs: a request unfolded into the cells it needs (BatchMaker §4.2).
+//!
+//! A recurrent request is a DAG of *nodes*; each node is one invocation of a *cell type* (a
+//! function with its own weights: an LSTM step, a Seq2Seq encoder or decoder step, a TreeLSTM
+//! leaf or internal node) and depends on the nodes whose outputs it reads. The graph is pure
+//! structure: which node computes what is the model's business (`model::unfold`), how nodes are
+//! batched is the policy's (`sched::cellular`, `sched::baseline::padding`).
+//!
+//! Node ids are `0..len()`. Every edge goes from a node to one of its predecessors, and cell types
+//! are numbered so that dependencies never go from a lower type to a higher one (encoder 0 before
+//! decoder 1, leaf 0 before internal 1): running the types in index order is always possible.
+
+use crate::error::{Error, Result};
+
+/// Index of a cell type within a model (seq2seq: 0 = encoder, 1 = decoder; treelstm: 0 = leaf,
+/// 1 = internal).
+pub type CellType = u8;
+
+/// The most cell types a model may have.
+pub const MAX_CELL_TYPES: usize = 8;
+
+/// A request as a DAG of cells. Immutable once built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CellGraph {
+    types: Vec<CellType>,
+    /// `preds[pred_start[i]..pred_start[i + 1]]` are the nodes node `i` depends on.
+    pred_start: Vec<u32>,
+    preds: Vec<u32>,
+}
+
+impl CellGraph {
+    /// Chains run one after another: chain `k` has `len` nodes of cell type `ty`, each depending on
+    /// its predecessor, and its first node depends on the last node of chain `k − 1`. An `lstm`
+    /// request is one chain; a `seq2seq` request is the encoder chain then the decoder chain.
+    pub fn chains(chains: &[(CellType, usize)]) -> CellGraph {
+        let n: usize = chains.iter().map(|c| c.1).sum();
+        let mut g = CellGraph {
+            types: Vec::with_capacity(n),
+            pred_start: Vec::with_capacity(n + 1),
+            preds: Vec::with_capacity(n),
+        };
+        g.pred_start.push(0);
+        for &(ty, len) in chains {
+            for _ in 0..len {
+                if let Some(prev) = g.types.len().checked_sub(1) {
+                    g.preds.push(prev as u32);
+                }
+                g.types.push(ty);
+                g.pred_start.push(g.preds.len() as u32);
+            }
+        }
+        g
+    }
+
+    /// A graph from each node's type and predecessor list. Fails on a predecessor out of range,
+    /// a self-edge, a cycle, or an edge from a higher cell type to a lower one.
+    pub fn new(types: Vec<CellType>, preds: &[Vec<u32>]) -> Result<CellGraph> {
+        let n = types.len();
+        if preds.len() != n {
+            return Err(Error::internal(format!("{n} node types but {} predecessor lists", preds.len())));
+        }
+        if n > u32::MAX as usize {
+            return Err(Error::invalid(format!("a graph of {n} nodes is too large")));
+        }
+        let mut g = CellGraph { types, pred_start: Vec::with_capacity(n + 1), preds: Vec::new() };
+        g.pred_start.push(0);
+        for (i, ps) in preds.iter().enumerate() {
+            for &p in ps {
+                let Some(&pt) = g.types.get(p as usize) else {
+                    return Err(Error::internal(format!("node {i} depends on node {p}, out of range")));
+                };
+                if p as usize == i || pt > g.types[i] {
+                    return Err(Error::internal(format!("node {i} cannot depend on node {p}")));
+                }
+                g.preds.push(p);
+            }
+            g.pred_start.push(g.preds.len() as u32);
+        }
+        if g.topological_order().is_none() {
+            return Err(Error::internal("the cell graph has a cycle".to_string()));
+        }
+        Ok(g)
+    }
+
+    pub fn len(&self) -> usize {
+        self.types.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.types.is_empty()
+    }
+
+    pub fn cell_type(&self, node: usize) -> CellType {
+        self.types[node]
+    }
+
+    pub fn types(&self) -> &[CellType] {
+        &self.types
+    }
+
+    /// The nodes `node` depends on.
+    pub fn preds(&self, node: usize) -> &[u32] {
+        &self.preds[self.pred_start[node] as usize..self.pred_start[node + 1] as usize]
+    }
+
+    /// Number of dependency edges.
+    pub fn edges(&self) -> usize {
+        self.preds.len()
+    }
+
+    /// Successor lists in CSR form: `(start, succs)` with node `i`'s successors at
+    /// `succs[start[i]..start[i + 1]]`.
+    pub fn successors(&self) -> (Vec<u32>, Vec<u32>) {
+        let n = self.len();
+        let mut start = vec![0u32; n + 1];
+        for &p in &self.preds {
+            start[p as usize + 1] += 1;
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut succs = vec![0u32; self.preds.len()];
+        for i in 0..n {
+            for &p in self.preds(i) {
+                succs[fill[p as usize] as usize] = i as u32;
+                fill[p as usize] += 1;
+            }
+        }
+        (start, succs)
+    }
+
+    /// A topological order (predecessors first), or `None` if the graph has a cycle.
+    pub fn topological_order(&self) -> Option<Vec<u32>> {
+        let n = self.len();
+        let (start, succs) = self.successors();
+        let mut left: Vec<u32> = (0..n).map(|i| self.preds(i).len() as u32).collect();
+        let mut order: Vec<u32> = (0..n as u32).filter(|&i| left[i as usize] == 0).collect();
+        let mut head = 0;
+        while head < order.len() {
+            let v = order[head] as usize;
+            head += 1;
+            for &s in &succs[start[v] as usize..start[v + 1] as usize] {
+                left[s as usize] -= 1;
+                if left[s as usize] == 0 {
+                    order.push(s);
+                }
+            }
+        }
+        (order.len() == n).then_some(order)
+    }
+
+    /// Each node's level within its cell type: 0 when no predecessor has the same type, else one
+    /// more than the highest such predecessor. Running `(type, level)` groups in order (types
+    /// ascending, then levels ascending) respects every dependency; the padding baseline batches
+    /// requests level by level this way.
+    pub fn levels(&self) -> Vec<u32> {
+        let order = self.topological_order().expect("graphs are acyclic by construction");
+        let mut level = vec![0u32; self.len()];
+        for &v in &order {
+            let v = v as usize;
+            let ty = self.types[v];
+            level[v] = self
+                .preds(v)
+                .iter()
+                .filter(|&&p| self.types[p as usize] == ty)
+                .map(|&p| level[p as usize] + 1)
+                .max()
+                .unwrap_or(0);
+        }
+        level
+    }
+
+    /// Subgraphs (BatchMaker §4.2): the connected components of same-type nodes. Returns each
+    /// node's subgraph index and the number of subgraphs; subgraphs are numbered in order of
+    /// their lowest node.
+    pub fn subgraphs(&self) -> (Vec<u32>, usize) {
+        let n = self.len();
+        let mut parent: Vec<u32> = (0..n as u32).collect();
+        fn find(parent: &mut [u32], mut x: u32) -> u32 {
+            while parent[x as usize] != x {
+                let up = parent[parent[x as usize] as usize];
+                parent[x as usize] = up;
+                x = up;
+            }
+            x
+        }
+        for i in 0..n {
+            for &p in self.preds(i) {
+                if self.types[p as usize] == self.types[i] {
+                    let (a, b) = (find(&mut parent, i as u32), find(&mut parent, p));
+                    if a != b {
+                        // Keep the lower id as the root so numbering follows the lowest node.
+                        let (lo, hi) = if a < b { (a, b) } else { (b, a) };
+                        parent[hi as usize] = lo;
+                    }
+                }
+            }
+        }
+        let mut index = vec![u32::MAX; n];
+        let mut of = vec![0u32; n];
+        let mut count = 0u32;
+        for (i, slot) in of.iter_mut().enumerate() {
+            let root = find(&mut parent, i as u32) as usize;
+            if index[root] == u32::MAX {
+                index[root] = count;
+                count += 1;
+            }
+            *slot = index[root];
+        }
+        (of, count as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chains_link_end_to_start() {
+        let g = CellGraph::chains(&[(0, 3), (1, 2)]);
+        assert_eq!(g.types(), &[0, 0, 0, 1, 1]);
+        assert_eq!(g.preds(0), &[] as &[u32]);
+        assert_eq!(g.preds(3), &[2]);
+        assert_eq!(g.preds(4), &[3]);
+        assert_eq!(g.levels(), vec![0, 1, 2, 0, 1]);
+        assert_eq!(g.subgraphs(), (vec![0, 0, 0, 1, 1], 2));
+        let (start, succs) = g.successors();
+        assert_eq!(&succs[start[2] as usize..start[3] as usize], &[3]);
+    }
+
+    #[test]
+    fn tree_subgraphs_are_single_leaves_and_connected_internals() {
+        // 0 = root(internal) with children 1 (internal) and 2 (leaf); 1 has leaves 3, 4.
+        let g =
+            CellGraph::new(vec![1, 1, 0, 0, 0], &[vec![1, 2], vec![3, 4], vec![], vec![], vec![]]).unwrap();
+        let (of, count) = g.subgraphs();
+        assert_eq!(count, 4);
+        assert_eq!(of[0], of[1]);
+        assert!(of[2] != of[3] && of[3] != of[4] && of[2] != of[0]);
+        assert_eq!(g.levels(), vec![1, 0, 0, 0, 0]);
+        assert_eq!(g.topological_order().unwrap().last(), Some(&0));
+    }
+
+    #[test]
+    fn bad_graphs_are_refused() {
+        assert!(CellGraph::new(vec![0, 0], &[vec![1], vec![0]]).is_err(), "cycle");
+        assert!(CellGraph::new(vec![0], &[vec![0]]).is_err(), "self edge");
+        assert!(CellGraph::new(vec![0], &[vec![3]]).is_err(), "out of range");
+        assert!(CellGraph::new(vec![0, 1], &[vec![1], vec![]]).is_err(), "type order");
+        assert!(CellGraph::new(vec![0], &[]).is_err(), "list count");
+    }
+}
