@@ -369,3 +369,130 @@ fn saved_models_load_back_identically() {
         assert_eq!(serve::model::load(&dir).unwrap(), net);
     }
 }
+
+/// Many concurrent recurrent requests of all three kinds with random cancels, deadlines, slot
+/// back-pressure and a shutdown in the middle: every accepted request completes exactly once,
+/// with OK (and then the reference output), CANCELLED or DEADLINE_EXCEEDED.
+#[test]
+fn every_recurrent_request_completes_exactly_once_under_stress() {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    use serve::CompletionQueue;
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    const THREADS: u64 = 3;
+    const PER_THREAD: u64 = 1500;
+    let rt = Arc::new(runtime());
+    let lstm = Lstm::random(40, 8, 16, 2, 1);
+    let s2s = Seq2Seq::random(40, 8, 16, 1, 1, 2, 6, 2);
+    let tree = TreeLstm::random(40, 8, 16, 3);
+    let cellular = |workers| ModelOptions {
+        policy: PolicyConfig::Cellular(CellularOptions { workers, max_batch: vec![16, 8], max_tasks_to_submit: 3 }),
+        state_slots: Some(200),
+        ..ModelOptions::default()
+    };
+    let one_type = ModelOptions {
+        policy: PolicyConfig::Cellular(CellularOptions { workers: 2, max_batch: vec![16], max_tasks_to_submit: 3 }),
+        ..ModelOptions::default()
+    };
+    let models = [
+        rt.add_network(Arc::new(Network::Lstm(lstm.clone())), "lstm".into(), one_type).unwrap(),
+        rt.add_network(Arc::new(Network::Seq2Seq(s2s.clone())), "s2s".into(), cellular(1)).unwrap(),
+        rt.add_network(Arc::new(Network::TreeLstm(tree.clone())), "tree".into(), cellular(2)).unwrap(),
+    ];
+    let q = Arc::new(CompletionQueue::new().unwrap());
+    let submitted = Arc::new(AtomicU64::new(0));
+    let input_of = |tag: u64| -> Input {
+        let mut rng = StdRng::seed_from_u64(tag);
+        let n = rng.random_range(1..30);
+        match tag % 3 {
+            0 | 1 => Input::Tokens((0..n).map(|_| rng.random_range(0..40)).collect()),
+            _ => Input::Tree {
+                tokens: (0..n).map(|_| rng.random_range(0..40)).collect(),
+                parents: (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) as i32 }).collect(),
+            },
+        }
+    };
+    let submitters: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (models, q, rt, submitted) = (models.clone(), q.clone(), rt.clone(), submitted.clone());
+            std::thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(100 + t);
+                let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+                for i in 0..PER_THREAD {
+                    let tag = t * PER_THREAD + i;
+                    let opts = if rng.random_bool(0.03) {
+                        SubmitOptions::with_timeout(Duration::from_micros(rng.random_range(1..2000)))
+                    } else {
+                        SubmitOptions::default()
+                    };
+                    let model = &models[(tag % 3) as usize];
+                    let mut result = model.submit_to(input_of(tag), opts, &q, tag);
+                    while result.as_ref().is_err_and(|e| e.code() == Code::Busy) {
+                        std::thread::yield_now();
+                        result = model.submit_to(input_of(tag), opts, &q, tag);
+                    }
+                    match result {
+                        Ok(id) => {
+                            accepted.push(tag);
+                            submitted.fetch_add(1, Ordering::Relaxed);
+                            if rng.random_bool(0.05) {
+                                rt.cancel(id).unwrap();
+                            }
+                        }
+                        Err(e) => {
+                            assert!(matches!(e.code(), Code::Shutdown | Code::DeadlineExceeded), "{e}");
+                            refused.push(tag);
+                        }
+                    }
+                }
+                (accepted, refused)
+            })
+        })
+        .collect();
+    while submitted.load(Ordering::Relaxed) < THREADS * PER_THREAD * 2 / 3 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    rt.shutdown(Duration::from_millis(300));
+    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+    for s in submitters {
+        let (a, r) = s.join().unwrap();
+        accepted.extend(a);
+        refused.extend(r);
+    }
+    let mut seen: HashMap<u64, Code> = HashMap::new();
+    loop {
+        let batch = q.next(256, Duration::from_millis(50)).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for c in batch {
+            let code = c.result.as_ref().err().map_or(Code::Ok, |e| e.code());
+            assert!(seen.insert(c.tag, code).is_none(), "tag {} completed twice", c.tag);
+            if let Ok(out) = &c.result {
+                match (c.tag % 3, input_of(c.tag), out) {
+                    (0, Input::Tokens(t), Output::F32(y)) => common::assert_close(y, &lstm.forward_reference(&t)),
+                    (1, Input::Tokens(_), Output::Tokens(t)) => {
+                        assert!(!t.is_empty() && t.len() <= 6);
+                        assert!(t[..t.len() - 1].iter().all(|&x| x != 2), "tokens continue past eos: {t:?}");
+                    }
+                    (2, Input::Tree { tokens, parents }, Output::F32(y)) => {
+                        common::assert_close(y, &tree.forward_reference(&tokens, &parents))
+                    }
+                    (_, _, other) => panic!("tag {}: unexpected output {other:?}", c.tag),
+                }
+            }
+        }
+    }
+    assert!(!refused.is_empty(), "the shutdown happened in the middle");
+    assert_eq!(seen.len(), accepted.len(), "every accepted request completes");
+    for tag in &accepted {
+        let code = seen.get(tag).unwrap_or_else(|| panic!("tag {tag} never completed"));
+        assert!(matches!(code, Code::Ok | Code::Cancelled | Code::DeadlineExceeded), "tag {tag}: {code}");
+    }
+    assert!(refused.iter().all(|t| !seen.contains_key(t)));
+    for kind in 0..3 {
+        let ok = seen.iter().filter(|&(t, &c)| t % 3 == kind && c == Code::Ok).count();
+        assert!(ok >= 50, "kind {kind}: only {ok} requests served before the shutdown");
+    }
+}

@@ -24,8 +24,9 @@
  * assignment) and destruction need exclusive access. An option builder may be shared between
  * threads as `const` once set.
  *
- * Futures. Model::submit() returns a std::future fulfilled exactly once: with the output, or
- * with a serve::Error. Each Runtime owns one libserve callback-mode completion queue
+ * Futures. Model::submit(), submit_tokens(), submit_tree() (f32 outputs) and submit_decode()
+ * (token outputs) return a std::future fulfilled exactly once: with the output, or with a
+ * serve::Error. Each Runtime owns one libserve callback-mode completion queue
  * (serve_queue_new_callback) whose callback, running on the thread libserve owns for that queue,
  * moves the output into the std::promise registered under the request's tag. We use the callback
  * queue rather than a wrapper-owned dispatcher thread draining with serve_queue_next because:
@@ -58,6 +59,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <future>
 #include <limits>
@@ -69,6 +71,7 @@
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "libserve.h"
@@ -250,30 +253,65 @@ class RuntimeOptions
   }
 };
 
+/// A batching policy for ModelOptions::policy(): the SERVE_POLICY_* constants.
+enum class Policy : std::uint32_t {
+  /// The model kind's own policy: timeout batching (no wait) for mlp, cellular batching for
+  /// lstm, seq2seq and treelstm.
+  automatic = SERVE_POLICY_AUTO,
+  /// TF-Serving style timeout batching (fixed-shape models: mlp).
+  timeout = SERVE_POLICY_TIMEOUT,
+  /// BatchMaker cellular batching (recurrent models).
+  cellular = SERVE_POLICY_CELLULAR,
+  /// Graph batching with padding, the TF/MXNet baseline (recurrent models).
+  padding = SERVE_POLICY_PADDING,
+};
+
 /// Options for Runtime::load_model. A default-constructed object allocates nothing and means the
-/// C defaults (timeout batching, max batch 32, max wait 0, 1 worker, no padding, the runtime's
-/// admission bound, name = directory name). Setters throw serve::Error (INVALID_ARGUMENT) for
-/// invalid values and return *this. Move-only; not thread-safe while being set; shareable as
-/// const.
+/// C defaults: the model kind's own policy (timeout batching with max batch 32, max wait 0 and 1
+/// worker for mlp; cellular batching with max batch 512 per cell type, 1 worker and 5 tasks
+/// submitted ahead for lstm, seq2seq and treelstm), the runtime's admission bound, enough state
+/// slots for it, name = directory name. Setters throw serve::Error (INVALID_ARGUMENT) for invalid
+/// values and return *this. A policy that does not fit the model's kind makes load_model throw
+/// UNSUPPORTED; an option the (chosen or default) policy does not have makes it throw
+/// INVALID_ARGUMENT. Move-only; not thread-safe while being set; shareable as const.
 class ModelOptions
     : public detail::LazyOptions<ModelOptions, serve_model_options, serve_model_options_new,
                                  serve_model_options_free> {
  public:
-  /// Maximum requests per batched task; at least 1.
+  /// The batching policy; Policy::automatic by default. Policy::timeout fits mlp only,
+  /// Policy::cellular and Policy::padding recurrent models only (UNSUPPORTED at load otherwise).
+  ModelOptions& policy(Policy p) {
+    return set(serve_model_options_set_policy, static_cast<std::uint32_t>(p));
+  }
+  /// Maximum requests (rows) per batched task, under every policy; 1 to 65536.
   ModelOptions& max_batch(std::uint32_t n) {
     return set(serve_model_options_set_max_batch, n);
   }
   /// Longest time the oldest queued request waits for a fuller batch; 0 = none. Not negative.
+  /// Timeout policy only.
   ModelOptions& max_wait(std::chrono::nanoseconds wait) {
     return set(serve_model_options_set_max_wait_ns, detail::option_ns(wait, "max_wait"));
   }
-  /// Workers (backend streams) executing this model's tasks concurrently; at least 1.
+  /// Workers (backend streams) executing this model's tasks concurrently, under every policy;
+  /// at least 1.
   ModelOptions& workers(std::uint32_t n) {
     return set(serve_model_options_set_workers, n);
   }
-  /// Static batching: every task computes max_batch rows, padding the missing ones.
+  /// Static batching: every task computes max_batch rows, padding the missing ones. Timeout
+  /// policy only.
   ModelOptions& pad_to_max(bool pad) {
     return set(serve_model_options_set_pad_to_max, pad);
+  }
+  /// Tasks a worker may have submitted and unfinished (BatchMaker's MaxTasksToSubmit, default
+  /// 5); at least 1. Cellular and padding policies only.
+  ModelOptions& max_tasks_to_submit(std::uint32_t n) {
+    return set(serve_model_options_set_max_tasks_to_submit, n);
+  }
+  /// State slots of a recurrent model: one per in-flight sequence, one per node of an in-flight
+  /// tree (requests wait for slots; one needing more than there are is refused at submit with
+  /// INVALID_ARGUMENT); at least 1.
+  ModelOptions& state_slots(std::uint64_t slots) {
+    return set(serve_model_options_set_state_slots, slots);
   }
   /// This model's admission bound (overrides the runtime's); at least 1.
   ModelOptions& admission_bound(std::uint64_t bound) {
@@ -438,12 +476,20 @@ class Stats {
   detail::Handle<serve_stats, serve_stats_free> h_;
 };
 
-/// What Model::submit_with_id() returns: the request id (for Runtime::cancel) and the future of
-/// its output.
-struct Submitted {
+/// What the Model::submit*_with_id() functions return: the request id (for Runtime::cancel) and
+/// the future of its output `T`.
+template <class T>
+struct BasicSubmitted {
   std::uint64_t id;
-  std::future<std::vector<float>> result;
+  std::future<T> result;
 };
+
+/// A request with an f32 output (Model::submit_with_id, submit_tokens_with_id,
+/// submit_tree_with_id).
+using Submitted = BasicSubmitted<std::vector<float>>;
+
+/// A request with a token output (Model::submit_decode_with_id: seq2seq).
+using SubmittedTokens = BasicSubmitted<std::vector<std::uint32_t>>;
 
 namespace detail {
 
@@ -491,17 +537,22 @@ class Core {
     check(serve_runtime_shutdown(rt_.get(), timeout_ns(drain)));
   }
 
-  Submitted submit_f32(const serve_model* model, Span<const float> input,
-                       const serve_submit_options* options) {
+  /// Register a promise of output `T` under a new tag, then submit with
+  /// `call(queue, tag, &request_id)` (one of the serve_submit_* functions).
+  template <class T, class Call>
+  BasicSubmitted<T> submit(Call&& call) {
     const std::uint64_t tag = next_tag_.fetch_add(1, std::memory_order_relaxed);
-    Submitted s{0, {}};
+    BasicSubmitted<T> s{0, {}};
     {
-      // Registered before submitting: the completion may arrive before serve_submit_f32 returns.
+      // Registered before submitting: the completion may arrive before serve_submit_* returns.
       std::lock_guard<std::mutex> lock(mu_);
-      s.result = pending_[tag].get_future();
+      auto it = pending_
+                    .emplace(std::piecewise_construct, std::forward_as_tuple(tag),
+                             std::forward_as_tuple(std::in_place_type<std::promise<T>>))
+                    .first;
+      s.result = std::get<std::promise<T>>(it->second).get_future();
     }
-    serve_error* err =
-        serve_submit_f32(model, queue_.get(), tag, input.data(), input.size(), options, &s.id);
+    serve_error* err = call(queue_.get(), tag, &s.id);
     if (err != nullptr) {
       ErrorHandle owned(err);
       {
@@ -514,15 +565,44 @@ class Core {
   }
 
  private:
-  using Promise = std::promise<std::vector<float>>;
+  /// The promise of a request in flight: of an f32 or a token output, as its submit chose.
+  using Promise =
+      std::variant<std::promise<std::vector<float>>, std::promise<std::vector<std::uint32_t>>>;
   static constexpr std::chrono::seconds kDeliveryGrace{10};
+
+  static void fail_with(Promise& p, std::exception_ptr e) noexcept {
+    std::visit(
+        [&](auto& promise) {
+          try {
+            promise.set_exception(e);
+          } catch (...) {
+            // Already satisfied: nothing to do.
+          }
+        },
+        p);
+  }
 
   static void fail(Promise& p, const Error& e) noexcept {
     try {
-      p.set_exception(std::make_exception_ptr(e));
+      fail_with(p, std::make_exception_ptr(e));
     } catch (...) {
-      // Already satisfied: nothing to do.
+      // Out of memory copying the error: the future reports broken_promise.
     }
+  }
+
+  /// Fulfil `p` with the output of the successful completion `c`; throws serve::Error if the
+  /// output is of the other type (INVALID_ARGUMENT).
+  static void set_output(std::promise<std::vector<float>>& p, const serve_completion* c) {
+    const float* data = nullptr;
+    std::size_t len = 0;
+    check(serve_completion_output_f32(c, &data, &len));
+    p.set_value(std::vector<float>(data, data + len));
+  }
+  static void set_output(std::promise<std::vector<std::uint32_t>>& p, const serve_completion* c) {
+    const std::uint32_t* data = nullptr;
+    std::size_t len = 0;
+    check(serve_completion_output_tokens(c, &data, &len));
+    p.set_value(std::vector<std::uint32_t>(data, data + len));
   }
 
   /// Runs on libserve's callback thread: must not block and must not throw.
@@ -541,21 +621,14 @@ class Core {
     if (p) {
       try {
         if (serve_completion_code(raw) == SERVE_CODE_OK) {
-          const float* data = nullptr;
-          std::size_t len = 0;
-          check(serve_completion_output_f32(raw, &data, &len));
-          p->set_value(std::vector<float>(data, data + len));
+          std::visit([&](auto& promise) { set_output(promise, raw); }, *p);
         } else {
           const char* msg = serve_completion_message(raw);
-          p->set_exception(std::make_exception_ptr(
-              Error(serve_completion_code(raw), msg != nullptr ? msg : "request failed")));
+          fail_with(*p, std::make_exception_ptr(Error(serve_completion_code(raw),
+                                                      msg != nullptr ? msg : "request failed")));
         }
       } catch (...) {
-        try {
-          p->set_exception(std::current_exception());
-        } catch (...) {
-          // Already satisfied: nothing to do.
-        }
+        fail_with(*p, std::current_exception());
       }
     }
     // ~Core waits for the map to empty; it cannot finish before this callback returns.
@@ -590,7 +663,79 @@ class Model {
   /// submit(), also returning the request id for Runtime::cancel().
   Submitted submit_with_id(Span<const float> input,
                            const SubmitOptions& options = SubmitOptions()) const {
-    return core().submit_f32(get_checked(), input, options.get());
+    const serve_model* m = get_checked();
+    const serve_submit_options* o = options.get();
+    return core().submit<std::vector<float>>(
+        [&](const serve_queue* q, std::uint64_t tag, std::uint64_t* id) {
+          return serve_submit_f32(m, q, tag, input.data(), input.size(), o, id);
+        });
+  }
+
+  /// Submit a token sequence to a model with an f32 output (lstm: the future yields the final
+  /// hidden state, output_len() values). `tokens` is copied before this returns. Throws as
+  /// submit() does; INVALID_ARGUMENT also for an empty sequence, a token id at or above the
+  /// vocabulary, a sequence too long, a model that does not take tokens, and a seq2seq model
+  /// (its output is tokens: use submit_decode()).
+  std::future<std::vector<float>> submit_tokens(Span<const std::uint32_t> tokens,
+                                                const SubmitOptions& options = SubmitOptions()) const {
+    return submit_tokens_with_id(tokens, options).result;
+  }
+
+  /// submit_tokens(), also returning the request id for Runtime::cancel().
+  Submitted submit_tokens_with_id(Span<const std::uint32_t> tokens,
+                                  const SubmitOptions& options = SubmitOptions()) const {
+    const serve_model* m = get_checked();
+    if (token_output(m)) {
+      throw Error(SERVE_CODE_INVALID_ARGUMENT,
+                  std::string("a `") + serve_model_kind(m) +
+                      "` model outputs tokens: use submit_decode()");
+    }
+    return submit_tokens_as<std::vector<float>>(m, tokens, options);
+  }
+
+  /// Submit a token sequence to a model with a token output (seq2seq: the future yields the
+  /// decoded token ids). Throws as submit_tokens() does; INVALID_ARGUMENT also for a model whose
+  /// output is f32 values (use submit_tokens()).
+  std::future<std::vector<std::uint32_t>> submit_decode(
+      Span<const std::uint32_t> tokens, const SubmitOptions& options = SubmitOptions()) const {
+    return submit_decode_with_id(tokens, options).result;
+  }
+
+  /// submit_decode(), also returning the request id for Runtime::cancel().
+  SubmittedTokens submit_decode_with_id(Span<const std::uint32_t> tokens,
+                                        const SubmitOptions& options = SubmitOptions()) const {
+    const serve_model* m = get_checked();
+    if (!token_output(m)) {
+      throw Error(SERVE_CODE_INVALID_ARGUMENT,
+                  std::string("a `") + serve_model_kind(m) +
+                      "` model does not output tokens: use submit_tokens() or submit()");
+    }
+    return submit_tokens_as<std::vector<std::uint32_t>>(m, tokens, options);
+  }
+
+  /// Submit a tree (treelstm): node i has token tokens[i] (4294967295 = none) and parent
+  /// parents[i] (-1 for the root), in any node order; the future yields the root's final hidden
+  /// state (output_len() values). Both views are copied before this returns. Throws as submit()
+  /// does; INVALID_ARGUMENT also for views of different lengths (checked here: not a libserve
+  /// rejection), a malformed tree (empty, no root, two roots, a cycle, a parent out of range:
+  /// the message names the node), a token id at or above the vocabulary, a tree needing more
+  /// state slots than the model has, and a model that does not take trees.
+  std::future<std::vector<float>> submit_tree(Span<const std::uint32_t> tokens,
+                                              Span<const std::int32_t> parents,
+                                              const SubmitOptions& options = SubmitOptions()) const {
+    return submit_tree_with_id(tokens, parents, options).result;
+  }
+
+  /// submit_tree(), also returning the request id for Runtime::cancel().
+  Submitted submit_tree_with_id(Span<const std::uint32_t> tokens, Span<const std::int32_t> parents,
+                                const SubmitOptions& options = SubmitOptions()) const {
+    const serve_model* m = get_checked();
+    check_tree_lengths(tokens, parents);
+    const serve_submit_options* o = options.get();
+    return core().submit<std::vector<float>>(
+        [&](const serve_queue* q, std::uint64_t tag, std::uint64_t* id) {
+          return serve_submit_tree(m, q, tag, tokens.data(), parents.data(), tokens.size(), o, id);
+        });
   }
 
   /// Submit an f32 vector whose completion goes to `queue` with `tag` (no future). Returns the
@@ -621,11 +766,7 @@ class Model {
   std::uint64_t submit_tree_to(const Queue& queue, std::uint64_t tag,
                                Span<const std::uint32_t> tokens, Span<const std::int32_t> parents,
                                const SubmitOptions& options = SubmitOptions()) const {
-    if (tokens.size() != parents.size()) {
-      throw Error(SERVE_CODE_INVALID_ARGUMENT, "tree has " + std::to_string(tokens.size()) +
-                                                   " tokens but " +
-                                                   std::to_string(parents.size()) + " parents");
-    }
+    check_tree_lengths(tokens, parents);
     std::uint64_t id = 0;
     detail::check(serve_submit_tree(get_checked(), queue.get_checked(), tag, tokens.data(),
                                     parents.data(), tokens.size(), options.get(), &id));
@@ -649,6 +790,26 @@ class Model {
     if (!h_) detail::throw_moved_from("Model");
     return h_.get();
   }
+  /// Whether the model's outputs are tokens (seq2seq) rather than f32 values.
+  static bool token_output(const serve_model* m) noexcept {
+    return std::strcmp(serve_model_kind(m), "seq2seq") == 0;
+  }
+  static void check_tree_lengths(Span<const std::uint32_t> tokens,
+                                 Span<const std::int32_t> parents) {
+    if (tokens.size() != parents.size()) {
+      throw Error(SERVE_CODE_INVALID_ARGUMENT, "tree has " + std::to_string(tokens.size()) +
+                                                   " tokens but " +
+                                                   std::to_string(parents.size()) + " parents");
+    }
+  }
+  template <class T>
+  BasicSubmitted<T> submit_tokens_as(const serve_model* m, Span<const std::uint32_t> tokens,
+                                     const SubmitOptions& options) const {
+    const serve_submit_options* o = options.get();
+    return core().submit<T>([&](const serve_queue* q, std::uint64_t tag, std::uint64_t* id) {
+      return serve_submit_tokens(m, q, tag, tokens.data(), tokens.size(), o, id);
+    });
+  }
   detail::Core& core() const {
     if (!core_) detail::throw_moved_from("Model");
     return *core_;
@@ -659,9 +820,10 @@ class Model {
 };
 
 /// A libserve runtime: backend, engine threads, loaded models, plus the callback queue that
-/// fulfils Model::submit() futures (one libserve-owned thread). Move-only; every const member is
-/// thread-safe. Destroying it shuts it down with no drain (see "Lifetimes" at the top): pending
-/// requests complete CANCELLED, Models still alive then refuse submits with SHUTDOWN.
+/// fulfils the futures of Model::submit() and its siblings (one libserve-owned thread).
+/// Move-only; every const member is thread-safe. Destroying it shuts it down with no drain (see
+/// "Lifetimes" at the top): pending requests complete CANCELLED, Models still alive then refuse
+/// submits with SHUTDOWN.
 class Runtime {
  public:
   /// Start a runtime. `options` is only read. Throws serve::Error (e.g. UNAVAILABLE for
@@ -683,7 +845,8 @@ class Runtime {
   ~Runtime() { close(); }
 
   /// Load the model directory `dir` (model.toml + weights.safetensors). Throws serve::Error:
-  /// NOT_FOUND, FORMAT, UNSUPPORTED, SHUTDOWN.
+  /// NOT_FOUND, FORMAT, UNSUPPORTED (a policy that does not fit the model's kind),
+  /// INVALID_ARGUMENT (an option the policy does not have), SHUTDOWN.
   Model load_model(const std::string& dir, const ModelOptions& options = ModelOptions()) const {
     serve_model* raw = nullptr;
     detail::check(serve_runtime_load_model(core().runtime(), dir.c_str(), options.get(), &raw));

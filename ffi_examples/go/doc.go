@@ -20,6 +20,24 @@
 //	case err != nil: // *libserve.Error (possibly wrapped): see CodeOf
 //	}
 //
+// # Recurrent models
+//
+// Sequence and tree models (kinds lstm, seq2seq and treelstm) load the same way and are served
+// with cellular batching by default; ModelOptions.Policy chooses PolicyCellular or the padding
+// baseline PolicyPadding (PolicyTimeout is for mlp only: a policy that does not fit the kind
+// fails LoadModel with CodeUnsupported). SubmitTokens takes a token sequence and returns an
+// Output whose F32 field is set for lstm (the final hidden state) and whose Tokens field is set
+// for seq2seq (the decoded ids); SubmitTree takes a treelstm's tokens and parent indices (-1 for
+// the root, NoToken for a node without input) and returns the root's hidden state:
+//
+//	m, err := rt.LoadModel("my-seq2seq", &libserve.ModelOptions{Policy: libserve.PolicyCellular, Workers: 2})
+//	...
+//	out, err := m.SubmitTokens(ctx, []uint32{28, 21})  // out.Tokens: []uint32
+//	h, err := tree.SubmitTree(ctx, []uint32{7, libserve.NoToken, 3}, []int32{1, -1, 1})
+//
+// A token outside the vocabulary, an empty sequence or a malformed tree (two roots, a cycle, a
+// parent out of range, tokens and parents of different lengths) is CodeInvalidArgument at submit.
+//
 // # Concurrency
 //
 // Runtime and Model are safe for concurrent use by any number of goroutines. Each Runtime runs

@@ -40,3 +40,40 @@ func ExampleModel_Submit() {
 	// mlp model, output [-0.2810 0.1372 -0.0369]
 	// true INVALID_ARGUMENT
 }
+
+// Serve the committed seq2seq fixture under cellular batching with two workers: a token
+// sequence in, the decoded token ids out (Output.Tokens; Output.F32 is nil).
+func ExampleModel_SubmitTokens() {
+	rt, err := libserve.NewRuntime(&libserve.RuntimeOptions{Backend: "cpu", CPUThreads: 1})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer rt.Close()
+	m, err := rt.LoadModel("../testdata/seq2seq_small",
+		&libserve.ModelOptions{Policy: libserve.PolicyCellular, Workers: 2})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer m.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := m.SubmitTokens(ctx, []uint32{28, 21})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(m.Kind(), out.Tokens, out.F32 == nil)
+
+	_, err = m.SubmitTokens(ctx, []uint32{40}) // the vocabulary is 0..39
+	fmt.Println(libserve.CodeOf(err))
+
+	_, err = rt.LoadModel("../testdata/lstm_small", &libserve.ModelOptions{Policy: libserve.PolicyTimeout})
+	fmt.Println(libserve.CodeOf(err))
+	// Output:
+	// seq2seq [6 6 2] true
+	// INVALID_ARGUMENT
+	// UNSUPPORTED
+}

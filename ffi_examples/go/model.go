@@ -23,38 +23,97 @@ import (
 // cancelling it explicitly.
 const deadlineGrace = 100 * time.Millisecond
 
+// Policy is a batching policy: one of the SERVE_POLICY_* constants of include/libserve.h. The
+// zero value, PolicyAuto, is the model kind's own policy.
+type Policy uint32
+
+// The batching policies, one per SERVE_POLICY_* constant (same names, in Go case).
+const (
+	// PolicyAuto is the model kind's own policy: timeout batching (no wait) for mlp, cellular
+	// batching for lstm, seq2seq and treelstm (SERVE_POLICY_AUTO).
+	PolicyAuto Policy = C.SERVE_POLICY_AUTO
+	// PolicyTimeout is TF-Serving style timeout batching, for fixed-shape models (mlp)
+	// (SERVE_POLICY_TIMEOUT).
+	PolicyTimeout Policy = C.SERVE_POLICY_TIMEOUT
+	// PolicyCellular is BatchMaker cellular batching, for recurrent models (lstm, seq2seq,
+	// treelstm) (SERVE_POLICY_CELLULAR).
+	PolicyCellular Policy = C.SERVE_POLICY_CELLULAR
+	// PolicyPadding is graph batching with padding, the TF/MXNet baseline, for recurrent models
+	// (SERVE_POLICY_PADDING).
+	PolicyPadding Policy = C.SERVE_POLICY_PADDING
+)
+
+// String returns the policy's name: "auto", "timeout", "cellular", "padding", or
+// "Policy(N)" for a value that is not a policy.
+func (p Policy) String() string {
+	switch p {
+	case PolicyAuto:
+		return "auto"
+	case PolicyTimeout:
+		return "timeout"
+	case PolicyCellular:
+		return "cellular"
+	case PolicyPadding:
+		return "padding"
+	}
+	return fmt.Sprintf("Policy(%d)", uint32(p))
+}
+
 // ModelOptions configures Runtime.LoadModel. The zero value (or a nil pointer) means libserve's
-// defaults: timeout batching with max batch 32, no wait, one worker, no padding, the runtime's
-// admission bound, and the directory's name.
+// defaults: the model kind's own policy (timeout batching with max batch 32, no wait and one
+// worker for mlp; cellular batching with max batch 512 per cell type, one worker and 5 tasks
+// submitted ahead for lstm, seq2seq and treelstm), the runtime's admission bound, enough state
+// slots for it, and the directory's name. Every zero field keeps its default.
+//
+// A Policy that does not fit the model's kind (PolicyTimeout for a recurrent model,
+// PolicyCellular or PolicyPadding for mlp) makes LoadModel fail with CodeUnsupported; an option
+// the chosen policy does not have (MaxWait or PadToMax under cellular or padding batching,
+// MaxTasksToSubmit under timeout batching) with CodeInvalidArgument.
 type ModelOptions struct {
-	// MaxBatch is the most requests per batched task; 0 means the default (32).
+	// Policy is the batching policy; PolicyAuto (0) means the model kind's own.
+	Policy Policy
+	// MaxBatch is the most requests (rows) per batched task, under every policy; 0 means the
+	// default (32 for timeout batching, 512 per cell type for cellular batching).
 	MaxBatch int
 	// MaxWait is the longest time the oldest queued request waits for a fuller batch; 0 starts
-	// a batch as soon as a worker is idle.
+	// a batch as soon as a worker is idle. Timeout policy only.
 	MaxWait time.Duration
 	// Workers is the number of workers (backend streams) running this model's tasks
-	// concurrently; 0 means the default (1).
+	// concurrently, under every policy; 0 means the default (1).
 	Workers int
-	// PadToMax makes every task compute MaxBatch rows (static batching).
+	// PadToMax makes every task compute MaxBatch rows (static batching). Timeout policy only.
 	PadToMax bool
+	// MaxTasksToSubmit is how many tasks a worker may have submitted and unfinished
+	// (BatchMaker's MaxTasksToSubmit); 0 means the default (5). Cellular and padding policies
+	// only.
+	MaxTasksToSubmit int
+	// StateSlots is the number of state slots of a recurrent model: one per in-flight sequence,
+	// one per node of an in-flight tree (requests wait for slots when all are taken, and one
+	// needing more than there are is CodeInvalidArgument). 0 means the default: enough for the
+	// admission bound within 256 MiB of state.
+	StateSlots int
 	// AdmissionBound overrides the runtime's admission bound for this model; 0 keeps it.
 	AdmissionBound int
 	// Name names the model in messages; "" means the directory's name.
 	Name string
 }
 
-// build makes the C options object; the caller frees it.
+// build makes the C options object; the caller frees it. Only the fields that are set reach
+// libserve, so options one policy lacks stay unset under the others.
 func (o *ModelOptions) build() (*C.serve_model_options, error) {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"MaxBatch", o.MaxBatch}, {"Workers", o.Workers}} {
+	}{{"MaxBatch", o.MaxBatch}, {"Workers", o.Workers}, {"MaxTasksToSubmit", o.MaxTasksToSubmit}} {
 		if f.v < 0 || uint64(f.v) > math.MaxUint32 {
 			return nil, invalid("%s = %d is out of range", f.name, f.v)
 		}
 	}
 	if o.MaxWait < 0 {
 		return nil, invalid("MaxWait = %v is negative", o.MaxWait)
+	}
+	if o.StateSlots < 0 {
+		return nil, invalid("StateSlots = %d is negative", o.StateSlots)
 	}
 	if o.AdmissionBound < 0 {
 		return nil, invalid("AdmissionBound = %d is negative", o.AdmissionBound)
@@ -67,21 +126,42 @@ func (o *ModelOptions) build() (*C.serve_model_options, error) {
 		return nil, err
 	}
 	err := func() error {
+		if o.Policy != PolicyAuto {
+			if err := takeError(C.serve_model_options_set_policy(opts, C.uint32_t(o.Policy))); err != nil {
+				return err
+			}
+		}
 		if o.MaxBatch > 0 {
 			if err := takeError(C.serve_model_options_set_max_batch(opts, C.uint32_t(o.MaxBatch))); err != nil {
 				return err
 			}
 		}
-		if err := takeError(C.serve_model_options_set_max_wait_ns(opts, C.uint64_t(o.MaxWait))); err != nil {
-			return err
+		// MaxWait 0 and PadToMax false are the timeout policy's defaults; setting them would
+		// make a model under another policy fail to load.
+		if o.MaxWait > 0 {
+			if err := takeError(C.serve_model_options_set_max_wait_ns(opts, C.uint64_t(o.MaxWait))); err != nil {
+				return err
+			}
 		}
 		if o.Workers > 0 {
 			if err := takeError(C.serve_model_options_set_workers(opts, C.uint32_t(o.Workers))); err != nil {
 				return err
 			}
 		}
-		if err := takeError(C.serve_model_options_set_pad_to_max(opts, C.bool(o.PadToMax))); err != nil {
-			return err
+		if o.PadToMax {
+			if err := takeError(C.serve_model_options_set_pad_to_max(opts, C.bool(true))); err != nil {
+				return err
+			}
+		}
+		if o.MaxTasksToSubmit > 0 {
+			if err := takeError(C.serve_model_options_set_max_tasks_to_submit(opts, C.uint32_t(o.MaxTasksToSubmit))); err != nil {
+				return err
+			}
+		}
+		if o.StateSlots > 0 {
+			if err := takeError(C.serve_model_options_set_state_slots(opts, C.uint64_t(o.StateSlots))); err != nil {
+				return err
+			}
 		}
 		if o.AdmissionBound > 0 {
 			if err := takeError(C.serve_model_options_set_admission_bound(opts, C.uint64_t(o.AdmissionBound))); err != nil {
@@ -125,7 +205,9 @@ type modelState struct {
 
 // LoadModel loads the model directory dir (model.toml + weights.safetensors) with opts (nil for
 // the defaults). Errors: CodeNotFound (no such directory or file), CodeFormat (malformed model),
-// CodeInvalidArgument (bad options), CodeShutdown (the runtime is closed or shutting down).
+// CodeUnsupported (a Policy that does not fit the model's kind), CodeInvalidArgument (bad
+// options, or an option the policy does not have), CodeShutdown (the runtime is closed or
+// shutting down).
 func (r *Runtime) LoadModel(dir string, opts *ModelOptions) (*Model, error) {
 	if strings.IndexByte(dir, 0) >= 0 {
 		return nil, invalid("the model directory contains a NUL byte")
@@ -199,8 +281,9 @@ func (ms *modelState) close() {
 	liveModels.Add(-1)
 }
 
-// Output is the output of a request: F32 for mlp, lstm and treelstm models, Tokens for
-// seq2seq. Exactly one of them is non-nil.
+// Output is the output of a request: F32 for mlp, lstm and treelstm models (for lstm and
+// treelstm, the final hidden state h, Model.OutputLen values), Tokens for seq2seq (the decoded
+// token ids). Exactly one of them is non-nil.
 type Output struct {
 	// F32 holds f32 outputs.
 	F32 []float32
@@ -249,10 +332,11 @@ func (m *Model) Submit(ctx context.Context, input []float32, opts ...SubmitOptio
 	return out.F32, nil
 }
 
-// SubmitTokens runs the model on a token sequence (lstm, seq2seq) and returns its output: F32
-// for lstm, Tokens for seq2seq. A token id at least the model's vocabulary, a sequence longer
-// than its maximum, or a model that does not take tokens (mlp) is CodeInvalidArgument.
-// Otherwise as Submit.
+// SubmitTokens runs the model on a token sequence (lstm, seq2seq) and returns its output:
+// Output.F32 (the final hidden state) for lstm, Output.Tokens (the decoded ids) for seq2seq; the
+// other field is nil. An empty sequence, a token id at least the model's vocabulary, a sequence
+// longer than its maximum, or a model that does not take tokens (mlp, treelstm) is
+// CodeInvalidArgument. Otherwise as Submit.
 func (m *Model) SubmitTokens(ctx context.Context, tokens []uint32, opts ...SubmitOption) (Output, error) {
 	out, err := m.submit(ctx, opts, func(ptr *C.serve_model, q *C.serve_queue, tag C.uint64_t, how C.lsgo_submit, id *C.uint64_t) *C.serve_error {
 		var p *C.uint32_t
@@ -268,9 +352,11 @@ func (m *Model) SubmitTokens(ctx context.Context, tokens []uint32, opts ...Submi
 const NoToken = math.MaxUint32
 
 // SubmitTree runs the model on a tree (treelstm): node i has token tokens[i] (NoToken for none)
-// and parent parents[i] (-1 for the root), in any node order. A malformed tree (no root, two
-// roots, a cycle, a parent out of range), tokens and parents of different lengths, or a model
-// that does not take trees is CodeInvalidArgument. Otherwise as Submit.
+// and parent parents[i] (-1 for the root), in any node order. It returns the root's final hidden
+// state (Model.OutputLen values). A malformed tree (empty, no root, two roots, a cycle, a parent
+// out of range), a token id at least the model's vocabulary, tokens and parents of different
+// lengths, a tree needing more state slots than the model has, or a model that does not take
+// trees is CodeInvalidArgument. Otherwise as Submit.
 func (m *Model) SubmitTree(ctx context.Context, tokens []uint32, parents []int32, opts ...SubmitOption) ([]float32, error) {
 	if len(tokens) != len(parents) {
 		return nil, invalid("a tree needs one parent per token: %d tokens, %d parents", len(tokens), len(parents))

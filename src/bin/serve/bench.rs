@@ -1,9 +1,13 @@
 //! `serve bench mlp …` (DESIGN §8): Poisson open-loop load against an mlp, batched and unbatched.
+//!
+//! Also the open-loop machinery every `serve bench <model>` shares ([`Workload`], [`PolicySpec`],
+//! [`measure_capacity`], [`run_open_loop`], the table and the JSON report): a workload is a
+//! network and a list of request [`Input`]s, a policy is any [`PolicyConfig`].
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -16,7 +20,7 @@ use serde_json::{Value, json};
 
 use serve::model::Mlp;
 use serve::{
-    BackendKind, Code, CompletionQueue, Input, Model, ModelOptions, Network, PolicyConfig, Runtime,
+    BackendKind, Code, CompletionQueue, Input, Model, ModelOptions, Network, Output, PolicyConfig, Runtime,
     SubmitOptions, TimeoutConfig,
 };
 
@@ -31,9 +35,11 @@ const CAPACITY_FRACTIONS: [f64; 4] = [0.25, 0.5, 0.75, 0.9];
 /// Distinct random request inputs cycled through by a benchmark.
 const BENCH_INPUTS: usize = 64;
 /// Most requests in one benchmark run (their arrival times are held in memory).
-const MAX_BENCH_REQUESTS: usize = 50_000_000;
+pub(crate) const MAX_BENCH_REQUESTS: usize = 50_000_000;
 /// Latency histogram range, µs.
 const HIST_MAX_US: u64 = 3_600_000_000;
+/// Width of the policy column of the results table.
+const POLICY_COLUMN: usize = 30;
 
 /// Everything a benchmark run needs, whoever asked for it (`bench mlp` or the demo).
 pub(crate) struct BenchPlan {
@@ -58,25 +64,64 @@ pub(crate) struct BenchPlan {
     pub(crate) inputs: Vec<Vec<f32>>,
 }
 
+// ---------------------------------------------------------------------------------------------
+// The shared open-loop machinery
+// ---------------------------------------------------------------------------------------------
+
+/// What a benchmark serves and sends, whichever policy batches it.
+pub(crate) struct Workload {
+    pub(crate) rt: RuntimeArgs,
+    pub(crate) net: Arc<Network>,
+    pub(crate) name: String,
+    /// Request inputs; request `i` of every run sends `inputs[i % len]`, so every policy and
+    /// every rate sees the same requests in the same order.
+    pub(crate) inputs: Vec<Input>,
+    /// Latency target for goodput, if any.
+    pub(crate) qos: Option<Duration>,
+}
+
+impl Workload {
+    fn input(&self, i: usize) -> Input {
+        self.inputs[i % self.inputs.len()].clone()
+    }
+}
+
+/// A policy under test.
+#[derive(Clone, Debug)]
+pub(crate) struct PolicySpec {
+    /// The name in tables and JSON, e.g. `timeout(s=32,t=0us)` or `cellular(b=512,k=5)`.
+    pub(crate) label: String,
+    pub(crate) config: PolicyConfig,
+    /// Warm-up before measuring: `warmup_rounds` rounds of `warmup` requests, each round waited for.
+    pub(crate) warmup: usize,
+    pub(crate) warmup_rounds: usize,
+    /// Requests the closed loop of [`measure_capacity`] keeps in flight.
+    pub(crate) window: usize,
+}
+
 /// One policy at one offered rate.
 #[derive(Debug, Clone)]
-struct RunResult {
-    policy: String,
-    offered_rps: f64,
-    throughput_rps: f64,
-    p50_ms: f64,
-    p90_ms: f64,
-    p99_ms: f64,
-    mean_batch: f64,
-    completed: u64,
-    errors: u64,
-    goodput_rps: Option<f64>,
-    error_codes: BTreeMap<&'static str, u64>,
-    sender_lag_p99_ms: f64,
+pub(crate) struct RunResult {
+    pub(crate) policy: String,
+    pub(crate) offered_rps: f64,
+    pub(crate) throughput_rps: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p90_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) mean_batch: f64,
+    pub(crate) completed: u64,
+    pub(crate) errors: u64,
+    pub(crate) goodput_rps: Option<f64>,
+    pub(crate) error_codes: BTreeMap<&'static str, u64>,
+    pub(crate) sender_lag_p99_ms: f64,
+    /// Mean length of token outputs (seq2seq decodes), when the outputs were tokens.
+    pub(crate) mean_output_tokens: Option<f64>,
+    /// Fields added to this result's JSON object (e.g. `peak_rps`).
+    pub(crate) extra: serde_json::Map<String, Value>,
 }
 
 impl RunResult {
-    fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let mut v = json!({
             "policy": self.policy,
             "offered_rps": self.offered_rps,
@@ -90,8 +135,14 @@ impl RunResult {
             "error_codes": self.error_codes,
             "sender_lag_p99_ms": self.sender_lag_p99_ms,
         });
-        if let (Some(g), Some(obj)) = (self.goodput_rps, v.as_object_mut()) {
-            obj.insert("goodput_rps".into(), json!(g));
+        if let Some(obj) = v.as_object_mut() {
+            if let Some(g) = self.goodput_rps {
+                obj.insert("goodput_rps".into(), json!(g));
+            }
+            if let Some(t) = self.mean_output_tokens {
+                obj.insert("mean_output_tokens".into(), json!(t));
+            }
+            obj.extend(self.extra.clone());
         }
         v
     }
@@ -112,13 +163,23 @@ fn policy_name(cfg: &TimeoutConfig) -> String {
     s
 }
 
+/// The timeout policy `cfg` as a policy under test (warm-up: three rounds of full batches).
+fn timeout_spec(cfg: TimeoutConfig) -> PolicySpec {
+    PolicySpec {
+        label: policy_name(&cfg),
+        config: PolicyConfig::Timeout(cfg),
+        warmup: cfg.max_batch * cfg.workers,
+        warmup_rounds: 3,
+        window: (cfg.max_batch * cfg.workers * 2).max(4),
+    }
+}
+
 pub(crate) fn random_inputs(len: usize, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_1a7e);
     (0..BENCH_INPUTS).map(|_| (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()).collect()
 }
 
 /// The mlp inside `net`; `None` for other kinds.
-#[allow(irrefutable_let_patterns)] // Network has only the mlp variant so far.
 fn as_mlp(net: &Network) -> Option<&Mlp> {
     if let Network::Mlp(m) = net { Some(m) } else { None }
 }
@@ -157,7 +218,12 @@ pub(crate) fn cmd_bench_mlp(a: BenchMlpArgs) -> CliResult<()> {
             let net = serve::model::load(dir)
                 .map_err(|e| fatal(format!("cannot load model {}: {e}", dir.display())))?;
             let sizes = mlp_sizes(&net).ok_or_else(|| {
-                fatal(format!("{} holds a {} model; `bench mlp` needs an mlp", dir.display(), net.kind()))
+                fatal(format!(
+                    "{} holds a {} model; `bench mlp` needs an mlp (try `serve bench {}`)",
+                    dir.display(),
+                    net.kind(),
+                    net.kind()
+                ))
             })?;
             let name = dir.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
             let j = json!({"kind": "mlp", "source": dir.display().to_string(), "sizes": sizes,
@@ -205,11 +271,11 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1e3
 }
 
-fn ratio(a: f64, b: f64) -> Option<f64> {
+pub(crate) fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0 && a.is_finite() && b.is_finite()).then(|| a / b)
 }
 
-fn fmt_ratio(r: Option<f64>) -> String {
+pub(crate) fn fmt_ratio(r: Option<f64>) -> String {
     match r {
         None => "n/a".into(),
         Some(r) if r >= 0.1 => format!("{r:.2}x"),
@@ -217,9 +283,10 @@ fn fmt_ratio(r: Option<f64>) -> String {
     }
 }
 
-fn print_header(qos: bool) {
+/// The results table's header; `qos` adds goodput, `tokens` the mean output length.
+pub(crate) fn print_header(qos: bool, tokens: bool) {
     println!(
-        "{:<24} {:>11} {:>14} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7}{}",
+        "{:<w$} {:>11} {:>14} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7}{}{}",
         "policy",
         "offered_rps",
         "throughput_rps",
@@ -229,14 +296,17 @@ fn print_header(qos: bool) {
         "mean_batch",
         "completed",
         "errors",
-        if qos { "  goodput_rps" } else { "" }
+        if qos { "  goodput_rps" } else { "" },
+        if tokens { "  out_tokens" } else { "" },
+        w = POLICY_COLUMN,
     );
 }
 
-fn print_row(r: &RunResult) {
+pub(crate) fn print_row(r: &RunResult) {
     let goodput = r.goodput_rps.map_or(String::new(), |g| format!("  {g:>11.1}"));
+    let tokens = r.mean_output_tokens.map_or(String::new(), |t| format!("  {t:>10.2}"));
     println!(
-        "{:<24} {:>11.1} {:>14.1} {:>8.3} {:>8.3} {:>8.3} {:>10.2} {:>9} {:>7}{goodput}",
+        "{:<w$} {:>11.1} {:>14.1} {:>8.3} {:>8.3} {:>8.3} {:>10.2} {:>9} {:>7}{goodput}{tokens}",
         r.policy,
         r.offered_rps,
         r.throughput_rps,
@@ -245,28 +315,28 @@ fn print_row(r: &RunResult) {
         r.p99_ms,
         r.mean_batch,
         r.completed,
-        r.errors
+        r.errors,
+        w = POLICY_COLUMN,
     );
     if !r.error_codes.is_empty() {
         let codes: Vec<String> = r.error_codes.iter().map(|(c, n)| format!("{c}={n}")).collect();
-        println!("{:<24}   errors: {}", "", codes.join(" "));
+        println!("{:<w$}   errors: {}", "", codes.join(" "), w = POLICY_COLUMN);
     }
 }
 
-/// Requests in one run at `rate`: `--requests`, else rate × duration.
-fn requests_per_run(plan: &BenchPlan, rate: f64) -> CliResult<usize> {
-    match plan.requests {
+/// Requests in one run at `rate`: `requests` when given, else rate × `duration_s`.
+pub(crate) fn requests_per_run(requests: Option<usize>, duration_s: f64, rate: f64) -> CliResult<usize> {
+    match requests {
         Some(n) if n > MAX_BENCH_REQUESTS => {
             Err(fatal(format!("--requests {n} is more than the {MAX_BENCH_REQUESTS} a run may hold")))
         }
         Some(n) => Ok(n),
         None => {
-            let n = (rate * plan.duration_s).ceil().max(1.0);
+            let n = (rate * duration_s).ceil().max(1.0);
             if n > MAX_BENCH_REQUESTS as f64 {
                 return Err(fatal(format!(
-                    "{rate} rps for {} s is {n} requests, more than the {MAX_BENCH_REQUESTS} a run may hold; \
-                     lower --rate or --duration-s, or pass --requests",
-                    plan.duration_s
+                    "{rate} rps for {duration_s} s is {n} requests, more than the {MAX_BENCH_REQUESTS} a run \
+                     may hold; lower --rate or --duration-s, or pass --requests"
                 )));
             }
             Ok(n as usize)
@@ -274,16 +344,29 @@ fn requests_per_run(plan: &BenchPlan, rate: f64) -> CliResult<usize> {
     }
 }
 
+/// Create the JSON report's file before the runs, so a bad path fails before, not after, them.
+pub(crate) fn open_report(path: Option<&PathBuf>) -> CliResult<Option<(PathBuf, File)>> {
+    path.map(|p| {
+        File::create(p)
+            .map(|f| (p.clone(), f))
+            .map_err(|e| fatal(format!("cannot write {}: {e}", p.display())))
+    })
+    .transpose()
+}
+
+/// Write `report` (pretty JSON) to the file [`open_report`] created.
+pub(crate) fn write_report(path: &Path, mut file: File, report: &Value) -> CliResult<()> {
+    let text = serde_json::to_string_pretty(report)
+        .map_err(|e| fatal(format!("cannot encode the JSON report: {e}")))?;
+    file.write_all((text + "\n").as_bytes())
+        .map_err(|e| fatal(format!("cannot write {}: {e}", path.display())))?;
+    println!("# wrote {}", path.display());
+    Ok(())
+}
+
 pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
     let t0 = Instant::now();
-    // Fail before the runs, not after them, when the report cannot be written.
-    let json_file = match &plan.json {
-        Some(path) => Some((
-            path,
-            File::create(path).map_err(|e| fatal(format!("cannot write {}: {e}", path.display())))?,
-        )),
-        None => None,
-    };
+    let report_file = open_report(plan.json.as_ref())?;
     let (backend, backend_desc) = &plan.backend;
     let sizes = mlp_sizes(&plan.net).unwrap_or_default();
     let mflop = as_mlp(&plan.net).map_or(0.0, |m| m.flops_per_row() as f64 / 1e6);
@@ -295,7 +378,15 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
         mflop,
         scale_note(&sizes)
     );
-    let unbatched = TimeoutConfig { max_batch: 1, max_wait: Duration::ZERO, ..plan.batched };
+    let work = Workload {
+        rt: plan.rt,
+        net: plan.net.clone(),
+        name: plan.name.clone(),
+        inputs: plan.inputs.iter().map(|v| Input::F32(v.clone())).collect(),
+        qos: plan.qos,
+    };
+    let batched = timeout_spec(plan.batched);
+    let unbatched = timeout_spec(TimeoutConfig { max_batch: 1, max_wait: Duration::ZERO, ..plan.batched });
     let compare = plan.compare && plan.batched.max_batch > 1;
     if plan.compare && !compare {
         println!("# --max-batch 1 is already unbatched: no batched/unbatched comparison");
@@ -305,10 +396,10 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
     let rates = match &plan.rates {
         Some(r) => r.clone(),
         None => {
-            let cap = measure_capacity(plan)?;
+            let cap = measure_capacity(&work, &batched, plan.capacity_time)?;
             println!(
                 "# capacity: {cap:.1} rps ({}, closed loop, {:.1} s); offered rates at {} of it",
-                policy_name(&plan.batched),
+                batched.label,
                 plan.capacity_time.as_secs_f64(),
                 plan.fractions.iter().map(|f| f.to_string()).collect::<Vec<_>>().join(", ")
             );
@@ -317,17 +408,20 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
         }
     };
 
-    let counts = rates.iter().map(|&rate| requests_per_run(plan, rate)).collect::<CliResult<Vec<_>>>()?;
-    print_header(plan.qos.is_some());
+    let counts = rates
+        .iter()
+        .map(|&rate| requests_per_run(plan.requests, plan.duration_s, rate))
+        .collect::<CliResult<Vec<_>>>()?;
+    print_header(plan.qos.is_some(), false);
     let mut results = Vec::new();
     let mut comparisons = Vec::new();
     let mut ratio_lines = Vec::new();
     for (k, (&rate, &n)) in rates.iter().zip(&counts).enumerate() {
         let seed = plan.seed.wrapping_add(1 + k as u64);
-        let b = run_open_loop(plan, plan.batched, rate, n, seed)?;
+        let b = run_open_loop(&work, &batched, rate, n, seed)?;
         print_row(&b);
         if compare {
-            let u = run_open_loop(plan, unbatched, rate, n, seed)?;
+            let u = run_open_loop(&work, &unbatched, rate, n, seed)?;
             print_row(&u);
             let (tr, pr) = (ratio(b.throughput_rps, u.throughput_rps), ratio(b.p99_ms, u.p99_ms));
             ratio_lines.push(format!(
@@ -348,7 +442,7 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
     }
     println!("# {} run(s) in {:.1} s", results.len(), t0.elapsed().as_secs_f64());
 
-    if let Some((path, mut file)) = json_file {
+    if let Some((path, file)) = report_file {
         let report = json!({
             "workload": "poisson",
             "backend": backend.to_string(),
@@ -359,25 +453,22 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
             "results": results.iter().map(RunResult::to_json).collect::<Vec<_>>(),
             "comparisons": comparisons,
         });
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| fatal(format!("cannot encode the JSON report: {e}")))?;
-        file.write_all((text + "\n").as_bytes())
-            .map_err(|e| fatal(format!("cannot write {}: {e}", path.display())))?;
-        println!("# wrote {}", path.display());
+        write_report(&path, file, &report)?;
     }
     Ok(())
 }
 
-/// A runtime serving the plan's network under `cfg`, warmed up (buffers touched, threads started).
-fn start_model(plan: &BenchPlan, cfg: TimeoutConfig) -> CliResult<(Runtime, Model)> {
-    let rt = build_runtime(plan.rt)?;
-    let opts = ModelOptions { policy: PolicyConfig::Timeout(cfg), ..ModelOptions::default() };
-    let model = rt.add_network(plan.net.clone(), plan.name.clone(), opts)?;
-    for _ in 0..3 {
-        let tickets = (0..cfg.max_batch * cfg.workers)
-            .map(|i| {
-                model.submit(Input::F32(plan.inputs[i % plan.inputs.len()].clone()), SubmitOptions::default())
-            })
+/// A runtime serving the workload's network under `policy`, warmed up (buffers touched, threads
+/// started).
+fn start_model(work: &Workload, policy: &PolicySpec) -> CliResult<(Runtime, Model)> {
+    let rt = build_runtime(work.rt)?;
+    let opts = ModelOptions { policy: policy.config.clone(), ..ModelOptions::default() };
+    let model = rt
+        .add_network(work.net.clone(), work.name.clone(), opts)
+        .map_err(|e| fatal(format!("cannot serve `{}` under {}: {e}", work.name, policy.label)))?;
+    for _ in 0..policy.warmup_rounds {
+        let tickets = (0..policy.warmup)
+            .map(|i| model.submit(work.input(i), SubmitOptions::default()))
             .collect::<serve::Result<Vec<_>>>()?;
         for t in tickets {
             t.wait().map_err(|e| fatal(format!("warm-up request failed: {e}")))?;
@@ -406,21 +497,19 @@ fn progress(len: Option<u64>, label: String) -> ProgressBar {
     }
 }
 
-/// Closed-loop capacity: keep twice a full round of batches in flight for `capacity_time`, count
-/// completions after a 20 % settling period.
-fn measure_capacity(plan: &BenchPlan) -> CliResult<f64> {
-    let (rt, model) = start_model(plan, plan.batched)?;
+/// Closed-loop capacity: keep `policy.window` requests in flight for `time` (each completion is
+/// replaced by a new request at once), count the completions after a 20 % settling period; the
+/// backlog left at the end is cancelled, not waited for.
+pub(crate) fn measure_capacity(work: &Workload, policy: &PolicySpec, time: Duration) -> CliResult<f64> {
+    let (rt, model) = start_model(work, policy)?;
     let queue = CompletionQueue::new()?;
-    let window = (plan.batched.max_batch * plan.batched.workers * 2).max(4);
-    let pb = progress(None, format!("capacity {}", policy_name(&plan.batched)));
+    let window = policy.window.max(1);
+    let pb = progress(None, format!("capacity {}", policy.label));
     let start = Instant::now();
-    let settle = start + plan.capacity_time / 5;
-    let end = start + plan.capacity_time;
+    let settle = start + time / 5;
+    let end = start + time;
     let mut next = 0usize;
-    let submit = |i: usize| {
-        let input = Input::F32(plan.inputs[i % plan.inputs.len()].clone());
-        model.submit_to(input, SubmitOptions::default(), &queue, i as u64)
-    };
+    let submit = |i: usize| model.submit_to(work.input(i), SubmitOptions::default(), &queue, i as u64);
     let mut in_flight = 0usize;
     for _ in 0..window {
         submit(next)?;
@@ -430,15 +519,19 @@ fn measure_capacity(plan: &BenchPlan) -> CliResult<f64> {
     let (mut counted, mut failed) = (0u64, 0u64);
     let mut measured_from = None;
     let mut last = start;
-    let mut batch = Vec::with_capacity(window);
+    let mut batch = Vec::with_capacity(window.min(4096));
     while in_flight > 0 {
         batch.clear();
-        queue.next_into(&mut batch, window, Duration::from_millis(100))?;
+        queue.next_into(&mut batch, window.min(4096), Duration::from_millis(100))?;
         let now = Instant::now();
+        if now > end {
+            // Measured: the backlog is not waited for (dropping the runtime cancels it).
+            break;
+        }
         for c in batch.drain(..) {
             in_flight -= 1;
             pb.inc(1);
-            if now >= settle && now <= end {
+            if now >= settle {
                 let from = *measured_from.get_or_insert(now);
                 if c.result.is_ok() && now > from {
                     counted += 1;
@@ -448,20 +541,20 @@ fn measure_capacity(plan: &BenchPlan) -> CliResult<f64> {
             if c.result.is_err() {
                 failed += 1;
             }
-            if now < end {
-                submit(next)?;
-                next += 1;
-                in_flight += 1;
-            }
+            submit(next)?;
+            next += 1;
+            in_flight += 1;
         }
     }
     pb.finish_and_clear();
+    drop(model);
     drop(rt);
     let span = measured_from.map_or(0.0, |from| (last - from).as_secs_f64());
     if counted == 0 || span <= 0.0 {
         return Err(fatal(format!(
-            "could not measure capacity: {counted} request(s) completed in the measuring window, {failed} failed; \
-             pass --rate explicitly or a longer --capacity-s"
+            "could not measure the capacity of {}: {counted} request(s) completed in the measuring window, \
+             {failed} failed; pass --rate explicitly or a longer --capacity-s",
+            policy.label
         )));
     }
     Ok(counted as f64 / span)
@@ -478,21 +571,21 @@ impl Drop for SetOnDrop<'_> {
 
 /// Open loop: `n` Poisson arrivals at `rate`; a sender thread submits each at its scheduled
 /// instant, this thread drains the completion queue and records latency from the *scheduled*
-/// arrival (so a late sender shows up as latency, not as a lighter load).
-fn run_open_loop(
-    plan: &BenchPlan,
-    cfg: TimeoutConfig,
+/// arrival (so a late sender shows up as latency, not as a lighter load). The mean batch is the
+/// runtime's requests (rows, padding not counted) per launched task over the run.
+pub(crate) fn run_open_loop(
+    work: &Workload,
+    policy: &PolicySpec,
     rate: f64,
     n: usize,
     seed: u64,
 ) -> CliResult<RunResult> {
-    let policy = policy_name(&cfg);
-    let (rt, model) = start_model(plan, cfg)?;
+    let (rt, model) = start_model(work, policy)?;
     let offsets = serve::workload::poisson_arrivals(rate, n, seed);
     let queue = CompletionQueue::new()?;
     let accepted = AtomicU64::new(0);
     let sender_done = AtomicBool::new(false);
-    let pb = progress(Some(n as u64), format!("{policy} @ {rate:.0} rps"));
+    let pb = progress(Some(n as u64), format!("{} @ {rate:.0} rps", policy.label));
     let mut hist = new_hist()?;
     let lag_hist = new_hist()?;
     let before = rt.stats();
@@ -502,6 +595,7 @@ fn run_open_loop(
     let start = Instant::now() + Duration::from_millis(2);
 
     let (mut ok, mut failed, mut good, mut missing) = (0u64, 0u64, 0u64, 0u64);
+    let (mut token_outputs, mut tokens_out) = (0u64, 0u64);
     let mut codes: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut last_done = start;
     let (lag_hist, rejected) = std::thread::scope(|s| -> CliResult<(Histogram<u64>, Vec<Code>)> {
@@ -515,7 +609,7 @@ fn run_open_loop(
                 if due > now {
                     std::thread::sleep(due - now);
                 }
-                let input = Input::F32(plan.inputs[i % plan.inputs.len()].clone());
+                let input = work.input(i);
                 let submitted = Instant::now();
                 lag.saturating_record(submitted.saturating_duration_since(due).as_micros() as u64);
                 match model.submit_to(input, SubmitOptions::default(), &queue, i as u64) {
@@ -542,13 +636,17 @@ fn run_open_loop(
                 seen += 1;
                 pb.inc(1);
                 match c.result {
-                    Ok(_) => {
+                    Ok(out) => {
                         let due = start + offsets[c.tag as usize];
                         let latency = now.saturating_duration_since(due);
                         hist.saturating_record((latency.as_micros() as u64).max(1));
                         ok += 1;
-                        good += u64::from(plan.qos.is_some_and(|q| latency <= q));
+                        good += u64::from(work.qos.is_some_and(|q| latency <= q));
                         last_done = now;
+                        if let Output::Tokens(t) = &out {
+                            token_outputs += 1;
+                            tokens_out += t.len() as u64;
+                        }
                     }
                     Err(e) => {
                         failed += 1;
@@ -597,7 +695,7 @@ fn run_open_loop(
     let tasks = after.tasks_launched.saturating_sub(before.tasks_launched);
     let batched = after.batched_requests.saturating_sub(before.batched_requests);
     Ok(RunResult {
-        policy,
+        policy: policy.label.clone(),
         offered_rps: rate,
         throughput_rps: per_s(ok),
         p50_ms: ms(hist.value_at_quantile(0.50)),
@@ -606,9 +704,11 @@ fn run_open_loop(
         mean_batch: if tasks == 0 { 0.0 } else { batched as f64 / tasks as f64 },
         completed: ok,
         errors: failed + rejected.len() as u64 + missing,
-        goodput_rps: plan.qos.map(|_| per_s(good)),
+        goodput_rps: work.qos.map(|_| per_s(good)),
         error_codes: codes,
         sender_lag_p99_ms: ms(lag_hist.value_at_quantile(0.99)),
+        mean_output_tokens: (token_outputs > 0).then(|| tokens_out as f64 / token_outputs as f64),
+        extra: serde_json::Map::new(),
     })
 }
 
@@ -621,5 +721,13 @@ mod tests {
         assert_eq!(policy_name(&timeout_policy(32, 0, 1)), "timeout(s=32,t=0us)");
         assert_eq!(policy_name(&timeout_policy(8, 250, 2)), "timeout(s=8,t=250us,w=2)");
         assert_eq!(policy_name(&timeout_policy(1, 0, 1)), "unbatched");
+    }
+
+    #[test]
+    fn requests_per_run_uses_the_count_or_the_duration() {
+        assert_eq!(requests_per_run(Some(7), 2.0, 100.0).unwrap(), 7);
+        assert_eq!(requests_per_run(None, 2.0, 100.5).unwrap(), 201);
+        assert_eq!(requests_per_run(None, 0.001, 1.0).unwrap(), 1);
+        assert!(requests_per_run(None, 1e9, 1e9).is_err());
     }
 }

@@ -4,10 +4,16 @@
 //! * `serve infer MODEL_DIR --input FILE.jsonl` — DESIGN §6: one request per line, one result line
 //!   per request, in input order.
 //! * `serve bench mlp …` — DESIGN §8: Poisson open-loop load against an mlp, batched and unbatched.
+//! * `serve bench lstm|seq2seq|treelstm …` — DESIGN §7, §8: cellular batching against the padding
+//!   baseline (peak throughput, latency at equal offered rates, their ratios).
+//! * `serve bench step …` — DESIGN §8 micro-benchmark: one batched LSTM cell step against the
+//!   bare GEMM of the same shape.
 //! * `serve` / `serve demo` — the main job on the CPU default: a small mlp is written, loaded,
 //!   queried with `infer`, then benchmarked briefly.
 
 mod bench;
+mod bench_rnn;
+mod bench_step;
 mod demo;
 mod infer;
 mod info;
@@ -24,6 +30,8 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use serve::{BackendChoice, Error, Runtime, TimeoutConfig};
 
 use crate::bench::cmd_bench_mlp;
+use crate::bench_rnn::{RnnKind, cmd_bench_rnn};
+use crate::bench_step::cmd_bench_step;
 use crate::demo::cmd_demo;
 use crate::infer::cmd_infer;
 use crate::info::cmd_info;
@@ -64,6 +72,14 @@ enum Command {
 enum BenchCommand {
     /// Poisson open-loop load against an mlp (a random one unless --model is given).
     Mlp(BenchMlpArgs),
+    /// Cellular batching vs the padding baseline on an lstm, WMT-like sentence lengths.
+    Lstm(BenchRnnArgs),
+    /// Cellular batching vs the padding baseline on a seq2seq (greedy decode), WMT-like sources.
+    Seq2seq(BenchRnnArgs),
+    /// Cellular batching vs the padding baseline on a Child-Sum TreeLSTM, TreeBank-like trees.
+    Treelstm(BenchRnnArgs),
+    /// Micro-benchmark: one batched LSTM cell step (gather, GEMM, gates, scatter) vs the bare GEMM.
+    Step(BenchStepArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -184,6 +200,149 @@ struct BenchMlpArgs {
     capacity_s: f64,
 }
 
+/// Default seq2seq `max_decode` of `serve bench seq2seq`'s random model.
+pub(crate) const DEFAULT_MAX_DECODE: usize = 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PolicyArg {
+    /// BatchMaker's cellular batching (DESIGN §7).
+    Cellular,
+    /// Graph batching padded per bucket (the TF/MXNet baseline).
+    Padding,
+}
+
+/// `--eos-bias`: `auto` or a number.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum EosBias {
+    Auto,
+    Value(f32),
+}
+
+fn eos_bias(s: &str) -> Result<EosBias, String> {
+    if s.trim() == "auto" {
+        return Ok(EosBias::Auto);
+    }
+    match s.trim().parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(EosBias::Value(v)),
+        _ => Err(format!("`{s}` is neither `auto` nor a finite number")),
+    }
+}
+
+/// A finite `f64` in (0, 1].
+fn fraction(s: &str) -> Result<f64, String> {
+    let v = positive_f64(s)?;
+    if v <= 1.0 { Ok(v) } else { Err(format!("`{s}` is not a fraction in (0, 1]")) }
+}
+
+#[derive(Args, Debug)]
+struct BenchRnnArgs {
+    /// Benchmark the model in this directory instead of a random one.
+    #[arg(long, conflicts_with_all = ["hidden", "embed", "vocab", "layers", "max_decode", "eos_bias"])]
+    model_dir: Option<PathBuf>,
+    /// Hidden size of the random model. Default: CPU scale 256 on the CPU backend, GPU scale 1024
+    /// on CUDA (DESIGN §8).
+    #[arg(long, value_parser = positive())]
+    hidden: Option<usize>,
+    /// Embedding size of the random model (default: the hidden size).
+    #[arg(long, value_parser = positive())]
+    embed: Option<usize>,
+    /// Vocabulary of the random model.
+    #[arg(long, default_value_t = 30_000, value_parser = positive())]
+    vocab: usize,
+    /// LSTM layers of the random model (lstm, seq2seq; default 1).
+    #[arg(long, value_parser = positive())]
+    layers: Option<usize>,
+    /// Most decoded tokens of the random seq2seq (default 20).
+    #[arg(long, value_parser = positive())]
+    max_decode: Option<usize>,
+    /// Added to the random seq2seq's `decoder.proj.bias[eos]` so decodes end at eos at varied
+    /// lengths: a number, or `auto` (default): calibrated for a mean decode of half max_decode.
+    #[arg(long, value_parser = eos_bias)]
+    eos_bias: Option<EosBias>,
+    /// Policies to compare (default: cellular,padding).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    policy: Vec<PolicyArg>,
+    /// Workers (streams) of each policy.
+    #[arg(long, default_value_t = 1, value_parser = positive())]
+    workers: usize,
+    /// Max batch. Cellular: per cell type (`512,256` for a seq2seq's encoder, decoder; one value
+    /// = every type; default 512, the seq2seq decoder 256). Padding: requests per batch, one
+    /// value (default 64).
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = positive())]
+    max_batch: Vec<usize>,
+    /// Tasks a worker may have submitted and unfinished (MaxTasksToSubmit), both policies.
+    #[arg(long, default_value_t = 5, value_parser = positive())]
+    max_tasks_to_submit: usize,
+    /// Width of padding's size buckets, in cells.
+    #[arg(long, default_value_t = 10, value_parser = positive())]
+    bucket_width: usize,
+    /// Offered rates in requests per second (`--rate 100 200` or `--rate 100,200`). Default:
+    /// --fractions of every policy's measured peak throughput (and half of padding's).
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = positive_f64)]
+    rate: Vec<f64>,
+    /// Fractions of each policy's peak throughput to offer when no --rate is given.
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = fraction,
+          default_values_t = [0.25, 0.5, 0.75, 0.9])]
+    fractions: Vec<f64>,
+    /// Measure every policy's peak throughput (default: yes unless --rate is given).
+    #[arg(long, action = ArgAction::Set)]
+    measure_peak: Option<bool>,
+    /// Seconds of saturating closed-loop load per policy to measure its peak throughput.
+    #[arg(long, default_value_t = 3.0, value_parser = positive_f64)]
+    capacity_s: f64,
+    /// Requests kept in flight while measuring peaks (default: 4× the largest max batch, at least
+    /// 256, at most the admission bound 4096; the same for every policy).
+    #[arg(long, value_parser = positive())]
+    capacity_window: Option<usize>,
+    /// Requests per offered rate (default: rate × --duration-s).
+    #[arg(long, value_parser = positive())]
+    requests: Option<usize>,
+    /// Seconds of arrivals per offered rate, when --requests is not given.
+    #[arg(long, alias = "duration", default_value_t = 2.0, value_parser = positive_f64)]
+    duration_s: f64,
+    /// Latency target in ms: also report goodput (requests per second completed within it).
+    #[arg(long, value_parser = positive_f64)]
+    qos_ms: Option<f64>,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+    /// Seed of the random model, the requests and the arrival times.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the results as one JSON object (DESIGN §8) to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum StepModel {
+    /// One `torch.nn.LSTM` layer step.
+    Lstm,
+}
+
+#[derive(Args, Debug)]
+struct BenchStepArgs {
+    /// The cell to time.
+    #[arg(long, value_enum, default_value_t = StepModel::Lstm)]
+    model: StepModel,
+    /// Hidden size H.
+    #[arg(long, default_value_t = 1024, value_parser = positive())]
+    hidden: usize,
+    /// Rows in the batch.
+    #[arg(long, default_value_t = 512, value_parser = positive())]
+    batch: usize,
+    /// Input features of the layer (default: the hidden size).
+    #[arg(long, value_parser = positive())]
+    input: Option<usize>,
+    /// Timed iterations of each (after one untimed warm-up).
+    #[arg(long, default_value_t = 20, value_parser = positive())]
+    iters: usize,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+    /// Write `{"results":[…]}` (DESIGN §8) to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors and main
 // ---------------------------------------------------------------------------------------------
@@ -223,6 +382,10 @@ fn main() -> ExitCode {
         Command::Info => cmd_info(),
         Command::Infer(a) => cmd_infer(a),
         Command::Bench { what: BenchCommand::Mlp(a) } => cmd_bench_mlp(a),
+        Command::Bench { what: BenchCommand::Lstm(a) } => cmd_bench_rnn(RnnKind::Lstm, a),
+        Command::Bench { what: BenchCommand::Seq2seq(a) } => cmd_bench_rnn(RnnKind::Seq2Seq, a),
+        Command::Bench { what: BenchCommand::Treelstm(a) } => cmd_bench_rnn(RnnKind::TreeLstm, a),
+        Command::Bench { what: BenchCommand::Step(a) } => cmd_bench_step(a),
         Command::Demo => cmd_demo(),
     };
     match result {

@@ -1,0 +1,181 @@
+//! `serve bench step --model lstm …` (DESIGN §8 micro-benchmark): one batched LSTM layer step as
+//! the CPU backend runs it for cellular batching — gather `[x | h_prev]` from the state arena,
+//! one GEMM against `[W_ih | W_hh]ᵀ`, fused pointwise gates and scatter of `h`, `c` back to the
+//! arena ([`lstm_layer_step`]) — and the bare GEMM of the same shape ([`matmul`]), in the same run,
+//! on a compute pool of `--threads` threads. GFLOP/s count the GEMM's `2·b·(input+H)·4H`
+//! ([`step_flops`]) for both, so their ratio is the cost of gather, gates and scatter.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use serve::BackendKind;
+use serve::backend::cpu::arena::StateArena;
+use serve::backend::cpu::gemm::{PackedWeight, Threads, matmul};
+use serve::backend::cpu::lstm_cell::{LstmLayer, LstmRow, LstmScratch, lstm_layer_step, step_flops};
+
+use crate::bench::{open_report, write_report};
+use crate::{BenchStepArgs, CliResult, StepModel, build_runtime, fatal};
+
+/// One timed kernel.
+struct Timing {
+    name: &'static str,
+    /// Mean and fastest time per iteration.
+    mean: Duration,
+    min: Duration,
+}
+
+fn time_it(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
+    f(); // warm-up: pages touched, pool threads awake
+    let mut min = Duration::MAX;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        let t = Instant::now();
+        f();
+        min = min.min(t.elapsed());
+    }
+    (t0.elapsed() / iters as u32, min)
+}
+
+fn values(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+pub(crate) fn cmd_bench_step(a: BenchStepArgs) -> CliResult<()> {
+    let StepModel::Lstm = a.model;
+    // The backend arguments as everywhere: `cuda` answers why it is not there.
+    let (threads, desc) = {
+        let rt = build_runtime(a.rt)?;
+        if rt.backend_kind() != BackendKind::Cpu {
+            return Err(fatal(format!(
+                "bench step times the CPU kernels; the {} backend has no LSTM step kernel yet",
+                rt.backend_kind()
+            )));
+        }
+        let threads = if a.rt.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            a.rt.threads
+        };
+        (threads, rt.backend_description())
+    };
+    let report_file = open_report(a.json.as_ref())?;
+    let (hidden, batch) = (a.hidden, a.batch);
+    let input = a.input.unwrap_or(hidden);
+    let (n, k) = (4 * hidden, input + hidden);
+    let bytes = (n * k + batch * (k + 4 * hidden + 4 * hidden) + 2 * batch * 2 * hidden) as f64 * 4.0;
+    if bytes > 16.0 * (1u64 << 30) as f64 {
+        return Err(fatal(format!(
+            "--hidden {hidden} --input {input} --batch {batch} needs {:.1} GiB of buffers; this benchmark takes at \
+             most 16 GiB",
+            bytes / (1u64 << 30) as f64
+        )));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("serve-bench-{i}"))
+        .build()
+        .map_err(|e| fatal(format!("cannot start the compute pool: {e}")))?;
+
+    let mut rng = StdRng::seed_from_u64(1);
+    let s = 1.0 / (hidden as f32).sqrt();
+    let w_ih = values(&mut rng, n * input, s);
+    let w_hh = values(&mut rng, n * hidden, s);
+    let b_ih = values(&mut rng, n, s);
+    let b_hh = values(&mut rng, n, s);
+    let layer = LstmLayer::from_torch(&w_ih, &w_hh, &b_ih, &b_hh, input, hidden);
+    let x = values(&mut rng, batch * input, 1.0);
+    // Every row continues a sequence: its state is read from and written back to the arena.
+    // Requests sit in every other slot of an arena twice the batch, in reverse order, as after
+    // some churn.
+    let arena = StateArena::new(2 * batch, 2 * hidden)?;
+    let rows: Vec<LstmRow> =
+        (0..batch).map(|r| LstmRow { slot: (2 * (batch - 1 - r)) as u32, fresh: false }).collect();
+    for row in &rows {
+        arena.write(row.slot, 0, &values(&mut rng, 2 * hidden, 0.5));
+    }
+    let mut scratch = LstmScratch::new();
+    scratch.reserve(batch, input, hidden)?;
+    let mut h_out = vec![0.0f32; batch * hidden];
+    let t = Threads(threads);
+    let (step_mean, step_min) = time_it(a.iters, || {
+        pool.install(|| {
+            lstm_layer_step(&layer, black_box(&x), &rows, batch, &arena, 0, &mut scratch, &mut h_out, t)
+        })
+    });
+    drop(scratch);
+
+    // The bare GEMM: [x | h] · [W_ih | W_hh]ᵀ.
+    let wcat: Vec<f32> = (0..n)
+        .flat_map(|j| {
+            w_ih[j * input..(j + 1) * input].iter().chain(&w_hh[j * hidden..(j + 1) * hidden]).copied()
+        })
+        .collect();
+    let packed = PackedWeight::from_torch(&wcat, n, k);
+    drop(wcat);
+    let xh = values(&mut rng, batch * k, 1.0);
+    let mut g = vec![0.0f32; batch * n];
+    let (gemm_mean, gemm_min) =
+        time_it(a.iters, || pool.install(|| matmul(black_box(&xh), &packed, &mut g, batch, false, t)));
+
+    let flops = step_flops(batch, input, hidden);
+    let timings = [
+        Timing { name: "lstm_step", mean: step_mean, min: step_min },
+        Timing { name: "gemm", mean: gemm_mean, min: gemm_min },
+    ];
+    let gflops = |d: Duration| flops / d.as_secs_f64().max(1e-12) * 1e-9;
+    println!("# serve bench step: model lstm, backend {desc}");
+    println!(
+        "# one layer step, hidden {hidden}, input {input}, batch {batch}: {:.3} GFLOP (2·b·(input+H)·4H); \
+         {threads} thread(s), {} timed iteration(s) each",
+        flops * 1e-9,
+        a.iters
+    );
+    println!(
+        "{:<10} {:>6} {:>6} {:>12} {:>12} {:>10}",
+        "name", "batch", "hidden", "time_us", "min_us", "gflops"
+    );
+    for t in &timings {
+        println!(
+            "{:<10} {:>6} {:>6} {:>12.1} {:>12.1} {:>10.1}",
+            t.name,
+            batch,
+            hidden,
+            t.mean.as_secs_f64() * 1e6,
+            t.min.as_secs_f64() * 1e6,
+            gflops(t.mean)
+        );
+    }
+    let r = step_mean.as_secs_f64() / gemm_mean.as_secs_f64().max(1e-12);
+    println!(
+        "# ratio step/GEMM time: {r:.3} (1.000 = gather, gates and scatter are free); step {:.1} GFLOP/s vs GEMM \
+         {:.1} GFLOP/s",
+        gflops(step_mean),
+        gflops(gemm_mean)
+    );
+
+    if let Some((path, file)) = report_file {
+        let results: Vec<_> = timings
+            .iter()
+            .map(|t| {
+                json!({
+                    "name": t.name, "batch": batch, "hidden": hidden, "input": input,
+                    "time_us": t.mean.as_secs_f64() * 1e6, "min_time_us": t.min.as_secs_f64() * 1e6,
+                    "gflops": gflops(t.mean), "iters": a.iters, "threads": threads,
+                })
+            })
+            .collect();
+        let report = json!({
+            "backend": "cpu",
+            "backend_description": desc,
+            "model": "lstm",
+            "results": results,
+            "step_over_gemm": r,
+        });
+        write_report(&path, file, &report)?;
+    }
+    Ok(())
+}
