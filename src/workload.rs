@@ -284,8 +284,8 @@ mod tests {
         let leaves = children.iter().filter(|&&c| c == 0).count();
         assert_eq!(n, 2 * leaves - 1, "2·leaves − 1 nodes");
         // Every node reaches the root (no cycles): parents increase, so the walk ends.
-        for mut v in 0..n {
-            let mut steps = 0;
+        for start in 0..n {
+            let (mut v, mut steps) = (start, 0);
             while parents[v] != -1 {
                 v = parents[v] as usize;
                 steps += 1;

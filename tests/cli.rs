@@ -1,4 +1,5 @@
-//! The `serve` binary end to end: `info`, `infer` (DESIGN §6), `bench mlp` (DESIGN §8), `demo`.
+//! The `serve` binary end to end: `info`, `infer` (DESIGN §6; mlp and the recurrent fixtures),
+//! `bench mlp|lstm|seq2seq|treelstm|step` (DESIGN §8), `demo`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -385,4 +386,358 @@ fn demo_is_the_default_command_and_finishes() {
     assert!(out.contains("outputs match the f64 reference"), "{out}");
     assert!(out.contains("ratio batched/unbatched"), "{out}");
     assert!(out.contains("demo done"), "{out}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recurrent models: `infer` on the committed fixtures, `bench lstm|seq2seq|treelstm`, `bench step`
+// ---------------------------------------------------------------------------------------------
+
+/// A committed fixture model directory (ffi_examples/testdata/NAME).
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata").join(name)
+}
+
+/// The fixture's `expected.json` requests: (request line, expected result object).
+fn fixture_requests(name: &str) -> Vec<(String, Value)> {
+    let text = std::fs::read_to_string(fixture(name).join("expected.json")).expect("read expected.json");
+    let v: Value = serde_json::from_str(&text).expect("expected.json is JSON");
+    field(&v, "requests")
+        .as_array()
+        .expect("`requests` is an array")
+        .iter()
+        .map(|r| {
+            let mut req = serde_json::Map::new();
+            req.insert("tokens".into(), field(r, "tokens").clone());
+            if let Some(p) = r.get("parents") {
+                req.insert("parents".into(), p.clone());
+            }
+            (Value::Object(req).to_string(), r.clone())
+        })
+        .collect()
+}
+
+fn run_infer(model: &Path, lines: &[String], tmp: &TempDir) -> String {
+    let file = tmp.path().join("requests.jsonl");
+    std::fs::write(&file, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let o = serve(&[
+        "infer",
+        model.to_str().unwrap(),
+        "--input",
+        file.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--threads",
+        "2",
+    ]);
+    check_ok(&o);
+    stdout(&o)
+}
+
+/// A result line against a fixture's expected object: `output` floats within 1e-4, or
+/// `output_tokens` exactly (as `{"tokens":[…]}`).
+fn check_fixture_line(line: &str, want: &Value, what: &str) {
+    let got: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {line}"));
+    if let Some(tokens) = want.get("output_tokens") {
+        assert_eq!(got.get("tokens"), Some(tokens), "{what}: decoded tokens; got {line}");
+        return;
+    }
+    let want: Vec<f64> =
+        field(want, "output").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let got: Vec<f64> = got
+        .get("output")
+        .and_then(Value::as_array)
+        .unwrap_or_else(|| panic!("{what}: expected {{\"output\":[…]}}, got {line}"))
+        .iter()
+        .map(|x| x.as_f64().expect("numbers"))
+        .collect();
+    assert_eq!(got.len(), want.len(), "{what}: output length");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-4, "{what}: output[{i}] = {g}, expected {w}");
+    }
+}
+
+#[test]
+fn infer_runs_the_recurrent_fixtures() {
+    for name in ["lstm_small", "seq2seq_small", "treelstm_small"] {
+        let tmp = TempDir::new(name);
+        let requests = fixture_requests(name);
+        assert!(!requests.is_empty(), "{name}: requests");
+        let lines: Vec<String> = requests.iter().map(|(l, _)| l.clone()).collect();
+        let out = run_infer(&fixture(name), &lines, &tmp);
+        let got: Vec<&str> = out.lines().collect();
+        assert_eq!(got.len(), requests.len(), "{name}: one line per request:\n{out}");
+        for (i, (line, (req, want))) in got.iter().zip(&requests).enumerate() {
+            check_fixture_line(line, want, &format!("{name} line {} (`{req}`)", i + 1));
+        }
+    }
+}
+
+/// What one line of a recurrent model's input is expected to produce.
+enum Want<'a> {
+    /// A fixture's expected result object.
+    Fixture(&'a Value),
+    /// INVALID_ARGUMENT with a message containing this.
+    Invalid(&'static str),
+}
+
+#[test]
+fn infer_rejects_non_integer_tokens_per_line() {
+    let tmp = TempDir::new("tokens");
+    let requests = fixture_requests("lstm_small");
+    let mut lines: Vec<(String, Want)> = vec![(requests[0].0.clone(), Want::Fixture(&requests[0].1))];
+    for (bad, contains) in [
+        (r#"{"tokens":[1.5]}"#, "`tokens[0]` = 1.5"),
+        (r#"{"tokens":[3, 2.5]}"#, "`tokens[1]` = 2.5"),
+        (r#"{"tokens":["a"]}"#, "`tokens[0]` is a string"),
+        (r#"{"tokens":[4, -1]}"#, "`tokens[1]` = -1"),
+        (r#"{"tokens":[4294967296]}"#, "`tokens[0]` = 4294967296"),
+        (r#"{"tokens":[1e3]}"#, "`tokens[0]`"),
+        (r#"{"tokens":[null]}"#, "`tokens[0]` is null"),
+        // Well-formed but outside the fixture's vocabulary of 50: the model says where.
+        (r#"{"tokens":[1, 2, 50]}"#, "position 2"),
+        (r#"{"tokens":[]}"#, "empty"),
+        (r#"{"tokens":[1, 2],"parents":[-1, 0]}"#, "tree"),
+    ] {
+        lines.push((bad.to_string(), Want::Invalid(contains)));
+    }
+    for (l, want) in &requests[1..] {
+        lines.push((l.clone(), Want::Fixture(want)));
+    }
+    let text: Vec<String> = lines.iter().map(|(l, _)| l.clone()).collect();
+    let out = run_infer(&fixture("lstm_small"), &text, &tmp);
+    let got: Vec<&str> = out.lines().collect();
+    assert_eq!(got.len(), lines.len(), "one line per request:\n{out}");
+    for (i, (line, (req, want))) in got.iter().zip(&lines).enumerate() {
+        let what = format!("line {} (`{req}`)", i + 1);
+        match want {
+            Want::Invalid(contains) => {
+                let (c, m) =
+                    error_of(line).unwrap_or_else(|| panic!("{what}: expected an error, got {line}"));
+                assert_eq!(c, "INVALID_ARGUMENT", "{what}: {m}");
+                assert!(m.contains(contains), "{what}: message `{m}` should mention `{contains}`");
+                assert!(m.starts_with(&format!("line {}: ", i + 1)), "{what}: message `{m}` names its line");
+            }
+            Want::Fixture(want) => check_fixture_line(line, want, &what),
+        }
+    }
+}
+
+/// `serve bench KIND` with tiny sizes and `extra` arguments; returns (stdout, JSON report).
+fn bench_rnn(kind: &str, extra: &[&str]) -> (String, Value) {
+    let tmp = TempDir::new(&format!("bench-{kind}"));
+    let json = tmp.path().join("bench.json");
+    let mut args =
+        vec!["bench", kind, "--backend", "cpu", "--threads", "2", "--json", json.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = serve(&args);
+    check_ok(&o);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
+    (stdout(&o), v)
+}
+
+const TINY: [&str; 4] = ["--hidden", "16", "--vocab", "64"];
+
+/// Both policies at each rate of `rates`, every request accounted for.
+fn check_rnn_results(v: &Value, rates: &[f64], requests: u64) {
+    assert_eq!(field(v, "backend"), "cpu");
+    let results = field(v, "results").as_array().unwrap();
+    assert_eq!(results.len(), 2 * rates.len(), "both policies at every rate: {v}");
+    for (pair, &rate) in results.chunks(2).zip(rates) {
+        assert!(field(&pair[0], "policy").as_str().unwrap().starts_with("cellular("), "{}", pair[0]);
+        assert!(field(&pair[1], "policy").as_str().unwrap().starts_with("padding("), "{}", pair[1]);
+        for r in pair {
+            check_result_fields(r);
+            assert_eq!(field(r, "offered_rps").as_f64(), Some(rate), "{r}");
+            let (c, e) = (field(r, "completed").as_u64().unwrap(), field(r, "errors").as_u64().unwrap());
+            assert_eq!(c + e, requests, "every request accounted for: {r}");
+            assert!(c > 0, "{r}");
+            assert!(field(r, "mean_batch").as_f64().unwrap() >= 1.0, "{r}");
+        }
+    }
+    let comparisons = field(v, "comparisons").as_array().unwrap();
+    assert_eq!(comparisons.len(), rates.len());
+    for c in comparisons {
+        for k in ["throughput_ratio", "p90_ratio"] {
+            assert!(field(c, k).as_f64().is_some_and(|x| x > 0.0), "`{k}` in {c}");
+        }
+    }
+}
+
+#[test]
+fn bench_lstm_compares_cellular_and_padding_in_the_design_json() {
+    let mut args = TINY.to_vec();
+    args.extend(["--requests", "40", "--rate", "300"]);
+    let (out, v) = bench_rnn("lstm", &args);
+    assert!(out.contains("ratio cellular/padding at 300.0 rps"), "{out}");
+    assert!(out.contains("custom scale (hidden 16)") && out.contains("GPU scale h=1024"), "{out}");
+    assert_eq!(field(&v, "workload"), "poisson/wmt");
+    let model = field(&v, "model");
+    assert_eq!(field(model, "kind"), "lstm");
+    assert_eq!(field(model, "hidden").as_u64(), Some(16));
+    assert_eq!(field(model, "layers").as_u64(), Some(1));
+    check_rnn_results(&v, &[300.0], 40);
+    assert!(field(&v, "peaks").as_array().unwrap().is_empty(), "no peaks measured with --rate");
+}
+
+#[test]
+fn bench_lstm_offers_fractions_of_each_policys_peak() {
+    let mut args = TINY.to_vec();
+    args.extend(["--capacity-s", "0.3", "--capacity-window", "64", "--fractions", "0.5", "--requests", "30"]);
+    let (out, v) = bench_rnn("lstm", &args);
+    assert!(out.contains("ratio cellular/padding peak throughput"), "{out}");
+    assert!(out.contains("p90 cellular/padding at 50% of padding's peak"), "{out}");
+    let peaks = field(&v, "peaks").as_array().unwrap();
+    assert_eq!(peaks.len(), 2, "{v}");
+    let peak = |i: usize| field(&peaks[i], "peak_rps").as_f64().unwrap();
+    assert!(peak(0) > 0.0 && peak(1) > 0.0);
+    let r = field(&v, "peak_ratio").as_f64().unwrap();
+    assert!((r - peak(0) / peak(1)).abs() < 1e-9, "peak ratio cellular/padding");
+    assert!(field(&v, "p90_ratio_at_half_padding_peak").as_f64().is_some(), "{v}");
+    // Half of each peak (merged when they round to the same rate), both policies at each.
+    let mut rates: Vec<f64> = [peak(0), peak(1)].iter().map(|p| (0.5 * p).round().max(1.0)).collect();
+    rates.sort_by(f64::total_cmp);
+    rates.dedup_by(|a, b| (*a - *b).abs() < 0.5);
+    check_rnn_results(&v, &rates, 30);
+    for r in field(&v, "results").as_array().unwrap() {
+        assert!(field(r, "peak_rps").as_f64().is_some(), "{r}");
+    }
+}
+
+#[test]
+fn bench_seq2seq_reports_decode_lengths() {
+    let mut args = TINY.to_vec();
+    args.extend(["--max-decode", "6", "--requests", "30", "--rate", "200"]);
+    let (out, v) = bench_rnn("seq2seq", &args);
+    assert!(out.contains("proj.bias[eos] +="), "{out}");
+    let model = field(&v, "model");
+    assert_eq!(field(model, "max_decode").as_u64(), Some(6));
+    assert!(field(model, "eos_bias").as_f64().is_some(), "{model}");
+    check_rnn_results(&v, &[200.0], 30);
+    for r in field(&v, "results").as_array().unwrap() {
+        let t = field(r, "mean_output_tokens").as_f64().unwrap();
+        assert!((1.0..=6.0).contains(&t), "mean decode length {t} within max_decode: {r}");
+    }
+}
+
+#[test]
+fn bench_treelstm_uses_treebank_trees() {
+    let mut args = TINY.to_vec();
+    args.extend(["--requests", "30", "--rate", "200", "--max-batch", "64"]);
+    let (out, v) = bench_rnn("treelstm", &args);
+    assert!(out.contains("TreeBank-like trees"), "{out}");
+    assert_eq!(field(&v, "workload"), "poisson/treebank");
+    assert_eq!(field(field(&v, "model"), "kind"), "treelstm");
+    check_rnn_results(&v, &[200.0], 30);
+    let results = field(&v, "results").as_array().unwrap();
+    assert_eq!(field(&results[0], "policy"), "cellular(b=64,k=5)");
+    assert_eq!(field(&results[1], "policy"), "padding(b=64,bucket=10,k=5)");
+}
+
+#[test]
+fn bench_lstm_on_a_model_dir_and_one_policy() {
+    let (_, v) = bench_rnn(
+        "lstm",
+        &[
+            "--model-dir",
+            fixture("lstm_small").to_str().unwrap(),
+            "--policy",
+            "padding",
+            "--rate",
+            "100",
+            "--requests",
+            "20",
+        ],
+    );
+    let model = field(&v, "model");
+    assert!(field(model, "source").as_str().unwrap().ends_with("lstm_small"), "{model}");
+    assert_eq!(field(model, "vocab").as_u64(), Some(50));
+    let results = field(&v, "results").as_array().unwrap();
+    assert_eq!(results.len(), 1);
+    assert!(field(&results[0], "policy").as_str().unwrap().starts_with("padding("));
+    check_result_fields(&results[0]);
+    assert!(field(&v, "comparisons").as_array().unwrap().is_empty());
+}
+
+#[test]
+fn bench_step_writes_the_micro_benchmark_json() {
+    let tmp = TempDir::new("step");
+    let json = tmp.path().join("step.json");
+    let o = serve(&[
+        "bench",
+        "step",
+        "--hidden",
+        "32",
+        "--batch",
+        "8",
+        "--iters",
+        "3",
+        "--threads",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    check_ok(&o);
+    let out = stdout(&o);
+    assert!(out.contains("ratio step/GEMM"), "{out}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
+    let results = field(&v, "results").as_array().unwrap();
+    let names: Vec<&str> = results.iter().map(|r| field(r, "name").as_str().unwrap()).collect();
+    assert_eq!(names, ["lstm_step", "gemm"]);
+    for r in results {
+        assert_eq!(field(r, "batch").as_u64(), Some(8), "{r}");
+        assert_eq!(field(r, "hidden").as_u64(), Some(32), "{r}");
+        for k in ["time_us", "gflops"] {
+            assert!(field(r, k).as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "`{k}` in {r}");
+        }
+    }
+}
+
+#[test]
+fn bench_rnn_and_step_reject_bad_arguments() {
+    let lstm_dir = fixture("lstm_small");
+    let tree_dir = fixture("treelstm_small");
+    let small = ["--hidden", "8", "--vocab", "16", "--rate", "10", "--requests", "1"];
+    fn with(head: &[&str], tail: &[&str]) -> Vec<String> {
+        head.iter().chain(tail).map(|s| s.to_string()).collect()
+    }
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (with(&["bench", "lstm", "--max-batch", "0"], &small), "--max-batch"),
+        (with(&["bench", "lstm", "--policy", "nope"], &small), "--policy"),
+        (with(&["bench", "lstm", "--rate", "0"], &[]), "--rate"),
+        (with(&["bench", "lstm", "--fractions", "1.5"], &[]), "--fractions"),
+        (with(&["bench", "lstm", "--measure-peak", "false"], &["--hidden", "8", "--vocab", "16"]), "--rate"),
+        (with(&["bench", "treelstm", "--layers", "2"], &small), "--layers"),
+        (with(&["bench", "lstm", "--max-decode", "5"], &small), "--max-decode"),
+        (with(&["bench", "seq2seq", "--eos-bias", "x"], &small), "--eos-bias"),
+        (with(&["bench", "lstm", "--max-batch", "8,8"], &small), "cell type"),
+        (with(&["bench", "seq2seq", "--policy", "padding", "--max-batch", "8,8"], &small), "single value"),
+        (with(&["bench", "seq2seq", "--vocab", "3", "--hidden", "8", "--rate", "10"], &[]), "too small"),
+        (
+            with(&["bench", "lstm", "--model-dir", tree_dir.to_str().unwrap_or("")], &["--rate", "10"]),
+            "treelstm",
+        ),
+        (
+            with(&["bench", "lstm", "--model-dir", lstm_dir.to_str().unwrap_or(""), "--hidden", "8"], &[]),
+            "--hidden",
+        ),
+        (
+            with(&["bench", "lstm", "--model-dir", "/nonexistent/serve-model"], &["--rate", "10"]),
+            "serve-model",
+        ),
+        (with(&["bench", "lstm", "--json", "/nonexistent/serve-dir/out.json"], &small), "out.json"),
+        (with(&["bench", "lstm", "--capacity-window", "5000"], &small), "admission bound"),
+        (with(&["bench", "step", "--hidden", "0"], &[]), "--hidden"),
+        (with(&["bench", "step", "--model", "gru"], &[]), "--model"),
+        (with(&["bench", "step", "--backend", "cuda", "--hidden", "8", "--batch", "2"], &[]), "cuda"),
+    ];
+    for (args, mention) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = serve(&args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = stderr(&o);
+        assert!(
+            err.to_lowercase().contains(&mention.to_lowercase()),
+            "{args:?}: `{err}` should mention `{mention}`"
+        );
+    }
 }

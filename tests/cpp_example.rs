@@ -2,8 +2,10 @@
 //! wrapper `ffi_examples/cpp/serve.hpp`: this test compiles it, together with
 //! `ffi_examples/cpp/include_twice.cpp` (a second translation unit including `libserve.h` and
 //! `serve.hpp` twice each), with `-std=c++17 -Wall -Wextra -Werror -pthread`, links `libserve.a`
-//! and its native libraries, and runs it on the committed fixture `ffi_examples/testdata/mlp_4_8_3`,
-//! requiring exit status 0 and its final success line.
+//! and its native libraries, and runs it on the committed fixtures `ffi_examples/testdata/mlp_4_8_3`
+//! and `{lstm,treelstm,seq2seq}_small` (their requests and expected outputs rewritten from
+//! expected.json into the text file example.cpp reads), requiring exit status 0 and its final
+//! success line.
 //!
 //! Environment:
 //! * `CXX` — the C++ compiler (default `c++`). A missing compiler fails the test unless
@@ -16,7 +18,9 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -39,6 +43,54 @@ fn cxx(std: &str) -> Command {
     cmd
 }
 
+/// The recurrent-model arguments: the lstm, treelstm and seq2seq fixture dirs and a text file of
+/// their requests and expected outputs, rewritten from the fixtures' expected.json into the
+/// format at the top of example.cpp (`LSTM K`, `TREE K`, `SEQ2SEQ K` sections).
+fn recurrent_args(dir: &Path) -> Vec<OsString> {
+    let testdata = manifest_dir().join("ffi_examples/testdata");
+    let mut text = String::new();
+    for (label, name) in [("LSTM", "lstm_small"), ("TREE", "treelstm_small"), ("SEQ2SEQ", "seq2seq_small")] {
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(testdata.join(name).join("expected.json")).unwrap(),
+        )
+        .unwrap();
+        let reqs = json["requests"].as_array().unwrap();
+        assert!(!reqs.is_empty(), "{name}/expected.json has no requests");
+        writeln!(text, "{label} {}", reqs.len()).unwrap();
+        for r in reqs {
+            let list = |k: &str| -> Vec<String> {
+                r[k].as_array().map(|a| a.iter().map(|v| v.to_string()).collect()).unwrap_or_default()
+            };
+            let tokens = list("tokens");
+            write!(text, "{} {}", tokens.len(), tokens.join(" ")).unwrap();
+            if label == "TREE" {
+                write!(text, " {}", list("parents").join(" ")).unwrap();
+            }
+            let out: Vec<String> = if label == "SEQ2SEQ" {
+                list("output_tokens")
+            } else {
+                // `{:?}` of the f32 reads back as exactly that f32.
+                r["output"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| format!("{:?}", v.as_f64().unwrap() as f32))
+                    .collect()
+            };
+            assert!(!out.is_empty(), "{name}/expected.json: a request without an output");
+            writeln!(text, "  {} {}", out.len(), out.join(" ")).unwrap();
+        }
+    }
+    let file = dir.join("recurrent.txt");
+    std::fs::write(&file, text).unwrap();
+    vec![
+        testdata.join("lstm_small").into_os_string(),
+        testdata.join("treelstm_small").into_os_string(),
+        testdata.join("seq2seq_small").into_os_string(),
+        file.into_os_string(),
+    ]
+}
+
 #[test]
 fn cpp_example_static_library() {
     if !CXX.available() {
@@ -59,7 +111,10 @@ fn cpp_example_static_library() {
 
     let env = if sanitize { native::sanitizer_env() } else { Vec::new() };
     let fixture = manifest_dir().join("ffi_examples/testdata/mlp_4_8_3");
-    native::run_example(&exe, &[fixture.as_os_str()], &env, &dir, SUCCESS_LINE, RUN_TIMEOUT);
+    let recurrent = recurrent_args(&dir);
+    let mut args = vec![fixture.as_os_str()];
+    args.extend(recurrent.iter().map(|a| a.as_os_str()));
+    native::run_example(&exe, &args, &env, &dir, SUCCESS_LINE, RUN_TIMEOUT);
     native::cleanup(&dir, env_flag("SERVE_CPP_KEEP"));
 }
 

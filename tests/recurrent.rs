@@ -409,7 +409,7 @@ fn every_recurrent_request_completes_exactly_once_under_stress() {
             0 | 1 => Input::Tokens((0..n).map(|_| rng.random_range(0..40)).collect()),
             _ => Input::Tree {
                 tokens: (0..n).map(|_| rng.random_range(0..40)).collect(),
-                parents: (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) as i32 }).collect(),
+                parents: (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) }).collect(),
             },
         }
     };

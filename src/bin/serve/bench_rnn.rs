@@ -7,9 +7,9 @@
 //!   (treelstm; leaves carry random tokens, internal nodes none) from [`serve::workload`];
 //!   [`RNN_INPUTS`] of them, cycled in the same order for every policy and rate.
 //! * Peak throughput of each policy: a saturating closed loop (the same window for both).
-//! * Offered rates: `--rate`, or `--fractions` of each policy's peak (and always 50 % of
-//!   padding's peak when both policies run); every policy runs at every rate with the same
-//!   arrival times, so their latencies compare at equal offered load.
+//! * Offered rates: `--rate`, or else `--fractions` of each policy's peak (plus 50 % of
+//!   padding's peak when both policies run: the comparison point); every policy runs at
+//!   every rate with the same arrival times and requests, so latencies compare at equal load.
 //!
 //! A random seq2seq decoder almost never emits `eos` on its own (greedy decoding settles on a
 //! few tokens), so every decode would run to `max_decode`. To make decode lengths vary as in
@@ -145,7 +145,7 @@ fn build_network(
             .map_err(|e| fatal(format!("cannot load model {}: {e}", dir.display())))?;
         if net.kind() != kind.model_kind() {
             return Err(fatal(format!(
-                "{} holds a {} model; `bench {}` needs a {} model",
+                "{} holds a `{}` model; `bench {}` needs a `{}` model",
                 dir.display(),
                 net.kind(),
                 kind.name(),
@@ -391,6 +391,12 @@ struct Rate {
 
 pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     let t0 = Instant::now();
+    let measure_peak = a.measure_peak.unwrap_or(a.rate.is_empty());
+    if !measure_peak && a.rate.is_empty() {
+        return Err(fatal(
+            "--measure-peak false needs --rate (offered rates are fractions of the peaks otherwise)",
+        ));
+    }
     let report_file = open_report(a.json.as_ref())?;
     let (backend, backend_desc) = {
         let rt = build_runtime(a.rt)?;
@@ -473,9 +479,17 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
         model_json["max_decode"] = json!(m.cfg.max_decode);
         work.net = Arc::new(net.clone());
     }
-    let layers = if kind == RnnKind::TreeLstm { String::new() } else { format!(" layers {}", sizes.layers) };
+    let cost = match &net {
+        Network::Lstm(_) => format!(" layers {} (LSTM step {step_mflop:.2} MFLOP/row)", sizes.layers),
+        Network::Seq2Seq(m) => format!(
+            " layers {} (LSTM step {step_mflop:.2} MFLOP/row; a decode step adds the {:.2} MFLOP/row projection)",
+            sizes.layers,
+            2.0 * (m.cfg.hidden * m.cfg.vocab) as f64 / 1e6
+        ),
+        _ => String::new(),
+    };
     println!(
-        "# model: {} `{name}` vocab {} embed {} hidden {}{layers} (LSTM step {step_mflop:.2} MFLOP/row); {}",
+        "# model: {} `{name}` vocab {} embed {} hidden {}{cost}; {}",
         kind.name(),
         sizes.vocab,
         sizes.embed,
@@ -484,12 +498,6 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     );
 
     // Peak throughput of every policy.
-    let measure_peak = a.measure_peak.unwrap_or(a.rate.is_empty());
-    if !measure_peak && a.rate.is_empty() {
-        return Err(fatal(
-            "--measure-peak false needs --rate (offered rates are fractions of the peaks otherwise)",
-        ));
-    }
     let capacity_time = Duration::from_secs_f64(a.capacity_s);
     let mut peaks: Vec<Option<f64>> = vec![None; specs.len()];
     if measure_peak {
@@ -688,7 +696,7 @@ mod tests {
         let s2s = Network::Seq2Seq(Seq2Seq::random(10, 4, 4, 1, BOS, EOS, 5, 1));
         for x in make_inputs(&s2s, 1).unwrap() {
             let Input::Tokens(t) = x else { panic!("tokens") };
-            assert!(t.iter().all(|&v| v >= FIRST_SOURCE_TOKEN && v < 10));
+            assert!(t.iter().all(|v| (FIRST_SOURCE_TOKEN..10).contains(v)));
         }
     }
 }

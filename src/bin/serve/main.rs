@@ -53,6 +53,8 @@ struct Cli {
     command: Option<Command>,
 }
 
+// Parsed once at start-up: the size of the bench variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Print the version, the backend `auto` selects, CPU features and CUDA availability.
