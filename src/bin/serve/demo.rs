@@ -1,5 +1,6 @@
 //! `serve` / `serve demo`: the main job on the CPU default: a small mlp is written, loaded, queried
-//! with `infer`, then benchmarked briefly.
+//! with `infer`, then benchmarked briefly; then a short LSTM run of cellular batching against the
+//! padding baseline.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -112,6 +113,24 @@ pub(crate) fn cmd_demo() -> CliResult<()> {
         inputs: random_inputs(DEMO_SIZES[0], 1),
     };
     run_bench(&plan)?;
+
+    // The heart of libserve: cellular batching (BatchMaker) against graph batching with padding.
+    let lstm = [
+        "bench",
+        "lstm",
+        "--hidden",
+        "128",
+        "--capacity-window",
+        "256",
+        "--capacity-s",
+        "1",
+        "--fractions",
+        "0.5",
+        "--duration-s",
+        "1",
+    ];
+    println!("-- serve {} (cellular batching vs the padding baseline, short run)", lstm.join(" "));
+    crate::run_args(&lstm)?;
     println!("== demo done in {:.1} s ==", t0.elapsed().as_secs_f64());
     Ok(())
 }

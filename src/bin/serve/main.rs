@@ -46,7 +46,8 @@ use crate::info::cmd_info;
     version,
     about = "libserve: batched deep-learning inference (CPU default, CUDA when present)",
     long_about = "libserve: batched deep-learning inference.\n\nWith no command, runs `serve demo`: \
-                  the main job on the CPU default (write a small mlp, infer, benchmark briefly)."
+                  the main job on the CPU default (write a small mlp, infer, benchmark briefly; \
+                  then cellular batching vs padding on an LSTM)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -66,7 +67,8 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
-    /// The main job on the CPU default: write a small mlp, run `infer` on it, benchmark it briefly.
+    /// The main job on the CPU default: write a small mlp, run `infer` on it, benchmark it briefly;
+    /// then a short LSTM benchmark of cellular batching against the padding baseline.
     Demo,
 }
 
@@ -380,7 +382,24 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Command::Demo) {
+    match run(cli.command.unwrap_or(Command::Demo)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fatal(msg)) => {
+            eprintln!("serve: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Run `serve ARGS…` from inside the binary (the demo runs benchmarks this way).
+pub(crate) fn run_args(args: &[&str]) -> CliResult<()> {
+    let cli = Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+        .map_err(|e| fatal(format!("serve {}: {e}", args.join(" "))))?;
+    run(cli.command.unwrap_or(Command::Demo))
+}
+
+fn run(command: Command) -> CliResult<()> {
+    match command {
         Command::Info => cmd_info(),
         Command::Infer(a) => cmd_infer(a),
         Command::Bench { what: BenchCommand::Mlp(a) } => cmd_bench_mlp(a),
@@ -389,13 +408,6 @@ fn main() -> ExitCode {
         Command::Bench { what: BenchCommand::Treelstm(a) } => cmd_bench_rnn(RnnKind::TreeLstm, a),
         Command::Bench { what: BenchCommand::Step(a) } => cmd_bench_step(a),
         Command::Demo => cmd_demo(),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Fatal(msg)) => {
-            eprintln!("serve: error: {msg}");
-            ExitCode::FAILURE
-        }
     }
 }
 
