@@ -370,6 +370,8 @@ impl Policy for PaddingPolicy {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     fn us(v: u64) -> Time {
@@ -522,6 +524,218 @@ mod tests {
                 launch(3, 0, 1, &[(2, 0)], 2),
             ]
         );
+    }
+
+    /// A tree from parent indices: leaves are type 0, internal nodes type 1.
+    fn tree(parents: &[i32]) -> Arc<CellGraph> {
+        let mut children = vec![Vec::new(); parents.len()];
+        for (i, &p) in parents.iter().enumerate() {
+            if p >= 0 {
+                children[p as usize].push(i as u32);
+            }
+        }
+        let types = children.iter().map(|c| u8::from(!c.is_empty())).collect();
+        Arc::new(CellGraph::new(types, &children).unwrap())
+    }
+
+    /// A worker's stream in the random test: its launched, unfinished tasks in order, with their
+    /// (request, node) rows.
+    type Stream = VecDeque<(TaskId, Vec<(RequestId, u32)>)>;
+
+    /// What the random driver has seen, and the checks it makes on every decision.
+    #[derive(Default)]
+    struct Seen {
+        max_tasks: usize,
+        graphs: HashMap<RequestId, Arc<CellGraph>>,
+        deadlines: HashMap<RequestId, Time>,
+        /// Requests the driver cancelled, and those it cancelled or ended early.
+        cancelled: HashSet<RequestId>,
+        stopped: HashSet<RequestId>,
+        streams: Vec<Stream>,
+        /// Rows of each request in launched, unfinished tasks.
+        running_rows: HashMap<RequestId, usize>,
+        finished: HashSet<(RequestId, u32)>,
+        launched: HashMap<(RequestId, u32), WorkerId>,
+        completed: HashMap<RequestId, Code>,
+    }
+
+    impl Seen {
+        fn check(&mut self, now: Time, d: Decision) {
+            match d {
+                Decision::Launch(l) => {
+                    assert!(!l.requests.is_empty() && l.requests.len() == l.nodes.len());
+                    assert!(l.batch >= l.requests.len(), "task {} has fewer rows than nodes", l.task);
+                    let rows: Vec<(RequestId, u32)> = l.requests.into_iter().zip(l.nodes).collect();
+                    for &(id, node) in &rows {
+                        assert!(!self.completed.contains_key(&id), "launch for completed request {id}");
+                        assert!(!self.stopped.contains(&id), "launch for cancelled or ended request {id}");
+                        assert!(
+                            self.deadlines.get(&id).is_none_or(|&d| d > now),
+                            "launch past {id}'s deadline"
+                        );
+                        let g = &self.graphs[&id];
+                        assert_eq!(g.cell_type(node as usize), l.cell, "request {id} node {node}");
+                        // Predecessors ran, or run earlier on this worker's stream (not in this task).
+                        for &pr in g.preds(node as usize) {
+                            let ok = self.finished.contains(&(id, pr))
+                                || self.launched.get(&(id, pr)) == Some(&l.worker);
+                            assert!(ok, "request {id} node {node} launched before its predecessor {pr}");
+                        }
+                    }
+                    for &(id, node) in &rows {
+                        let again = self.launched.insert((id, node), l.worker).is_some();
+                        assert!(!again, "request {id} node {node} launched twice");
+                        *self.running_rows.entry(id).or_default() += 1;
+                    }
+                    self.streams[l.worker].push_back((l.task, rows));
+                    let out = self.streams[l.worker].len();
+                    assert!(out <= self.max_tasks, "worker {} has {out} tasks out", l.worker);
+                }
+                Decision::Complete { id, code } => {
+                    assert!(self.graphs.contains_key(&id), "completion of unknown request {id}");
+                    assert!(self.completed.insert(id, code).is_none(), "request {id} completed twice");
+                    assert_eq!(
+                        self.running_rows.get(&id).copied().unwrap_or(0),
+                        0,
+                        "{id} completed while running"
+                    );
+                    if code == Code::Ok {
+                        assert!(
+                            self.deadlines.get(&id).is_none_or(|&d| d > now),
+                            "{id} Ok past its deadline"
+                        );
+                    }
+                }
+            }
+        }
+
+        /// After an event at `now`: a cancelled request, or one past its deadline, with nothing
+        /// running has completed.
+        fn check_stopped(&self, now: Time) {
+            let past = self.deadlines.iter().filter(|&(_, &d)| d <= now).map(|(id, _)| id);
+            for id in self.cancelled.iter().chain(past) {
+                let idle = self.running_rows.get(id).copied().unwrap_or(0) == 0;
+                assert!(
+                    !idle || self.completed.contains_key(id),
+                    "request {id} should have completed at {now:?}"
+                );
+            }
+        }
+    }
+
+    /// Random chains, Seq2Seq (encoder 0 then decoder 1) and trees on 1–3 workers with random
+    /// batch sizes, lookahead and bucket widths; random cancels, deadlines and early ends on decoder
+    /// rows; tasks finish in launch order per worker. Checks: every request completes exactly once
+    /// and not while it has rows running; nothing is launched for a completed, cancelled, ended or
+    /// expired request; a cancelled or expired request with nothing running has completed; a node
+    /// runs only after its predecessors finished or were launched earlier on the same worker; no
+    /// node runs twice; a task's batch holds its rows; no worker has more than
+    /// `max_tasks_to_submit` tasks out; every counter returns to zero; a request completing `Ok`
+    /// ran every node unless it ended early.
+    #[test]
+    fn random_runs_complete_every_request_once_and_respect_dependencies() {
+        use rand::{Rng, SeedableRng};
+        let rounds = if cfg!(miri) { 1 } else { 40 };
+        for seed in 0..rounds {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let cfg = PaddingConfig {
+                bucket_width: rng.random_range(1..=10),
+                max_batch: rng.random_range(1..=6),
+                workers: rng.random_range(1..=3),
+                max_tasks_to_submit: rng.random_range(1..=4),
+            };
+            let mut p = PaddingPolicy::new(cfg).unwrap();
+            let n_req = if cfg!(miri) { 10 } else { 120 };
+            let mut seen = Seen {
+                max_tasks: cfg.max_tasks_to_submit,
+                streams: vec![VecDeque::new(); cfg.workers],
+                ..Seen::default()
+            };
+            let mut decoders = HashSet::new();
+            let (mut now, mut next_id) = (0u64, 0);
+            loop {
+                now += rng.random_range(1..20);
+                let mut t = us(now);
+                let action = rng.random_range(0..10);
+                if action < 3 && next_id < n_req {
+                    let id = next_id;
+                    next_id += 1;
+                    let g = match rng.random_range(0..3) {
+                        0 => chain(rng.random_range(1..8)),
+                        1 => {
+                            decoders.insert(id);
+                            let (enc, dec) = (rng.random_range(1..5), rng.random_range(1..6));
+                            Arc::new(CellGraph::chains(&[(0, enc), (1, dec)]))
+                        }
+                        _ => {
+                            let n = rng.random_range(1..12);
+                            let parents: Vec<i32> =
+                                (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) }).collect();
+                            tree(&parents)
+                        }
+                    };
+                    seen.graphs.insert(id, g.clone());
+                    let deadline = (rng.random_range(0..10) == 0).then(|| us(now + rng.random_range(1..300)));
+                    if let Some(d) = deadline {
+                        seen.deadlines.insert(id, d);
+                    }
+                    p.arrive(t, Arrival { id, deadline, priority: rng.random_range(0..2), cells: Some(g) });
+                } else if action < 4 && next_id > 0 {
+                    let id = rng.random_range(0..next_id);
+                    if !seen.completed.contains_key(&id) {
+                        seen.cancelled.insert(id);
+                        seen.stopped.insert(id);
+                    }
+                    p.cancel(t, id);
+                } else if action < 5 {
+                    p.tick(t);
+                } else {
+                    let busy: Vec<usize> =
+                        (0..cfg.workers).filter(|&w| !seen.streams[w].is_empty()).collect();
+                    if let Some(&w) = busy.get(rng.random_range(0..busy.len().max(1))) {
+                        let (task, rows) = seen.streams[w].pop_front().unwrap();
+                        for &(id, node) in &rows {
+                            seen.finished.insert((id, node));
+                            *seen.running_rows.get_mut(&id).unwrap() -= 1;
+                            // A decoder row occasionally "emits eos" (given before its task_done).
+                            let decoder_row = seen.graphs[&id].cell_type(node as usize) == 1;
+                            if decoders.contains(&id) && decoder_row && rng.random_range(0..4) == 0 {
+                                seen.stopped.insert(id);
+                                p.end_early(t, id);
+                            }
+                        }
+                        p.task_done(t, task);
+                    } else if next_id < n_req {
+                        continue;
+                    } else {
+                        // Nothing runs and nothing more arrives: let every deadline pass.
+                        t = us(now + 1_000_000);
+                        p.tick(t);
+                    }
+                }
+                for d in drain(&mut p) {
+                    seen.check(t, d);
+                }
+                seen.check_stopped(t);
+                if next_id == n_req && seen.completed.len() == n_req as usize {
+                    break;
+                }
+            }
+            assert!(
+                seen.streams.iter().all(VecDeque::is_empty),
+                "seed {seed}: tasks out after the last completion"
+            );
+            assert_eq!((p.queued(), p.running(), p.next_wakeup()), (0, 0, None), "seed {seed}");
+            assert!(p.reqs.is_empty() && p.tasks.is_empty() && p.buckets.is_empty(), "seed {seed}");
+            assert!(p.batches.iter().all(Option::is_none), "seed {seed}: a batch outlived its requests");
+            for (&id, &code) in &seen.completed {
+                if code == Code::Ok && !seen.stopped.contains(&id) {
+                    let g = &seen.graphs[&id];
+                    let all = (0..g.len() as u32).all(|v| seen.finished.contains(&(id, v)));
+                    assert!(all, "seed {seed}: request {id} completed Ok without running every node");
+                }
+            }
+        }
     }
 
     #[test]

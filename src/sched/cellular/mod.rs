@@ -39,13 +39,14 @@ mod tests;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::sync::Arc;
 
 use crate::error::{Code, Error, Result};
 use crate::sched::graph::MAX_CELL_TYPES;
-use crate::sched::{Arrival, CellType, Decision, Launch, Policy, RequestId, TaskId, Time, WorkerId};
+use crate::sched::{
+    Arrival, CellGraph, CellType, Decision, Launch, Policy, RequestId, TaskId, Time, WorkerId,
+};
 
-use request::{Req, SgRef, Where};
+use request::{Bufs, NONE, Req, SgRef, Where};
 
 /// One cell type's batching parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +68,9 @@ impl CellTypeConfig {
         CellTypeConfig { name: name.to_string(), max_batch, priority, bsizes: Vec::new() }
     }
 }
+
+/// Most recycled buffers kept (request arrays, task rows).
+const MAX_SPARE: usize = 256;
 
 /// BatchMaker's default `MaxTasksToSubmit`.
 pub const DEFAULT_MAX_TASKS_TO_SUBMIT: usize = 5;
@@ -120,6 +124,13 @@ struct TaskRec {
     rows: Vec<(u32, u32)>,
 }
 
+/// A task being formed: its rows as (request slot, node), and the `Launch` vectors.
+struct Forming {
+    rows: Vec<(u32, u32)>,
+    requests: Vec<RequestId>,
+    nodes: Vec<u32>,
+}
+
 /// Unpinned subgraphs of one request priority, in the order they became ready.
 struct PrioQueue {
     priority: i32,
@@ -150,6 +161,13 @@ pub struct CellularPolicy {
     tasks: HashMap<TaskId, TaskRec>,
     next_task: TaskId,
     deadlines: BinaryHeap<Reverse<(Time, u32, u32)>>,
+    /// Buffers of completed requests and of done tasks' rows, for reuse.
+    spare_reqs: Vec<Bufs>,
+    spare_rows: Vec<Vec<(u32, u32)>>,
+    /// Scratch for `task_done`: slots whose last running task this was.
+    idle_slots: Vec<u32>,
+    /// Scratch for `form_batched_task`: (slot, node) made ready by the task being formed.
+    ready_after: Vec<(u32, u32)>,
     /// Numbers each task formation and completion, so per-task counters count a request or a
     /// subgraph once per task however many of its nodes the task holds.
     stamp: u64,
@@ -180,6 +198,10 @@ impl CellularPolicy {
             tasks: HashMap::new(),
             next_task: 0,
             deadlines: BinaryHeap::new(),
+            spare_reqs: Vec::new(),
+            spare_rows: Vec::new(),
+            idle_slots: Vec::new(),
+            ready_after: Vec::new(),
             stamp: 0,
             out: VecDeque::new(),
             queued: 0,
@@ -205,26 +227,23 @@ impl CellularPolicy {
     /// subgraph where it belongs (pinned worker or unpinned) if it is not queued yet.
     fn push_ready(&mut self, slot: u32, node: u32) {
         let r = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let sg = r.node_sg[node as usize];
+        let sg = r.nodes[node as usize].sg;
         r.push_ready(sg, node);
         let s = &mut r.sgs[sg as usize];
         let ty = s.ty as usize;
         let (priority, generation) = (r.priority, r.generation);
-        let place = match s.pinned {
-            Some(w) => Where::Pinned(w),
-            None => Where::Unpinned,
-        };
+        let place = if s.pinned == NONE { Where::Unpinned } else { Where::Pinned(s.pinned) };
         let was = s.queued;
         s.queued = place;
         let t = &mut self.types[ty];
         match place {
-            Where::Pinned(w) => t.ready_pinned[w] += 1,
+            Where::Pinned(w) => t.ready_pinned[w as usize] += 1,
             _ => t.ready_unpinned += 1,
         }
         if was == Where::Nowhere {
             let at = SgRef { slot, generation, sg };
             match place {
-                Where::Pinned(w) => t.pinned[w].push_back(at),
+                Where::Pinned(w) => t.pinned[w as usize].push_back(at),
                 _ => push_unpinned(&mut t.unpinned, priority, at, false),
             }
         }
@@ -236,12 +255,15 @@ impl CellularPolicy {
         let r = self.reqs[slot as usize].as_mut().expect("live request slot");
         let (priority, generation) = (r.priority, r.generation);
         let s = &mut r.sgs[sg as usize];
-        let Some(w) = s.pinned.take() else { return };
+        let w = std::mem::replace(&mut s.pinned, NONE);
+        if w == NONE {
+            return;
+        }
         if s.queued == Where::Pinned(w) {
             let n = s.ready_len as usize;
             s.queued = Where::Unpinned;
             let t = &mut self.types[s.ty as usize];
-            t.ready_pinned[w] -= n;
+            t.ready_pinned[w as usize] -= n;
             t.ready_unpinned += n;
             // It was ready before anything queued since: it goes first among its priority.
             push_unpinned(&mut t.unpinned, priority, SgRef { slot, generation, sg }, true);
@@ -255,7 +277,7 @@ impl CellularPolicy {
             let n = s.ready_len as usize;
             let t = &mut self.types[s.ty as usize];
             match s.queued {
-                Where::Pinned(w) => t.ready_pinned[w] -= n,
+                Where::Pinned(w) => t.ready_pinned[w as usize] -= n,
                 Where::Unpinned => t.ready_unpinned -= n,
                 Where::Nowhere => {}
             }
@@ -299,67 +321,63 @@ impl CellularPolicy {
         self.next_task += 1;
         self.stamp += 1;
         let stamp = self.stamp;
-        let mut rows: Vec<(u32, u32)> = Vec::with_capacity(max.min(self.available(ty, worker)));
-        // Pinned subgraphs first (they hold state on this worker), then unpinned ones.
-        while rows.len() < max {
+        let room = max.min(self.available(ty, worker));
+        let mut f = Forming {
+            rows: self.spare_rows.pop().unwrap_or_default(),
+            requests: Vec::with_capacity(room),
+            nodes: Vec::with_capacity(room),
+        };
+        f.rows.reserve(room);
+        // Pinned subgraphs first (they hold state on this worker), then unpinned ones. With no
+        // ready node pinned here, every entry of the pinned queue is stale: the loop below would
+        // pop them all without taking anything, so drop them at once.
+        if self.types[ty].ready_pinned[worker] == 0 {
+            self.types[ty].pinned[worker].clear();
+        }
+        while f.rows.len() < max {
             let Some(&at) = self.types[ty].pinned[worker].front() else { break };
-            if self.take_from(at, Where::Pinned(worker), ty, worker, stamp, max, &mut rows) {
+            if self.take_from(at, Where::Pinned(worker as u32), ty, worker, stamp, max, &mut f) {
                 self.types[ty].pinned[worker].pop_front();
             }
         }
         let mut level = 0;
-        while rows.len() < max && level < self.types[ty].unpinned.len() {
+        while f.rows.len() < max && level < self.types[ty].unpinned.len() {
             let Some(&at) = self.types[ty].unpinned[level].q.front() else {
                 level += 1;
                 continue;
             };
-            if self.take_from(at, Where::Unpinned, ty, worker, stamp, max, &mut rows) {
+            if self.take_from(at, Where::Unpinned, ty, worker, stamp, max, &mut f) {
                 self.types[ty].unpinned[level].q.pop_front();
             }
         }
         self.types[ty].unpinned.retain(|p| !p.q.is_empty());
-        debug_assert!(!rows.is_empty(), "ChooseCellType picked a type with nothing ready");
-        // Same-subgraph successors of the submitted nodes become ready now: they will run after
-        // this task on the same stream. (Not before: they could not share the task.)
-        for &(slot, node) in &rows {
-            let r = self.req_mut(slot);
-            let (start, end) =
-                (r.succ_start[node as usize] as usize, r.succ_start[node as usize + 1] as usize);
-            for k in start..end {
-                let r = self.req_mut(slot);
-                let s = r.succs[k];
-                if r.node_sg[s as usize] != r.node_sg[node as usize] {
-                    continue;
-                }
-                r.internal_left[s as usize] -= 1;
-                let sg = r.node_sg[s as usize];
-                if r.internal_left[s as usize] == 0 && r.sgs[sg as usize].external_left == 0 {
-                    self.push_ready(slot, s);
-                }
-            }
+        debug_assert!(!f.rows.is_empty(), "ChooseCellType picked a type with nothing ready");
+        // Same-subgraph successors of the submitted nodes become ready now, in row order: they
+        // will run after this task on the same stream. (Not before: they could not share the
+        // task.)
+        let mut ready = std::mem::take(&mut self.ready_after);
+        for &(slot, node) in &ready {
+            self.push_ready(slot, node);
         }
-        let real = rows.len();
+        ready.clear();
+        self.ready_after = ready;
+        let real = f.rows.len();
         let batch = self.cfg.cell_types[ty].bsizes.iter().copied().find(|&b| b >= real).unwrap_or(real);
-        let mut requests = Vec::with_capacity(real);
-        let mut nodes = Vec::with_capacity(real);
-        for &(slot, node) in &rows {
-            requests.push(self.req(slot).id);
-            nodes.push(node);
-        }
         self.outstanding[worker] += 1;
-        self.tasks.insert(task, TaskRec { worker, rows });
+        self.tasks.insert(task, TaskRec { worker, rows: f.rows });
         self.out.push_back(Decision::Launch(Launch {
             task,
             worker,
             cell: ty as CellType,
-            requests,
-            nodes,
+            requests: f.requests,
+            nodes: f.nodes,
             batch,
         }));
     }
 
-    /// Move ready nodes of the subgraph `at` (found in queue `from`) into `rows`, pinning it to
-    /// `worker`. True when the queue entry is used up (stale, or no ready nodes left).
+    /// Move ready nodes of the subgraph `at` (found in queue `from`) into the task, pinning it to
+    /// `worker`; their same-subgraph successors that this makes ready go to `ready_after`. True
+    /// when the queue entry is used up (stale, or no ready nodes left).
     #[allow(clippy::too_many_arguments)]
     fn take_from(
         &mut self,
@@ -369,7 +387,7 @@ impl CellularPolicy {
         worker: WorkerId,
         stamp: u64,
         max: usize,
-        rows: &mut Vec<(u32, u32)>,
+        f: &mut Forming,
     ) -> bool {
         let Some(Some(r)) = self.reqs.get_mut(at.slot as usize) else { return true };
         if r.generation != at.generation || r.sgs[at.sg as usize].queued != from {
@@ -389,13 +407,24 @@ impl CellularPolicy {
             s.stamp = stamp;
             s.outstanding += 1;
         }
-        s.pinned = Some(worker);
-        while rows.len() < max {
+        s.pinned = worker as u32;
+        while f.rows.len() < max {
             let Some(node) = r.pop_ready(at.sg) else { break };
-            rows.push((at.slot, node));
+            f.rows.push((at.slot, node));
+            f.requests.push(r.id);
+            f.nodes.push(node);
             match from {
-                Where::Pinned(w) => t.ready_pinned[w] -= 1,
+                Where::Pinned(w) => t.ready_pinned[w as usize] -= 1,
                 _ => t.ready_unpinned -= 1,
+            }
+            // Counted now, queued once the task is formed (`form_batched_task`).
+            for k in r.internal_successors(node) {
+                let s = r.edges[k];
+                let succ = &mut r.nodes[s as usize];
+                succ.internal_left -= 1;
+                if succ.internal_left == 0 && r.sgs[at.sg as usize].external_left == 0 {
+                    self.ready_after.push((at.slot, s));
+                }
             }
         }
         let s = &mut r.sgs[at.sg as usize];
@@ -407,7 +436,7 @@ impl CellularPolicy {
             // The task is full but the subgraph has more: it is pinned now, so its remaining
             // ready nodes wait at the front of this worker's pinned queue.
             let n = s.ready_len as usize;
-            s.queued = Where::Pinned(worker);
+            s.queued = Where::Pinned(worker as u32);
             t.ready_unpinned -= n;
             t.ready_pinned[worker] += n;
             t.pinned[worker].push_front(at);
@@ -441,7 +470,7 @@ impl CellularPolicy {
         }
         let code = match r.doomed {
             Some(code) => code,
-            None if r.done_nodes == r.graph.len() => {
+            None if r.done_nodes as usize == r.nodes.len() => {
                 if r.deadline.is_some_and(|d| d <= now) {
                     Code::DeadlineExceeded
                 } else {
@@ -451,10 +480,15 @@ impl CellularPolicy {
             None => return,
         };
         let r = self.reqs[slot as usize].take().expect("live request slot");
-        self.by_id.remove(&r.id);
+        let id = r.id;
+        self.by_id.remove(&id);
         self.free.push(slot);
         self.queued -= 1;
-        self.out.push_back(Decision::Complete { id: r.id, code });
+        self.out.push_back(Decision::Complete { id, code });
+        let bufs = r.into_bufs();
+        if bufs.worth_keeping() && self.spare_reqs.len() < MAX_SPARE {
+            self.spare_reqs.push(bufs);
+        }
     }
 
     /// Stop the request at the next cell boundary with `code`.
@@ -507,7 +541,14 @@ fn push_unpinned(levels: &mut Vec<PrioQueue>, priority: i32, at: SgRef, front: b
 impl Policy for CellularPolicy {
     fn arrive(&mut self, now: Time, a: Arrival) {
         assert!(!self.by_id.contains_key(&a.id), "request {} arrived twice", a.id);
-        let graph = a.cells.clone().unwrap_or_else(|| Arc::new(crate::sched::CellGraph::chains(&[(0, 1)])));
+        let single;
+        let graph: &CellGraph = match &a.cells {
+            Some(g) => g,
+            None => {
+                single = CellGraph::chains(&[(0, 1)]);
+                &single
+            }
+        };
         assert!(!graph.is_empty(), "request {} has an empty cell graph", a.id);
         assert!(
             graph.types().iter().all(|&t| (t as usize) < self.cfg.cell_types.len()),
@@ -521,15 +562,19 @@ impl Policy for CellularPolicy {
         });
         self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
         let generation = self.generations[slot as usize];
-        let (req, ready) = Req::new(a.id, generation, a.priority, a.deadline, graph);
+        let bufs = self.spare_reqs.pop().unwrap_or_default();
+        let req = Req::new(a.id, generation, a.priority, a.deadline, graph, bufs);
+        let n = req.nodes.len();
         self.reqs[slot as usize] = Some(req);
         self.by_id.insert(a.id, slot);
         self.queued += 1;
         if let Some(d) = a.deadline {
             self.deadlines.push(Reverse((d, slot, generation)));
         }
-        for node in ready {
-            self.push_ready(slot, node);
+        for node in 0..n {
+            if self.req(slot).is_initially_ready(node) {
+                self.push_ready(slot, node as u32);
+            }
         }
         self.expire(now);
         self.schedule();
@@ -555,10 +600,11 @@ impl Policy for CellularPolicy {
         self.outstanding[rec.worker] -= 1;
         self.stamp += 1;
         let stamp = self.stamp;
+        let mut idle = std::mem::take(&mut self.idle_slots);
         for &(slot, node) in &rec.rows {
             let r = self.req_mut(slot);
             r.done_nodes += 1;
-            let sg = r.node_sg[node as usize];
+            let sg = r.nodes[node as usize].sg;
             if r.sgs[sg as usize].stamp != stamp {
                 // First row of this subgraph in the task: the pin counter drops once per task.
                 r.sgs[sg as usize].stamp = stamp;
@@ -574,6 +620,7 @@ impl Policy for CellularPolicy {
                 if r.inflight == 0 {
                     self.running -= 1;
                     self.queued += 1;
+                    idle.push(slot);
                 }
             }
             if self.req(slot).doomed.is_some() {
@@ -581,19 +628,14 @@ impl Policy for CellularPolicy {
             }
             // External successors: a subgraph whose last external dependency finished becomes
             // schedulable, with its nodes that have no same-subgraph predecessor.
-            let r = self.req(slot);
-            let (start, end) =
-                (r.succ_start[node as usize] as usize, r.succ_start[node as usize + 1] as usize);
-            for k in start..end {
+            for k in self.req(slot).external_successors(node) {
                 let r = self.req_mut(slot);
-                let s = r.succs[k];
-                let ssg = r.node_sg[s as usize];
-                if ssg == sg {
-                    continue;
-                }
+                let s = r.edges[k];
+                let ssg = r.nodes[s as usize].sg;
                 r.sgs[ssg as usize].external_left -= 1;
                 if r.sgs[ssg as usize].external_left == 0 {
-                    for v in r.subgraph_roots(ssg) {
+                    for i in r.subgraph_roots(ssg) {
+                        let v = self.req(slot).edges[i];
                         self.push_ready(slot, v);
                     }
                 }
@@ -601,10 +643,19 @@ impl Policy for CellularPolicy {
         }
         // Deadlines are checked at this boundary first: a request past its deadline stops here.
         self.expire(now);
-        for &(slot, _) in &rec.rows {
+        // Only a request with nothing running may complete: those whose last running task this
+        // was, in the order of their first row.
+        for &slot in &idle {
             if self.reqs[slot as usize].is_some() {
                 self.maybe_complete(slot, now);
             }
+        }
+        idle.clear();
+        self.idle_slots = idle;
+        let mut rows = rec.rows;
+        rows.clear();
+        if self.spare_rows.len() < MAX_SPARE {
+            self.spare_rows.push(rows);
         }
         self.tidy_deadlines();
         self.schedule();

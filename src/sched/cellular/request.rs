@@ -1,12 +1,15 @@
 //! The request processor of cellular batching (BatchMaker §4.2): per-request dependency and
 //! subgraph tracking, with no allocation per scheduling step.
-
-use std::sync::Arc;
+//!
+//! A request's state lives in three arrays (nodes, edges, subgraphs) whose buffers are recycled
+//! from completed requests ([`Bufs`]), so an arrival in steady state allocates nothing either.
+//! Everything a task touches per row (a node's subgraph, dependency counter, ready link and
+//! successor range) sits in one [`Node`] record: one cache line serves several rows.
 
 use crate::error::Code;
-use crate::sched::{CellGraph, RequestId, Time, WorkerId};
+use crate::sched::{CellGraph, RequestId, Time};
 
-/// "No node" in the intrusive ready lists.
+/// "No node" in the intrusive ready lists; "not pinned" in [`Subgraph::pinned`].
 pub(super) const NONE: u32 = u32::MAX;
 
 /// Which queue a subgraph with ready nodes sits in.
@@ -14,7 +17,8 @@ pub(super) const NONE: u32 = u32::MAX;
 pub(super) enum Where {
     Nowhere,
     Unpinned,
-    Pinned(WorkerId),
+    /// The pinned queue of this worker.
+    Pinned(u32),
 }
 
 /// A queue entry naming one subgraph of one request. Entries go stale when the subgraph moves
@@ -26,22 +30,61 @@ pub(super) struct SgRef {
     pub sg: u32,
 }
 
+/// One node of a request.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Node {
+    /// Its subgraph.
+    pub sg: u32,
+    /// Same-subgraph predecessors not yet submitted.
+    pub internal_left: u32,
+    /// The next node in its subgraph's ready list.
+    pub next_ready: u32,
+    /// Its successors, ascending, in `Req::edges`: those in its subgraph at `succ..succ_ext`,
+    /// those in other subgraphs at `succ_ext..succ_end`.
+    pub succ: u32,
+    pub succ_ext: u32,
+    pub succ_end: u32,
+}
+
 /// A subgraph: connected nodes of one cell type.
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Subgraph {
     pub ty: u8,
     /// Dependencies from outside the subgraph not yet finished.
     pub external_left: u32,
-    /// Ready, unsubmitted nodes: an intrusive FIFO through `Req::next_ready`.
+    /// Ready, unsubmitted nodes: an intrusive FIFO through `Node::next_ready`.
     pub ready_head: u32,
     pub ready_tail: u32,
     pub ready_len: u32,
-    /// The worker this subgraph is pinned to while it has tasks outstanding.
-    pub pinned: Option<WorkerId>,
+    /// The worker this subgraph is pinned to while it has tasks outstanding, or [`NONE`].
+    pub pinned: u32,
     /// The pin counter: tasks holding nodes of this subgraph, not yet done.
     pub outstanding: u32,
     pub queued: Where,
+    /// Its roots (nodes with no same-subgraph predecessor), ascending, are
+    /// `Req::edges[roots..]` up to the next subgraph's `roots` (or the end).
+    pub roots: u32,
     /// Marks the subgraph as counted by the operation (task formation or completion) in hand.
     pub stamp: u64,
+}
+
+/// Buffers of a request's arrays, recycled from completed requests.
+#[derive(Default)]
+pub(super) struct Bufs {
+    nodes: Vec<Node>,
+    edges: Vec<u32>,
+    sgs: Vec<Subgraph>,
+}
+
+impl Bufs {
+    /// Buffers this large are freed rather than kept for reuse.
+    const KEEP_MAX: usize = 4096;
+
+    pub fn worth_keeping(&self) -> bool {
+        self.nodes.capacity() <= Self::KEEP_MAX
+            && self.edges.capacity() <= 2 * Self::KEEP_MAX
+            && self.sgs.capacity() <= Self::KEEP_MAX
+    }
 }
 
 /// One request in the policy.
@@ -50,15 +93,11 @@ pub(super) struct Req {
     pub generation: u32,
     pub priority: i32,
     pub deadline: Option<Time>,
-    pub graph: Arc<CellGraph>,
-    pub node_sg: Vec<u32>,
-    /// Same-subgraph predecessors not yet submitted.
-    pub internal_left: Vec<u32>,
-    pub next_ready: Vec<u32>,
-    pub succ_start: Vec<u32>,
-    pub succs: Vec<u32>,
+    pub nodes: Vec<Node>,
+    /// Successor lists of every node (CSR, see [`Node`]), then the roots of every subgraph.
+    pub edges: Vec<u32>,
     pub sgs: Vec<Subgraph>,
-    pub done_nodes: usize,
+    pub done_nodes: u32,
     /// Tasks holding nodes of this request, not yet done.
     pub inflight: u32,
     /// Set once the request is to stop at the next boundary, with the code it completes with.
@@ -66,75 +105,171 @@ pub(super) struct Req {
     pub stamp: u64,
 }
 
+/// Union-find over `Node::sg` (parent links, each pointing to a lower node): the root of `x`.
+fn find(nodes: &mut [Node], mut x: u32) -> u32 {
+    while nodes[x as usize].sg != x {
+        let up = nodes[nodes[x as usize].sg as usize].sg;
+        nodes[x as usize].sg = up;
+        x = up;
+    }
+    x
+}
+
 impl Req {
-    /// The request and its initially ready nodes.
+    /// The request, built in `bufs`. Its initially ready nodes are those with
+    /// `is_initially_ready`.
     pub fn new(
         id: RequestId,
         generation: u32,
         priority: i32,
         deadline: Option<Time>,
-        graph: Arc<CellGraph>,
-    ) -> (Req, Vec<u32>) {
+        graph: &CellGraph,
+        bufs: Bufs,
+    ) -> Req {
         let n = graph.len();
-        let (succ_start, succs) = graph.successors();
-        let (node_sg, count) = graph.subgraphs();
-        let mut sgs: Vec<Subgraph> = (0..count)
-            .map(|_| Subgraph {
+        let types = graph.types();
+        let Bufs { mut nodes, mut edges, mut sgs } = bufs;
+        nodes.clear();
+        edges.clear();
+        sgs.clear();
+        nodes
+            .resize(n, Node { sg: 0, internal_left: 0, next_ready: NONE, succ: 0, succ_ext: 0, succ_end: 0 });
+
+        // Pass 1 — subgraphs: connected components of same-type nodes, by union-find over
+        // `sg` as parent links. The lower root is kept, so every link points to a lower node.
+        for (v, node) in nodes.iter_mut().enumerate() {
+            node.sg = v as u32;
+        }
+        for v in 0..n {
+            for &p in graph.preds(v) {
+                if types[p as usize] == types[v] {
+                    let (a, b) = (find(&mut nodes, v as u32), find(&mut nodes, p));
+                    if a != b {
+                        let (lo, hi) = if a < b { (a, b) } else { (b, a) };
+                        nodes[hi as usize].sg = lo;
+                    }
+                }
+            }
+        }
+        // Pass 2 — number the subgraphs in order of their lowest node (as `CellGraph::subgraphs`).
+        // Ascending, a node's parent is already resolved: its root is kept in `next_ready` (until
+        // pass 3), and a root's `sg` is its subgraph's number.
+        let mut count = 0u32;
+        for v in 0..n {
+            let parent = nodes[v].sg as usize;
+            let root = if parent == v { v } else { nodes[parent].next_ready as usize };
+            nodes[v].next_ready = root as u32;
+            nodes[v].sg = if root == v {
+                count += 1;
+                count - 1
+            } else {
+                nodes[root].sg
+            };
+        }
+        sgs.resize(
+            count as usize,
+            Subgraph {
                 ty: 0,
                 external_left: 0,
                 ready_head: NONE,
                 ready_tail: NONE,
                 ready_len: 0,
-                pinned: None,
+                pinned: NONE,
                 outstanding: 0,
                 queued: Where::Nowhere,
+                roots: 0,
                 stamp: 0,
-            })
-            .collect();
-        let mut internal_left = vec![0u32; n];
+            },
+        );
+        // Pass 3 — dependency counters; successors per node (`succ_ext`: same subgraph,
+        // `succ_end`: others) and roots per subgraph (`roots`) counted.
         for v in 0..n {
-            let sg = node_sg[v] as usize;
-            sgs[sg].ty = graph.cell_type(v);
+            nodes[v].next_ready = NONE;
+            let sg = nodes[v].sg;
+            sgs[sg as usize].ty = types[v];
             for &p in graph.preds(v) {
-                if node_sg[p as usize] as usize == sg {
-                    internal_left[v] += 1;
+                if nodes[p as usize].sg == sg {
+                    nodes[v].internal_left += 1;
+                    nodes[p as usize].succ_ext += 1;
                 } else {
-                    sgs[sg].external_left += 1;
+                    sgs[sg as usize].external_left += 1;
+                    nodes[p as usize].succ_end += 1;
                 }
             }
+            if nodes[v].internal_left == 0 {
+                sgs[sg as usize].roots += 1;
+            }
         }
-        let ready = (0..n as u32)
-            .filter(|&v| {
-                internal_left[v as usize] == 0 && sgs[node_sg[v as usize] as usize].external_left == 0
-            })
-            .collect();
-        let req = Req {
+        // Offsets: successor lists, then roots; `succ_ext`, `succ_end` and `ready_len` are the
+        // fill cursors of pass 4, which leaves them at their final values (`ready_len` reset).
+        let mut at = 0;
+        for node in nodes.iter_mut() {
+            let (internal, external) = (node.succ_ext, node.succ_end);
+            node.succ = at;
+            node.succ_ext = at;
+            node.succ_end = at + internal;
+            at += internal + external;
+        }
+        for s in sgs.iter_mut() {
+            let roots = s.roots;
+            s.roots = at;
+            s.ready_len = at;
+            at += roots;
+        }
+        edges.resize(at as usize, 0);
+        // Pass 4 — fill, ascending so every list is.
+        for v in 0..n {
+            let sg = nodes[v].sg;
+            for &p in graph.preds(v) {
+                let pred = &mut nodes[p as usize];
+                let cursor = if pred.sg == sg { &mut pred.succ_ext } else { &mut pred.succ_end };
+                edges[*cursor as usize] = v as u32;
+                *cursor += 1;
+            }
+            if nodes[v].internal_left == 0 {
+                let s = &mut sgs[sg as usize];
+                edges[s.ready_len as usize] = v as u32;
+                s.ready_len += 1;
+            }
+        }
+        for s in sgs.iter_mut() {
+            s.ready_len = 0;
+        }
+
+        Req {
             id,
             generation,
             priority,
             deadline,
-            graph,
-            node_sg,
-            internal_left,
-            next_ready: vec![NONE; n],
-            succ_start,
-            succs,
+            nodes,
+            edges,
             sgs,
             done_nodes: 0,
             inflight: 0,
             doomed: None,
             stamp: 0,
-        };
-        (req, ready)
+        }
+    }
+
+    /// The buffers, for the next request.
+    pub fn into_bufs(self) -> Bufs {
+        Bufs { nodes: self.nodes, edges: self.edges, sgs: self.sgs }
+    }
+
+    /// Whether `node` is ready on arrival: no same-subgraph predecessor and no external
+    /// dependency.
+    pub fn is_initially_ready(&self, node: usize) -> bool {
+        let v = &self.nodes[node];
+        v.internal_left == 0 && self.sgs[v.sg as usize].external_left == 0
     }
 
     pub fn push_ready(&mut self, sg: u32, node: u32) {
         let s = &mut self.sgs[sg as usize];
-        self.next_ready[node as usize] = NONE;
+        self.nodes[node as usize].next_ready = NONE;
         if s.ready_tail == NONE {
             s.ready_head = node;
         } else {
-            self.next_ready[s.ready_tail as usize] = node;
+            self.nodes[s.ready_tail as usize].next_ready = node;
         }
         s.ready_tail = node;
         s.ready_len += 1;
@@ -146,7 +281,7 @@ impl Req {
         if node == NONE {
             return None;
         }
-        s.ready_head = self.next_ready[node as usize];
+        s.ready_head = self.nodes[node as usize].next_ready;
         if s.ready_head == NONE {
             s.ready_tail = NONE;
         }
@@ -154,11 +289,22 @@ impl Req {
         Some(node)
     }
 
-    /// Nodes of subgraph `sg` with no same-subgraph predecessor (ready once its external
-    /// dependencies have finished).
-    pub fn subgraph_roots(&self, sg: u32) -> Vec<u32> {
-        (0..self.graph.len() as u32)
-            .filter(|&v| self.node_sg[v as usize] == sg && self.internal_left[v as usize] == 0)
-            .collect()
+    /// Index range in `edges` of the roots of subgraph `sg`: its nodes with no same-subgraph
+    /// predecessor (ready once its external dependencies have finished), ascending.
+    pub fn subgraph_roots(&self, sg: u32) -> std::ops::Range<usize> {
+        let end = self.sgs.get(sg as usize + 1).map_or(self.edges.len(), |s| s.roots as usize);
+        self.sgs[sg as usize].roots as usize..end
+    }
+
+    /// Index range in `edges` of the successors of `node` in its own subgraph.
+    pub fn internal_successors(&self, node: u32) -> std::ops::Range<usize> {
+        let v = &self.nodes[node as usize];
+        v.succ as usize..v.succ_ext as usize
+    }
+
+    /// Index range in `edges` of the successors of `node` in other subgraphs.
+    pub fn external_successors(&self, node: u32) -> std::ops::Range<usize> {
+        let v = &self.nodes[node as usize];
+        v.succ_ext as usize..v.succ_end as usize
     }
 }

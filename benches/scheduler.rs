@@ -1,0 +1,418 @@
+//! Cost of the sans-IO scheduling policies alone, per formed task, in steady state.
+//!
+//! No runtime, backend or clock: a driver loop feeds a policy on virtual time. `b` requests are in
+//! flight on one worker whose max batch is `b`; the worker's stream finishes its tasks in order,
+//! and every request that completes is replaced at once by a new arrival, so about `b` requests
+//! stay in the system. One step of the loop is `task_done(now, oldest task)` → drain `poll()` →
+//! note each `Launch` (its task joins the stream) and answer each `Complete` with an `arrive`
+//! (whose decisions are drained too). Timed is everything the policy does — task formation,
+//! completion bookkeeping, arrivals (unfolding a request's state) — plus dropping the decisions it
+//! hands out. Cell graphs are built before timing and shared through `Arc`; the state reached after
+//! a warm-up from the cold start (all `b` requests at t = 0) is what is measured.
+//!
+//! Workloads (DESIGN §8, `serve::workload`): `lstm` — one chain of WMT-like length (mean 24);
+//! `seq2seq` — a WMT-like encoder chain then a WMT-like decoder chain, cell types encoder (max
+//! batch `b`, priority 0) and decoder (max batch `b / 2`, priority 1); `treelstm` — TreeBank-like
+//! random binary parse trees (mean 19 leaves), cell types leaf (priority 0) and internal
+//! (priority 1), max batch `b`. Policies: cellular batching (`CellularPolicy`, MaxTasksToSubmit 1
+//! and 5) and the padding baseline (`PaddingPolicy`, same lookahead) at b = 512, cellular LSTM also
+//! at b = 64; and `floor`, the least any policy behind `Policy` can do per task (see [`Floor`]),
+//! as a lower bound for the LSTM rows.
+//!
+//! Prints criterion's estimates (time per formed task), then a table measured in the same run: µs
+//! per formed task (total wall time / tasks formed; also in thread CPU time, which a loaded
+//! machine inflates less), ns per node (wall time / real rows launched), mean rows per task, and
+//! the node cost relative to the padding baseline (same workload, batch and lookahead) and to the
+//! floor (same batch). Goal (issue): ≤ 2 µs per formed task for cellular batching at b = 512.
+//!
+//! `cargo bench --bench scheduler` (about 45 s); `cargo bench --bench scheduler -- cellular/lstm`
+//! runs only the cases whose name contains `cellular/lstm`.
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use serve::sched::baseline::padding::{PaddingConfig, PaddingPolicy};
+use serve::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy};
+use serve::sched::{Arrival, CellGraph, Decision, Launch, Policy, RequestId, TaskId, Time};
+use serve::workload::{treebank_trees, wmt_lengths};
+
+/// Distinct graphs per workload; arrivals cycle through them.
+const GRAPHS: usize = 4096;
+/// Tasks run before anything is timed, from the cold start (all `b` requests at t = 0).
+const WARMUP_TASKS: u64 = 3000;
+/// Minimum time of the table's own measurement per case.
+const TABLE_TIME: Duration = Duration::from_millis(400);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    Lstm,
+    Seq2seq,
+    TreeLstm,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Lstm => "lstm",
+            Workload::Seq2seq => "seq2seq",
+            Workload::TreeLstm => "treelstm",
+        }
+    }
+
+    fn graphs(self, seed: u64) -> Vec<Arc<CellGraph>> {
+        match self {
+            Workload::Lstm => wmt_lengths(GRAPHS, seed)
+                .into_iter()
+                .map(|n| Arc::new(CellGraph::chains(&[(0, n)])))
+                .collect(),
+            Workload::Seq2seq => wmt_lengths(GRAPHS, seed)
+                .into_iter()
+                .zip(wmt_lengths(GRAPHS, seed + 1))
+                .map(|(e, d)| Arc::new(CellGraph::chains(&[(0, e), (1, d)])))
+                .collect(),
+            Workload::TreeLstm => {
+                treebank_trees(GRAPHS, seed).iter().map(|parents| Arc::new(tree_graph(parents))).collect()
+            }
+        }
+    }
+}
+
+/// The cell graph of a tree given as parent indices: leaves are type 0, internal nodes type 1.
+fn tree_graph(parents: &[i32]) -> CellGraph {
+    let mut children = vec![Vec::new(); parents.len()];
+    for (v, &p) in parents.iter().enumerate() {
+        if p >= 0 {
+            children[p as usize].push(v as u32);
+        }
+    }
+    let types = children.iter().map(|c| u8::from(!c.is_empty())).collect();
+    CellGraph::new(types, &children).expect("a tree is a valid cell graph")
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Cellular,
+    Padding,
+    Floor,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Cellular => "cellular",
+            Kind::Padding => "padding",
+            Kind::Floor => "floor",
+        }
+    }
+}
+
+/// The least a policy behind [`Policy`] can do per task, for chains on one worker with one task
+/// out: every live chain puts its next cell in the next task (arrival order, up to the max
+/// batch), and a chain's state is one counter — no dependency tracking, queues or pinning. A lower
+/// bound for the cost of any policy forming the same tasks through this interface.
+struct Floor {
+    max_batch: usize,
+    /// (request, next node, length), in arrival order; the first `in_task` are in the running task.
+    live: Vec<(RequestId, u32, u32)>,
+    in_task: usize,
+    running: bool,
+    next_task: TaskId,
+    out: VecDeque<Decision>,
+}
+
+impl Floor {
+    fn new(max_batch: usize) -> Floor {
+        Floor { max_batch, live: Vec::new(), in_task: 0, running: false, next_task: 0, out: VecDeque::new() }
+    }
+
+    fn launch(&mut self) {
+        let k = self.live.len().min(self.max_batch);
+        self.running = k > 0;
+        self.in_task = k;
+        if k > 0 {
+            let rows = &self.live[..k];
+            self.out.push_back(Decision::Launch(Launch {
+                task: self.next_task,
+                worker: 0,
+                cell: 0,
+                requests: rows.iter().map(|r| r.0).collect(),
+                nodes: rows.iter().map(|r| r.1).collect(),
+                batch: k,
+            }));
+            self.next_task += 1;
+        }
+    }
+}
+
+impl Policy for Floor {
+    fn arrive(&mut self, _: Time, a: Arrival) {
+        let len = a.cells.map_or(1, |g| g.len()) as u32;
+        self.live.push((a.id, 0, len));
+        if !self.running {
+            self.launch();
+        }
+    }
+    fn cancel(&mut self, _: Time, _: RequestId) {}
+    fn task_done(&mut self, _: Time, _: TaskId) {
+        let mut i = 0;
+        self.live.retain_mut(|r| {
+            i += 1;
+            if i > self.in_task {
+                return true;
+            }
+            r.1 += 1;
+            if r.1 < r.2 {
+                return true;
+            }
+            self.out.push_back(Decision::Complete { id: r.0, code: serve::Code::Ok });
+            false
+        });
+        self.launch();
+    }
+    fn end_early(&mut self, _: Time, _: RequestId) {}
+    fn tick(&mut self, _: Time) {}
+    fn poll(&mut self) -> Option<Decision> {
+        self.out.pop_front()
+    }
+    fn next_wakeup(&self) -> Option<Time> {
+        None
+    }
+    fn queued(&self) -> usize {
+        self.live.len() - self.in_task
+    }
+    fn running(&self) -> usize {
+        self.in_task
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Case {
+    kind: Kind,
+    workload: Workload,
+    batch: usize,
+    max_tasks: usize,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        format!("{}/{}/b{}/mtts{}", self.kind.name(), self.workload.name(), self.batch, self.max_tasks)
+    }
+}
+
+fn cellular(case: &Case) -> CellularPolicy {
+    let b = case.batch;
+    let cell_types = match case.workload {
+        Workload::Lstm => vec![CellTypeConfig::new("step", b, 0)],
+        Workload::Seq2seq => {
+            vec![CellTypeConfig::new("encoder", b, 0), CellTypeConfig::new("decoder", b / 2, 1)]
+        }
+        Workload::TreeLstm => vec![CellTypeConfig::new("leaf", b, 0), CellTypeConfig::new("internal", b, 1)],
+    };
+    CellularPolicy::new(CellularConfig { cell_types, workers: 1, max_tasks_to_submit: case.max_tasks })
+        .unwrap()
+}
+
+fn padding(case: &Case) -> PaddingPolicy {
+    PaddingPolicy::new(PaddingConfig {
+        bucket_width: 10,
+        max_batch: case.batch,
+        workers: 1,
+        max_tasks_to_submit: case.max_tasks,
+    })
+    .unwrap()
+}
+
+/// The steady-state driver: one worker, a new request for every completed one.
+struct Driver<P> {
+    policy: P,
+    graphs: Vec<Arc<CellGraph>>,
+    next_id: RequestId,
+    /// The worker's stream: launched, unfinished tasks in launch order.
+    stream: VecDeque<TaskId>,
+    now: u64,
+    tasks: u64,
+    rows: u64,
+}
+
+impl<P: Policy> Driver<P> {
+    fn new(policy: P, graphs: Vec<Arc<CellGraph>>, in_flight: usize) -> Driver<P> {
+        let mut d = Driver { policy, graphs, next_id: 0, stream: VecDeque::new(), now: 0, tasks: 0, rows: 0 };
+        for _ in 0..in_flight {
+            d.arrive();
+        }
+        d.drain();
+        d.run(WARMUP_TASKS);
+        d
+    }
+
+    fn arrive(&mut self) {
+        let g = self.graphs[self.next_id as usize % self.graphs.len()].clone();
+        let a = Arrival { id: self.next_id, deadline: None, priority: 0, cells: Some(g) };
+        self.next_id += 1;
+        self.policy.arrive(Time(self.now), a);
+    }
+
+    fn drain(&mut self) {
+        while let Some(d) = self.policy.poll() {
+            match d {
+                Decision::Launch(l) => {
+                    self.stream.push_back(l.task);
+                    self.tasks += 1;
+                    self.rows += l.requests.len() as u64;
+                    black_box(l);
+                }
+                Decision::Complete { .. } => self.arrive(),
+            }
+        }
+    }
+
+    /// Finish the oldest task and take the policy's answers.
+    fn step(&mut self) {
+        let task = self.stream.pop_front().expect("steady state keeps the worker busy");
+        self.now += 1_000;
+        self.policy.task_done(Time(self.now), task);
+        self.drain();
+    }
+
+    /// Steps until at least `tasks` more tasks have been formed; returns (tasks, rows) formed.
+    fn run(&mut self, tasks: u64) -> (u64, u64) {
+        let (t0, r0) = (self.tasks, self.rows);
+        while self.tasks - t0 < tasks {
+            self.step();
+        }
+        (self.tasks - t0, self.rows - r0)
+    }
+}
+
+/// CPU time of the calling thread (unlike wall time, not inflated when other processes take the
+/// core).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Time for `iters` formed tasks (scaled when a step formed more than one).
+fn timed<P: Policy>(d: &mut Driver<P>, iters: u64) -> Duration {
+    let t0 = Instant::now();
+    let (tasks, _) = d.run(iters);
+    t0.elapsed().mul_f64(iters as f64 / tasks as f64)
+}
+
+struct Row {
+    case: Case,
+    us_per_task: f64,
+    cpu_us_per_task: f64,
+    ns_per_node: f64,
+    rows_per_task: f64,
+}
+
+fn measure<P: Policy>(c: &mut Criterion, case: Case, policy: P) -> Row {
+    let graphs = case.workload.graphs(42);
+    let mut d = Driver::new(policy, graphs, case.batch);
+    let mut g = c.benchmark_group("scheduler");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function(BenchmarkId::from_parameter(case.name()), |b| {
+        b.iter_custom(|iters| timed(&mut d, iters))
+    });
+    g.finish();
+    // The table's own numbers: one long run from the same (warm) state.
+    let (t0, cpu0) = (Instant::now(), thread_cpu_time());
+    let (mut tasks, mut rows) = (0, 0);
+    while t0.elapsed() < TABLE_TIME {
+        let (t, r) = d.run(200);
+        tasks += t;
+        rows += r;
+    }
+    let (total, cpu) = (t0.elapsed().as_secs_f64(), (thread_cpu_time() - cpu0).as_secs_f64());
+    Row {
+        case,
+        us_per_task: total / tasks as f64 * 1e6,
+        cpu_us_per_task: cpu / tasks as f64 * 1e6,
+        ns_per_node: total / rows as f64 * 1e9,
+        rows_per_task: rows as f64 / tasks as f64,
+    }
+}
+
+fn main() {
+    let mut cases = Vec::new();
+    for kind in [Kind::Cellular, Kind::Padding] {
+        for workload in [Workload::Lstm, Workload::Seq2seq, Workload::TreeLstm] {
+            for max_tasks in [1, 5] {
+                cases.push(Case { kind, workload, batch: 512, max_tasks });
+                if kind == Kind::Cellular && workload == Workload::Lstm {
+                    cases.push(Case { kind, workload, batch: 64, max_tasks });
+                }
+            }
+        }
+    }
+    for batch in [512, 64] {
+        cases.push(Case { kind: Kind::Floor, workload: Workload::Lstm, batch, max_tasks: 1 });
+    }
+    // `cargo bench --bench scheduler -- cellular/lstm` runs only the cases whose name matches.
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    cases.retain(|c| filter.as_ref().is_none_or(|f| c.name().contains(f.as_str())));
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20);
+    let mut table = Vec::new();
+    for case in cases {
+        let row = match case.kind {
+            Kind::Cellular => measure(&mut c, case, cellular(&case)),
+            Kind::Padding => measure(&mut c, case, padding(&case)),
+            Kind::Floor => measure(&mut c, case, Floor::new(case.batch)),
+        };
+        table.push(row);
+    }
+
+    // Node costs relative to baselines of the same run: padding on the same workload, batch and
+    // lookahead; the floor on the same batch (LSTM only).
+    let ratio = |r: &Row, kind: Kind, same_mtts: bool| {
+        let base = table.iter().find(|p| {
+            p.case.kind == kind
+                && p.case.workload == r.case.workload
+                && p.case.batch == r.case.batch
+                && (!same_mtts || p.case.max_tasks == r.case.max_tasks)
+        });
+        match base {
+            Some(p) if r.case.kind == Kind::Cellular => format!("{:.2}×", r.ns_per_node / p.ns_per_node),
+            _ => "-".to_string(),
+        }
+    };
+    println!(
+        "\npolicy    workload  batch  mtts  µs/task  cpu µs/task  ns/node  rows/task  node cost: vs padding  vs floor"
+    );
+    for r in &table {
+        println!(
+            "{:<9} {:<9} {:>5} {:>5} {:>8.2} {:>12.2} {:>8.1} {:>10.1} {:>22} {:>9}",
+            r.case.kind.name(),
+            r.case.workload.name(),
+            r.case.batch,
+            r.case.max_tasks,
+            r.us_per_task,
+            r.cpu_us_per_task,
+            r.ns_per_node,
+            r.rows_per_task,
+            ratio(r, Kind::Padding, true),
+            ratio(r, Kind::Floor, false),
+        );
+    }
+    println!("\ngoal (issue): ≤ 2 µs per formed task, cellular at b = 512:");
+    for r in table.iter().filter(|r| r.case.kind == Kind::Cellular && r.case.batch == 512) {
+        let verdict = if r.us_per_task <= 2.0 { "met" } else { "NOT met" };
+        println!("  {:<32} {:>7.2} µs  {verdict}", r.case.name(), r.us_per_task);
+    }
+    if let Some(f) = table.iter().find(|r| r.case.kind == Kind::Floor && r.case.batch == 512) {
+        println!(
+            "  (the floor policy itself takes {:.2} µs per task of {:.0} rows)",
+            f.us_per_task, f.rows_per_task
+        );
+    }
+}
