@@ -62,6 +62,8 @@ struct Request {
     result: Option<Result<Output>>,
     /// Recurrent requests: state slots and decoding progress.
     cells: Option<RequestCells>,
+    /// Part of a launched task at least once (for the deadline message).
+    started: bool,
 }
 
 struct TaskEntry {
@@ -228,7 +230,7 @@ impl Engine {
                 let id = p.reply.id();
                 let model = p.model;
                 let cells = p.cells.clone().map(RequestCells::new);
-                self.requests.insert(id, Request { pending: *p, result: None, cells });
+                self.requests.insert(id, Request { pending: *p, result: None, cells, started: false });
                 let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
                 if self.requests[&id].cells.is_some() {
                     // Requests take their state slots in arrival order.
@@ -411,7 +413,8 @@ impl Engine {
             let mut cells =
                 CellTask { cell: l.cell, rows: Vec::with_capacity(l.requests.len()), children: Vec::new() };
             for (id, &node) in l.requests.iter().zip(&l.nodes) {
-                let r = self.requests.get(id).expect("a launched request is pending");
+                let r = self.requests.get_mut(id).expect("a launched request is pending");
+                r.started = true;
                 let rc = r.cells.as_ref().expect("cell rows belong to recurrent requests");
                 push_row(&state.m.net, &r.pending.input, rc, node, &mut cells);
             }
@@ -441,7 +444,9 @@ impl Engine {
     }
 
     fn complete(&mut self, id: RequestId, code: Code) {
-        let Some(Request { pending, result: computed, cells }) = self.requests.remove(&id) else { return };
+        let Some(Request { pending, result: computed, cells, started }) = self.requests.remove(&id) else {
+            return;
+        };
         if let Some(mut rc) = cells
             && !rc.slots.is_empty()
             && let Some(Some(state)) = self.models.get_mut(pending.model)
@@ -458,7 +463,7 @@ impl Engine {
             Code::Cancelled => Err(Error::new(Code::Cancelled, "request cancelled")),
             Code::DeadlineExceeded => Err(Error::new(
                 Code::DeadlineExceeded,
-                if computed.is_some() {
+                if started {
                     "the deadline passed while the request was running"
                 } else {
                     "the deadline passed while the request was queued"
