@@ -1,8 +1,46 @@
-//! CUDA presence detection.
+//! The CUDA backend's layers (DESIGN §5), and CUDA presence detection.
 //!
-//! The driver library is opened at run time (never linked), so libserve builds and runs on
-//! machines with no CUDA at all; nothing CUDA-related is touched before this probe has found the
-//! library.
+//! Nothing here is linked against CUDA: the driver, NVRTC and cuBLAS are opened at run time, so
+//! libserve builds and runs on machines with no CUDA at all.
+//!
+//! **Dependency: [`cudarc`]** (driver, nvrtc, cublas; `dynamic-loading`; `cuda-13000`). It is the
+//! maintained Rust binding of the CUDA driver API, NVRTC and cuBLAS that builds with no CUDA
+//! toolkit or driver present (`cust` needs a full CUDA install to build), loads the libraries with
+//! `dlopen` on first use, and brings RAII wrappers for contexts, streams, events and modules that
+//! this layer reuses. Its one hazard is that it **panics** when a library or a function is missing,
+//! so nothing here calls into it before [`libs`] has checked that the library it will open exists
+//! and has every function used (an `Unavailable` error otherwise), and [`probe`] reaches it only
+//! after that check.
+//!
+//! Layers, raw to safe:
+//! * [`libs`] — library presence checks (driver, NVRTC, cuBLAS), once per process.
+//! * [`driver`] — [`CudaDevice`] (a device's primary context and [`DeviceInfo`]), error mapping
+//!   to [`Code::Backend`](crate::error::Code) / `Unavailable` naming the CUDA call.
+//! * [`memory`] — [`DeviceBuffer`] and [`PinnedMapped`] (pinned, mapped, not write-combined host
+//!   memory), both RAII.
+//! * [`stream`] — [`Stream`] (one per worker), [`Event`], kernel launches.
+//! * [`signal`] — [`SignalCounters`] / [`CudaSignal`], the completion counters the poller reads.
+//! * [`module`] — [`Module`]: a fatbin loaded as is, or sources compiled with NVRTC for the
+//!   device (cached per process); [`CudaDevice::kernels`] loads the crate's own kernels.
+//! * [`blas`] — [`Blas`], a cuBLAS handle per stream for the LSTM GEMM.
+
+pub mod abi;
+pub mod kernels;
+
+pub mod blas;
+pub mod driver;
+pub mod libs;
+pub mod memory;
+pub mod module;
+pub mod signal;
+pub mod stream;
+
+pub use blas::Blas;
+pub use driver::{CudaDevice, DeviceInfo};
+pub use memory::{DeviceBuffer, PinnedMapped, Pod};
+pub use module::{Function, Module, ModuleSource};
+pub use signal::{CounterLine, CudaSignal, SignalCounters};
+pub use stream::{Event, LaunchConfig, Stream};
 
 use std::ffi::c_int;
 
@@ -17,29 +55,76 @@ pub struct CudaProbe {
     pub devices: usize,
     /// Why no device was found, when none was.
     pub reason: Option<String>,
+    /// Each device, read through the CUDA layer ([`driver::device_info`]) once the driver passed
+    /// its check ([`libs::driver`]); empty otherwise.
+    pub device_info: Vec<DeviceInfo>,
+    /// Why `device_info` is empty or incomplete although devices were counted.
+    pub info_error: Option<String>,
 }
 
 impl CudaProbe {
     pub fn summary(&self) -> String {
         match (&self.reason, self.driver_version) {
             (Some(r), _) => r.clone(),
-            (None, Some(v)) => {
-                format!("CUDA driver {}.{}, {} device(s)", v / 1000, (v % 1000) / 10, self.devices)
+            (None, v) => {
+                let mut s = match v {
+                    Some(v) => format!("CUDA driver {}.{}, {} device(s)", v / 1000, (v % 1000) / 10, self.devices),
+                    None => format!("{} device(s)", self.devices),
+                };
+                let devices: Vec<String> = self.device_info.iter().map(|d| d.to_string()).collect();
+                if !devices.is_empty() {
+                    s.push_str(": ");
+                    s.push_str(&devices.join("; "));
+                }
+                if let Some(e) = &self.info_error {
+                    s.push_str(&format!(" (details unavailable: {e})"));
+                }
+                s
             }
-            (None, None) => format!("{} device(s)", self.devices),
         }
     }
 }
 
 const DRIVER_LIBS: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
 
-/// Look for a CUDA driver and devices without requiring either.
+/// Look for a CUDA driver and devices without requiring either. Never panics.
 pub fn probe() -> CudaProbe {
-    let mut p = CudaProbe { driver_loaded: false, driver_version: None, devices: 0, reason: None };
+    let mut p = probe_libs(&DRIVER_LIBS);
+    if p.devices > 0 {
+        // Details through the CUDA layer, only once the library cudarc opens passed its check.
+        match libs::driver() {
+            Ok(_) => {
+                for ordinal in 0..p.devices {
+                    match driver::device_info(ordinal) {
+                        Ok(d) => p.device_info.push(d),
+                        Err(e) => {
+                            p.info_error = Some(e.message().to_string());
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => p.info_error = Some(e.message().to_string()),
+        }
+    }
+    p
+}
+
+/// The probe's first step: open the first of `names` that loads and count devices with its own
+/// `cuInit` / `cuDeviceGetCount` (no cudarc). Public for tests of the no-driver path.
+pub fn probe_libs(names: &[&str]) -> CudaProbe {
+    let mut p = CudaProbe {
+        driver_loaded: false,
+        driver_version: None,
+        devices: 0,
+        reason: None,
+        device_info: Vec::new(),
+        info_error: None,
+    };
     // SAFETY: loading the NVIDIA driver library runs its initialisers, which have no preconditions.
-    let lib = DRIVER_LIBS.iter().find_map(|name| unsafe { libloading::Library::new(*name) }.ok());
+    let lib = names.iter().find_map(|name| unsafe { libloading::Library::new(*name) }.ok());
     let Some(lib) = lib else {
-        p.reason = Some("no CUDA driver library (libcuda.so.1) found".into());
+        p.reason = Some(format!("no CUDA driver library ({}) found", names.join(", ")));
         return p;
     };
     p.driver_loaded = true;
