@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::backend::cpu::gemm::{PackedWeight, Threads, linear};
-use crate::backend::cpu::stream::{CpuStream, Job};
+use crate::backend::cpu::stream::{CpuStream, launch_task};
 use crate::backend::{CompletionSignal, Notify, Runner, TaskData, Work};
 use crate::error::{Error, Result};
 use crate::model::Network;
@@ -126,33 +126,20 @@ impl Runner for MlpRunner {
     }
 
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
-        if task.rows == 0 || task.rows > self.max_batch {
-            return Err(Error::internal(format!(
-                "task of {} rows on a runner prepared for at most {}",
-                task.rows, self.max_batch
-            )));
-        }
         let model = self.model.clone();
         let pool = self.pool.clone();
         let threads = Threads(self.threads);
-        let t2 = task.clone();
-        let job = Job {
-            run: Box::new(move |scratch: &mut Scratch| {
-                let mut io = task.io.lock().expect("task io lock");
-                let io = &mut *io;
-                let Work::Dense(input) = &io.work else {
-                    io.error = Some(Error::internal("an mlp task must carry dense rows"));
-                    return;
-                };
-                let macs = task.rows * model.flops_per_row / 2;
-                if threads.0 > 1 && macs >= super::gemm::PARALLEL_MIN_MACS {
-                    pool.install(|| forward(&model, input, task.rows, scratch, &mut io.output, threads));
-                } else {
-                    forward(&model, input, task.rows, scratch, &mut io.output, Threads(1));
-                }
-            }),
-            on_panic: Box::new(move |e| t2.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e)),
-        };
-        self.streams[worker].lock().expect("stream lock").enqueue(job)
+        launch_task(&self.streams[worker], self.max_batch, task, move |scratch: &mut Scratch, io, rows| {
+            let Work::Dense(input) = &io.work else {
+                io.error = Some(Error::internal("an mlp task must carry dense rows"));
+                return;
+            };
+            let macs = rows * model.flops_per_row / 2;
+            if threads.0 > 1 && macs >= super::gemm::PARALLEL_MIN_MACS {
+                pool.install(|| forward(&model, input, rows, scratch, &mut io.output, threads));
+            } else {
+                forward(&model, input, rows, scratch, &mut io.output, Threads(1));
+            }
+        })
     }
 }

@@ -11,6 +11,8 @@ pub mod lstm_cell;
 mod mlp;
 mod recurrent;
 pub mod stream;
+#[cfg(test)]
+mod test_util;
 pub mod tree_cell;
 
 use std::sync::Arc;

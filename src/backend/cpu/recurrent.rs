@@ -15,7 +15,7 @@ use crate::backend::cpu::gemm::{PARALLEL_MIN_MACS, Threads};
 use crate::backend::cpu::lstm_cell::{
     LstmLayer, LstmRow, LstmScratch, NO_TOKEN, Projection, embed_rows, lstm_layer_step, project_argmax,
 };
-use crate::backend::cpu::stream::{CpuStream, Job};
+use crate::backend::cpu::stream::{CpuStream, launch_task};
 use crate::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
 use crate::backend::{CellTask, CompletionSignal, Notify, Runner, RunnerShape, TaskData, Work};
 use crate::error::{Error, Result};
@@ -324,33 +324,20 @@ impl Runner for RecurrentRunner {
     }
 
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
-        if task.rows == 0 || task.rows > self.max_batch {
-            return Err(Error::internal(format!(
-                "task of {} rows on a runner prepared for at most {}",
-                task.rows, self.max_batch
-            )));
-        }
         let model = self.model.clone();
         let pool = self.pool.clone();
         let threads = self.threads;
-        let t2 = task.clone();
-        let job = Job {
-            run: Box::new(move |scratch: &mut Scratch| {
-                let mut io = task.io.lock().expect("task io lock");
-                let io = &mut *io;
-                let Work::Cells(cells) = &io.work else {
-                    io.error = Some(Error::internal("a recurrent model's task must carry cells"));
-                    return;
-                };
-                let (out, tokens) = (&mut io.output, &mut io.tokens);
-                if threads > 1 && task.rows * model.macs_per_row >= PARALLEL_MIN_MACS {
-                    pool.install(|| run(&model, cells, task.rows, scratch, out, tokens, Threads(threads)));
-                } else {
-                    run(&model, cells, task.rows, scratch, out, tokens, Threads(1));
-                }
-            }),
-            on_panic: Box::new(move |e| t2.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e)),
-        };
-        self.streams[worker].lock().expect("stream lock").enqueue(job)
+        launch_task(&self.streams[worker], self.max_batch, task, move |scratch: &mut Scratch, io, rows| {
+            let Work::Cells(cells) = &io.work else {
+                io.error = Some(Error::internal("a recurrent model's task must carry cells"));
+                return;
+            };
+            let (out, tokens) = (&mut io.output, &mut io.tokens);
+            if threads > 1 && rows * model.macs_per_row >= PARALLEL_MIN_MACS {
+                pool.install(|| run(&model, cells, rows, scratch, out, tokens, Threads(threads)));
+            } else {
+                run(&model, cells, rows, scratch, out, tokens, Threads(1));
+            }
+        })
     }
 }

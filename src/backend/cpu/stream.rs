@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use crate::backend::{CompletionSignal, Notify};
+use crate::backend::{CompletionSignal, Notify, TaskData, TaskIo};
 use crate::error::{Error, Result};
 
 /// The counter, alone on its cache line so that polling it does not disturb neighbours.
@@ -36,6 +36,32 @@ impl CompletionSignal for CpuSignal {
 pub struct Job<S> {
     pub run: Box<dyn FnOnce(&mut S) + Send>,
     pub on_panic: Box<dyn FnOnce(Error) + Send>,
+}
+
+/// Enqueue a batched task on `stream`: refuse a row count outside `1..=max_batch`, then run
+/// `run(scratch, io, rows)` on the stream with the task's I/O locked; a panic in it becomes the
+/// task's error. Returns the counter value that marks the task done.
+pub(crate) fn launch_task<S: Send + 'static>(
+    stream: &std::sync::Mutex<CpuStream<S>>,
+    max_batch: usize,
+    task: Arc<TaskData>,
+    run: impl FnOnce(&mut S, &mut TaskIo, usize) + Send + 'static,
+) -> Result<u64> {
+    if task.rows == 0 || task.rows > max_batch {
+        return Err(Error::internal(format!(
+            "task of {} rows on a runner prepared for at most {max_batch}",
+            task.rows
+        )));
+    }
+    let t2 = task.clone();
+    let job = Job {
+        run: Box::new(move |scratch: &mut S| {
+            let mut io = task.io.lock().expect("task io lock");
+            run(scratch, &mut io, task.rows)
+        }),
+        on_panic: Box::new(move |e| t2.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e)),
+    };
+    stream.lock().expect("stream lock").enqueue(job)
 }
 
 /// An ordered work queue on its own thread. Dropping it finishes queued jobs, then joins.
