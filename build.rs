@@ -95,7 +95,8 @@ fn kernels() {
     }
     let shown = format!("{cmd:?}");
     let output = cmd.output().unwrap_or_else(|e| panic!("cannot run {shown}: {e}"));
-    let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let log =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     if !output.status.success() {
         panic!("nvcc failed to compile the CUDA kernels ({}):\n{shown}\n{log}", output.status);
     }
@@ -107,7 +108,6 @@ fn kernels() {
         panic!("nvcc succeeded but wrote no fatbin at {}:\n{shown}", fatbin.display());
     }
     println!("cargo:rustc-env=SERVE_KERNELS_FATBIN={}", fatbin.display());
-    println!("cargo:rustc-env=SERVE_KERNELS_NVCC={}", nvcc.display());
     println!("cargo:rustc-cfg=serve_fatbin");
 }
 
@@ -120,7 +120,8 @@ fn find_nvcc() -> Option<PathBuf> {
     if let Some(nvcc) = env::var_os("NVCC").filter(|v| !v.is_empty()) {
         let nvcc = PathBuf::from(nvcc);
         // A bare name is looked up on PATH.
-        let found = if nvcc.components().count() == 1 { on_path(nvcc.as_os_str()) } else { Some(nvcc.clone()) };
+        let found =
+            if nvcc.components().count() == 1 { on_path(nvcc.as_os_str()) } else { Some(nvcc.clone()) };
         match found.filter(|p| runnable(p)) {
             Some(p) => return Some(p),
             None => {
@@ -161,9 +162,5 @@ fn wheel_nvcc() -> Option<PathBuf> {
         .map(|e| e.path())
         .collect();
     pythons.sort();
-    pythons
-        .into_iter()
-        .rev()
-        .map(|p| p.join("site-packages/nvidia/cu13/bin/nvcc"))
-        .find(|p| runnable(p))
+    pythons.into_iter().rev().map(|p| p.join("site-packages/nvidia/cu13/bin/nvcc")).find(|p| runnable(p))
 }

@@ -81,9 +81,10 @@ fn recurrent_args(dir: &Path) -> Vec<OsString> {
     let testdata = manifest_dir().join("ffi_examples/testdata");
     let mut text = String::new();
     for (label, name) in [("LSTM", "lstm_small"), ("TREE", "treelstm_small")] {
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(testdata.join(name).join("expected.json")).unwrap())
-                .unwrap();
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(testdata.join(name).join("expected.json")).unwrap(),
+        )
+        .unwrap();
         let reqs = json["requests"].as_array().unwrap();
         writeln!(text, "{label} {}", reqs.len()).unwrap();
         for r in reqs {
@@ -95,8 +96,12 @@ fn recurrent_args(dir: &Path) -> Vec<OsString> {
             if label == "TREE" {
                 write!(text, " {}", list("parents").join(" ")).unwrap();
             }
-            let out: Vec<String> =
-                r["output"].as_array().unwrap().iter().map(|v| format!("{:?}", v.as_f64().unwrap() as f32)).collect();
+            let out: Vec<String> = r["output"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| format!("{:?}", v.as_f64().unwrap() as f32))
+                .collect();
             writeln!(text, "  {} {}", out.len(), out.join(" ")).unwrap();
         }
     }
@@ -127,14 +132,7 @@ fn run(exe: &Path, model_dir: &Path, expected: &Path, env: &[(&str, OsString)], 
     let recurrent = recurrent_args(scratch);
     let mut args = vec![model_dir.as_os_str(), expected.as_os_str()];
     args.extend(recurrent.iter().map(|a| a.as_os_str()));
-    native::run_example(
-        exe,
-        &args,
-        env,
-        scratch,
-        SUCCESS_LINE,
-        RUN_TIMEOUT,
-    );
+    native::run_example(exe, &args, env, scratch, SUCCESS_LINE, RUN_TIMEOUT);
 }
 
 fn cleanup(dir: &Path) {

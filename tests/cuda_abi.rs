@@ -81,7 +81,7 @@ fn generate() -> Option<String> {
         .formatter(bindgen::Formatter::Prettyplease)
         .generate()
         .expect("bindgen generates the ABI mirror");
-    Some(format!("{PREAMBLE}{}{POSTAMBLE}", bindings.to_string()))
+    Some(format!("{PREAMBLE}{bindings}{POSTAMBLE}"))
 }
 
 #[test]

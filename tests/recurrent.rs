@@ -391,12 +391,20 @@ fn every_recurrent_request_completes_exactly_once_under_stress() {
     let s2s = Seq2Seq::random(40, 8, 16, 1, 1, 2, 6, 2);
     let tree = TreeLstm::random(40, 8, 16, 3);
     let cellular = |workers| ModelOptions {
-        policy: PolicyConfig::Cellular(CellularOptions { workers, max_batch: vec![16, 8], max_tasks_to_submit: 3 }),
+        policy: PolicyConfig::Cellular(CellularOptions {
+            workers,
+            max_batch: vec![16, 8],
+            max_tasks_to_submit: 3,
+        }),
         state_slots: Some(200),
         ..ModelOptions::default()
     };
     let one_type = ModelOptions {
-        policy: PolicyConfig::Cellular(CellularOptions { workers: 2, max_batch: vec![16], max_tasks_to_submit: 3 }),
+        policy: PolicyConfig::Cellular(CellularOptions {
+            workers: 2,
+            max_batch: vec![16],
+            max_tasks_to_submit: 3,
+        }),
         ..ModelOptions::default()
     };
     let models = [
@@ -475,7 +483,9 @@ fn every_recurrent_request_completes_exactly_once_under_stress() {
             assert!(seen.insert(c.tag, code).is_none(), "tag {} completed twice", c.tag);
             if let Ok(out) = &c.result {
                 match (c.tag % 3, input_of(c.tag), out) {
-                    (0, Input::Tokens(t), Output::F32(y)) => common::assert_close(y, &lstm.forward_reference(&t)),
+                    (0, Input::Tokens(t), Output::F32(y)) => {
+                        common::assert_close(y, &lstm.forward_reference(&t))
+                    }
                     (1, Input::Tokens(_), Output::Tokens(t)) => {
                         assert!(!t.is_empty() && t.len() <= 6);
                         assert!(t[..t.len() - 1].iter().all(|&x| x != 2), "tokens continue past eos: {t:?}");

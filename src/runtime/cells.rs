@@ -140,7 +140,10 @@ impl Finished<'_> {
                 let last = node as usize + 1 == src.len() + m.cfg.max_decode;
                 if t == m.cfg.eos || last {
                     rc.ended = true;
-                    return Ok(RowOutcome::Result { output: Output::Tokens(rc.decoded.clone()), early: !last });
+                    return Ok(RowOutcome::Result {
+                        output: Output::Tokens(rc.decoded.clone()),
+                        early: !last,
+                    });
                 }
                 Ok(RowOutcome::Continue)
             }

@@ -36,7 +36,8 @@ impl Blas {
         let b = Blas { handle, stream: stream.clone() };
         // SAFETY: a live handle; the stream belongs to the context current on this thread and
         // outlives the handle (`b` keeps a clone of it).
-        unsafe { blas::set_stream(b.handle, stream.raw().cast()) }.map_err(|e| blas_error("cublasSetStream", e))?;
+        unsafe { blas::set_stream(b.handle, stream.raw().cast()) }
+            .map_err(|e| blas_error("cublasSetStream", e))?;
         Ok(b)
     }
 
@@ -50,7 +51,9 @@ impl Blas {
         let mode =
             if on { cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH } else { cublasMath_t::CUBLAS_DEFAULT_MATH };
         // SAFETY: a live handle; the mode is a valid enum value.
-        unsafe { bsys::cublasSetMathMode(self.handle, mode) }.result().map_err(|e| blas_error("cublasSetMathMode", e))
+        unsafe { bsys::cublasSetMathMode(self.handle, mode) }
+            .result()
+            .map_err(|e| blas_error("cublasSetMathMode", e))
     }
 
     /// Queue, on the handle's stream, the row-major product `C = alpha · A · Bᵀ + beta · C` with
@@ -75,7 +78,8 @@ impl Blas {
         fits("A", a.len(), m.checked_mul(k))?;
         fits("B", b.len(), n.checked_mul(k))?;
         fits("C", c.len(), m.checked_mul(n))?;
-        let dim = |v: usize| i32::try_from(v).map_err(|_| Error::invalid(format!("gemm dimension {v} too large")));
+        let dim =
+            |v: usize| i32::try_from(v).map_err(|_| Error::invalid(format!("gemm dimension {v} too large")));
         let (mi, ni, ki) = (dim(m)?, dim(n)?, dim(k)?);
         if m == 0 || n == 0 {
             return Ok(());

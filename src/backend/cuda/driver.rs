@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, sys};
 use super::blas::Blas;
 use super::libs;
 use super::memory::{DeviceBuffer, PinnedMapped, Pod};
-use super::module::{Module, ModuleSource};
+use super::module::Module;
 use super::signal::SignalCounters;
 use super::stream::{Event, Stream};
 use crate::error::{Code, Error, Result};
@@ -217,10 +217,9 @@ impl CudaDevice {
         SignalCounters::new(self, n)
     }
 
-    /// Load kernels: a fatbin / cubin / PTX image as is, or CUDA C++ sources compiled with NVRTC
-    /// for this device (cached per process).
-    pub fn load_module(&self, source: &ModuleSource<'_>) -> Result<Module> {
-        Module::load(self, source)
+    /// Compile CUDA C++ sources with NVRTC for this device and load them ([`Module::compile`]).
+    pub fn compile_module(&self, files: &[(&str, &str)], options: &[&str]) -> Result<Module> {
+        Module::compile(self, files, options)
     }
 
     /// The crate's own kernels ([`kernels::image`](super::kernels::image)) loaded into this device:
@@ -281,7 +280,8 @@ mod tests {
         if libs::driver().is_ok() {
             return; // a driver is present: covered by tests/cuda_layer.rs
         }
-        for e in [device_count().unwrap_err(), device_info(0).unwrap_err(), CudaDevice::open(0).unwrap_err()] {
+        for e in [device_count().unwrap_err(), device_info(0).unwrap_err(), CudaDevice::open(0).unwrap_err()]
+        {
             assert_eq!(e.code(), Code::Unavailable);
             assert!(e.message().contains("CUDA driver"), "{}", e.message());
         }

@@ -113,7 +113,9 @@ impl Library {
 /// The CUDA driver (`libcuda.so*`), checked once per process.
 pub fn driver() -> Result<&'static Library> {
     static LIB: OnceLock<Result<Library>> = OnceLock::new();
-    LIB.get_or_init(|| check("CUDA driver", &["cuda", "nvcuda"], DRIVER_SYMBOLS)).as_ref().map_err(Clone::clone)
+    LIB.get_or_init(|| check("CUDA driver", &["cuda", "nvcuda"], DRIVER_SYMBOLS))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// NVRTC (`libnvrtc.so*`, `libnvrtc.so.13` for CUDA 13), checked once per process.
@@ -173,7 +175,12 @@ pub fn check_names(what: &'static str, names: &[String], symbols: &[&str]) -> Re
         .map(|(_, m)| m)
         .collect();
     let why = if broken.is_empty() { String::new() } else { format!(" ({})", broken.join("; ")) };
-    let tried: Vec<&str> = failures.iter().map(|(n, _)| n.as_str()).collect();
+    let mut tried: Vec<&str> = Vec::new();
+    for (name, _) in &failures {
+        if !tried.contains(&name.as_str()) {
+            tried.push(name); // cudarc's list repeats some names
+        }
+    }
     Err(Error::new(
         Code::Unavailable,
         format!(

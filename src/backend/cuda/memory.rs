@@ -232,29 +232,33 @@ impl<T: Pod> PinnedMapped<T> {
     /// kernels that read the range (launch contracts require it).
     pub fn write(&mut self, offset: usize, src: &[T]) -> Result<()> {
         self.check_range(offset, src.len())?;
-        // SAFETY: the range is inside the allocation (checked); `&mut self` excludes every other
-        // host access; `src` is a distinct host slice, so the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.host.as_ptr().add(offset), src.len()) };
+        // SAFETY: `offset + src.len() <= len` (checked): in bounds of the allocation.
+        let dst = unsafe { self.host.as_ptr().add(offset) };
+        // SAFETY: `src.len()` elements from `dst` are inside the allocation (checked); `&mut self`
+        // excludes every other host access; `src` is a distinct host slice, so no overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
         Ok(())
     }
 
     /// Copy elements `offset..offset + dst.len()` out to `dst`.
     pub fn read(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         self.check_range(offset, dst.len())?;
-        // SAFETY: the range is inside the allocation (checked) and initialised (zeroed at
-        // allocation; any bits are a valid T); `dst` is a distinct, exclusively borrowed slice.
-        unsafe { std::ptr::copy_nonoverlapping(self.host.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        // SAFETY: `offset + dst.len() <= len` (checked): in bounds of the allocation.
+        let src = unsafe { self.host.as_ptr().add(offset) };
+        // SAFETY: `dst.len()` elements from `src` are inside the allocation (checked) and
+        // initialised (zeroed at allocation; any bits are a valid T); `dst` is a distinct,
+        // exclusively borrowed slice.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
     /// The whole contents, copied out.
     pub fn to_vec(&self) -> Vec<T> {
         let mut v = Vec::with_capacity(self.len);
-        // SAFETY: as in `read`; the copy initialises all `len` elements before `set_len`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.host.as_ptr(), v.as_mut_ptr(), self.len);
-            v.set_len(self.len);
-        }
+        // SAFETY: as in `read`, for all `len` elements, into `v`'s spare capacity of `len`.
+        unsafe { std::ptr::copy_nonoverlapping(self.host.as_ptr(), v.as_mut_ptr(), self.len) };
+        // SAFETY: the copy above initialised all `len` elements.
+        unsafe { v.set_len(self.len) };
         v
     }
 

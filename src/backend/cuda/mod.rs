@@ -38,7 +38,7 @@ pub mod stream;
 pub use blas::Blas;
 pub use driver::{CudaDevice, DeviceInfo};
 pub use memory::{DeviceBuffer, PinnedMapped, Pod};
-pub use module::{Function, Module, ModuleSource};
+pub use module::{Function, Module};
 pub use signal::{CounterLine, CudaSignal, SignalCounters};
 pub use stream::{Event, LaunchConfig, Stream};
 
@@ -68,7 +68,9 @@ impl CudaProbe {
             (Some(r), _) => r.clone(),
             (None, v) => {
                 let mut s = match v {
-                    Some(v) => format!("CUDA driver {}.{}, {} device(s)", v / 1000, (v % 1000) / 10, self.devices),
+                    Some(v) => {
+                        format!("CUDA driver {}.{}, {} device(s)", v / 1000, (v % 1000) / 10, self.devices)
+                    }
                     None => format!("{} device(s)", self.devices),
                 };
                 let devices: Vec<String> = self.device_info.iter().map(|d| d.to_string()).collect();
@@ -130,36 +132,40 @@ pub fn probe_libs(names: &[&str]) -> CudaProbe {
     p.driver_loaded = true;
     type InitFn = unsafe extern "C" fn(u32) -> c_int;
     type IntOutFn = unsafe extern "C" fn(*mut c_int) -> c_int;
-    // SAFETY: the symbols have these C signatures in every CUDA driver API version (cuda.h);
-    // each call gets a valid pointer to a local int.
-    unsafe {
-        if let Ok(version) = lib.get::<IntOutFn>(b"cuDriverGetVersion\0") {
-            let mut v: c_int = 0;
-            if version(&mut v) == 0 {
-                p.driver_version = Some(v);
-            }
+    // SAFETY: this symbol, and the two below, have these C signatures in every CUDA driver API
+    // version (cuda.h); the functions are only called while `lib` is loaded.
+    let version = unsafe { lib.get::<IntOutFn>(b"cuDriverGetVersion\0") };
+    if let Ok(version) = version {
+        let mut v: c_int = 0;
+        // SAFETY: a valid pointer to a local int.
+        if unsafe { version(&mut v) } == 0 {
+            p.driver_version = Some(v);
         }
-        let (Ok(init), Ok(count)) =
-            (lib.get::<InitFn>(b"cuInit\0"), lib.get::<IntOutFn>(b"cuDeviceGetCount\0"))
-        else {
-            p.reason = Some("CUDA driver library lacks cuInit / cuDeviceGetCount".into());
-            return p;
-        };
-        let rc = init(0);
-        if rc != 0 {
-            p.reason = Some(format!("cuInit failed with CUresult {rc}"));
-            return p;
-        }
-        let mut n: c_int = 0;
-        let rc = count(&mut n);
-        if rc != 0 {
-            p.reason = Some(format!("cuDeviceGetCount failed with CUresult {rc}"));
-            return p;
-        }
-        p.devices = n.max(0) as usize;
-        if p.devices == 0 {
-            p.reason = Some("CUDA driver present but no device".into());
-        }
+    }
+    // SAFETY: see above.
+    let init = unsafe { lib.get::<InitFn>(b"cuInit\0") };
+    // SAFETY: see above.
+    let count = unsafe { lib.get::<IntOutFn>(b"cuDeviceGetCount\0") };
+    let (Ok(init), Ok(count)) = (init, count) else {
+        p.reason = Some("CUDA driver library lacks cuInit / cuDeviceGetCount".into());
+        return p;
+    };
+    // SAFETY: cuInit(0) has no preconditions (0 is the only valid flag value).
+    let rc = unsafe { init(0) };
+    if rc != 0 {
+        p.reason = Some(format!("cuInit failed with CUresult {rc}"));
+        return p;
+    }
+    let mut n: c_int = 0;
+    // SAFETY: a valid pointer to a local int, after a successful cuInit.
+    let rc = unsafe { count(&mut n) };
+    if rc != 0 {
+        p.reason = Some(format!("cuDeviceGetCount failed with CUresult {rc}"));
+        return p;
+    }
+    p.devices = n.max(0) as usize;
+    if p.devices == 0 {
+        p.reason = Some("CUDA driver present but no device".into());
     }
     p
 }

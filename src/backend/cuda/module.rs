@@ -10,34 +10,42 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int};
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::result as cu;
 use cudarc::driver::sys::CUresult;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys as cusys};
-use cudarc::nvrtc::Ptx;
+use cudarc::driver::{CudaContext, sys as cusys};
 use cudarc::nvrtc::result::NvrtcError;
 use cudarc::nvrtc::sys as nv;
 
-use super::driver::{CudaDevice, check, driver_error};
+use super::driver::{CudaDevice, bind, check, driver_error};
 use super::kernels::{self, KernelImage};
 use super::libs;
 use crate::error::{Code, Error, Result};
 
-/// What to load.
-#[derive(Clone, Copy, Debug)]
-pub enum ModuleSource<'a> {
-    /// A fatbin, cubin or NUL-terminated PTX image, handed to `cuModuleLoadData` as is.
-    Image(&'a [u8]),
-    /// CUDA C++ sources compiled with NVRTC. `files` are `(file name, text)`: names ending in `.h`,
-    /// `.cuh` or `.hpp` are headers that every other file may `#include "name"`; every other file
-    /// is a translation unit, compiled on its own and loaded as a module of its own. `options` go
-    /// to NVRTC besides the target architecture (`--gpu-architecture`, chosen here) and include
-    /// paths (see [`compile`]).
-    Sources { files: &'a [(&'a str, &'a str)], options: &'a [&'a str] },
+/// One `CUmodule`, unloaded on drop.
+struct LoadedModule {
+    raw: cusys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a CUmodule is an opaque driver handle, valid on any thread (the driver API is
+// thread-safe) and never changed after loading; it is unloaded exactly once, in Drop.
+unsafe impl Send for LoadedModule {}
+// SAFETY: as above: shared use only looks functions up.
+unsafe impl Sync for LoadedModule {}
+
+impl Drop for LoadedModule {
+    fn drop(&mut self) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: `raw` was loaded in this context and is unloaded only here; every Function
+        // holds an Arc of this module, so none outlives it.
+        self.ctx.record_err(unsafe { cu::module::unload(self.raw) });
+    }
 }
 
 /// Kernels loaded into one device's context. [`Module::function`] looks a kernel up by name in
 /// every unit.
 pub struct Module {
-    units: Vec<(String, Arc<CudaModule>)>,
+    units: Vec<(String, Arc<LoadedModule>)>,
     ctx: Arc<CudaContext>,
     how: String,
 }
@@ -49,43 +57,64 @@ impl std::fmt::Debug for Module {
 }
 
 impl Module {
-    pub fn load(device: &CudaDevice, source: &ModuleSource<'_>) -> Result<Module> {
+    /// Load a prebuilt image (a fatbin, a cubin, or NUL-terminated PTX) with `cuModuleLoadData`.
+    ///
+    /// # Safety
+    /// `image` must be one complete, well-formed image of one of those kinds, as nvcc or NVRTC
+    /// wrote it: the driver parses it with no length bound and trusts its internal sizes. (The
+    /// obvious mistakes — no recognisable image, a fatbin or ELF header claiming more bytes than
+    /// `image` has, PTX without its NUL — are caught and reported.)
+    pub unsafe fn load_image(device: &CudaDevice, what: &str, image: &[u8]) -> Result<Module> {
+        check_image(what, image)?;
         let ctx = device.context().clone();
-        match *source {
-            ModuleSource::Image(bytes) => {
-                let m = load_image(&ctx, "image", bytes.to_vec())?;
-                Ok(Module { units: vec![("image".into(), m)], ctx, how: format!("{} byte image", bytes.len()) })
-            }
-            ModuleSource::Sources { files, options } => {
-                let compiled = compile(files, options, device.info().compute_capability)?;
-                let mut units = Vec::with_capacity(compiled.len());
-                for c in compiled.iter() {
-                    units.push((c.name.clone(), load_image(&ctx, &c.name, c.image.clone())?));
-                }
-                let how = compiled.first().map(|c| format!("NVRTC, {}", c.target)).unwrap_or_default();
-                Ok(Module { units, ctx, how })
-            }
-        }
+        // SAFETY: forwarded contract.
+        let m = unsafe { load_unit(&ctx, what, image) }?;
+        Ok(Module { units: vec![(what.to_string(), m)], ctx, how: format!("{what} ({} bytes)", image.len()) })
     }
 
-    /// The loaded units (source file names, or "image").
+    /// Compile CUDA C++ sources with NVRTC for this device ([`compile`], cached per process) and
+    /// load them. `files` are `(file name, text)`: names ending in `.h`, `.cuh` or `.hpp` are
+    /// headers that every other file may `#include "name"`; every other file is a translation
+    /// unit, compiled on its own and loaded as a unit of its own. `options` go to NVRTC besides
+    /// the target architecture (chosen here) and include paths.
+    pub fn compile(device: &CudaDevice, files: &[(&str, &str)], options: &[&str]) -> Result<Module> {
+        let compiled = compile(files, options, device.info().compute_capability)?;
+        let ctx = device.context().clone();
+        let mut units = Vec::with_capacity(compiled.len());
+        for c in compiled.iter() {
+            // SAFETY: NVRTC's own output: a complete cubin, or PTX with its NUL (`Program::output`).
+            units.push((c.name.clone(), unsafe { load_unit(&ctx, &c.name, &c.image) }?));
+        }
+        let how = compiled.first().map(|c| format!("NVRTC, {}", c.target)).unwrap_or_default();
+        Ok(Module { units, ctx, how })
+    }
+
+    /// The loaded units (source file names, or the image's name).
     pub fn unit_names(&self) -> Vec<&str> {
         self.units.iter().map(|(n, _)| n.as_str()).collect()
     }
 
-    /// How the module was built: "123456 byte image" or "NVRTC, sm_90 cubin".
+    /// How the module was built: "embedded fatbin (123456 bytes)" or "NVRTC, sm_90 cubin".
     pub fn describe(&self) -> &str {
         &self.how
     }
 
     /// The kernel `name` (an `extern "C"` name).
     pub fn function(&self, name: &str) -> Result<Function> {
-        if name.contains('\0') {
-            return Err(Error::invalid(format!("kernel name {name:?} contains NUL")));
-        }
+        let c_name =
+            CString::new(name).map_err(|_| Error::invalid(format!("kernel name {name:?} contains NUL")))?;
         for (_, m) in &self.units {
-            match m.load_function(name) {
-                Ok(f) => return Ok(Function { f, ctx: self.ctx.clone(), name: name.to_string() }),
+            // SAFETY: a loaded module of this context; `c_name` is NUL-terminated and outlives the
+            // call. cuModuleGetFunction needs no current context.
+            match unsafe { cu::module::get_function(m.raw, c_name.clone()) } {
+                Ok(raw) => {
+                    return Ok(Function {
+                        raw,
+                        module: m.clone(),
+                        ctx: self.ctx.clone(),
+                        name: name.to_string(),
+                    });
+                }
                 Err(e) if e.0 == CUresult::CUDA_ERROR_NOT_FOUND => continue,
                 Err(e) => return Err(driver_error(&format!("cuModuleGetFunction({name})"), e)),
             }
@@ -97,43 +126,104 @@ impl Module {
     }
 }
 
+/// Catch images that are certainly not loadable before the driver parses them unbounded.
+fn check_image(what: &str, image: &[u8]) -> Result<()> {
+    let bad = |why: &str| Err(Error::invalid(format!("{what} is not a loadable CUDA image: {why}")));
+    let u16_at = |o: usize| image.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u64);
+    let u64_at = |o: usize| image.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    if image.starts_with(&0xBA55_ED50u32.to_le_bytes()) {
+        // A fatbin: header size (u16 at 6) plus payload size (u64 at 8).
+        if kernels::fatbin_entries(image).is_none() {
+            return bad("a fatbin whose sizes exceed the image");
+        }
+    } else if image.starts_with(b"\x7fELF") {
+        // A cubin (ELF64): section headers at e_shoff (u64 at 40), e_shentsize·e_shnum (u16s at
+        // 58, 60) must lie inside the image.
+        let end = match (u64_at(40), u16_at(58), u16_at(60)) {
+            (Some(off), Some(size), Some(n)) => off.checked_add(size * n),
+            _ => None,
+        };
+        if image.get(4) != Some(&2) || end.is_none_or(|e| e > image.len() as u64) {
+            return bad("a truncated or 32-bit ELF file");
+        }
+    } else if !image.contains(&0) {
+        return bad("neither a fatbin nor a cubin, and not NUL-terminated PTX text");
+    }
+    Ok(())
+}
+
+/// Load one image into `ctx`.
+///
+/// # Safety
+/// As [`Module::load_image`].
+unsafe fn load_unit(ctx: &Arc<CudaContext>, what: &str, image: &[u8]) -> Result<Arc<LoadedModule>> {
+    bind(ctx)?;
+    // The driver reads 64-bit fields of fatbin and ELF headers in place: give it 8-byte alignment.
+    let copy: Vec<u64>;
+    let ptr = if image.as_ptr().align_offset(8) == 0 {
+        image.as_ptr()
+    } else {
+        let mut words = vec![0u64; image.len().div_ceil(8)];
+        // SAFETY: `words` has at least `image.len()` bytes; distinct allocations.
+        unsafe {
+            std::ptr::copy_nonoverlapping(image.as_ptr(), words.as_mut_ptr().cast::<u8>(), image.len())
+        };
+        copy = words;
+        copy.as_ptr().cast::<u8>()
+    };
+    // SAFETY: `ptr` is the image (or an aligned copy), alive for the call; the caller vouches for
+    // its well-formedness; the driver copies what it keeps. The context is current (bound).
+    let raw = check(&format!("cuModuleLoadData({what})"), unsafe { cu::module::load_data(ptr.cast()) })?;
+    Ok(Arc::new(LoadedModule { raw, ctx: ctx.clone() }))
+}
+
 /// Load the crate's kernels ([`kernels::image`]) into `device`: the fatbin as is, falling back to
 /// NVRTC when the driver cannot use it for the device (no SASS or PTX it can run) and whenever the
 /// build embedded only the sources. Use [`CudaDevice::kernels`], which loads once per device.
 pub(crate) fn load_kernels(device: &CudaDevice) -> Result<Module> {
     let nvrtc = || {
         let program = kernels::nvrtc_program();
-        let files = [(kernels::PROGRAM_NAME, program.as_str())];
-        Module::load(device, &ModuleSource::Sources { files: &files, options: kernels::NVRTC_OPTIONS })
+        Module::compile(device, &[(kernels::PROGRAM_NAME, program.as_str())], kernels::NVRTC_OPTIONS)
     };
     match kernels::image() {
-        KernelImage::Fatbin(fatbin) => match Module::load(device, &ModuleSource::Image(fatbin)) {
-            Ok(mut m) => {
-                m.how = format!("embedded fatbin ({} bytes)", fatbin.len());
-                Ok(m)
+        KernelImage::Fatbin(fatbin) => {
+            // SAFETY: the fatbin nvcc wrote at build time, embedded whole (kernels.rs).
+            match unsafe { Module::load_image(device, "embedded fatbin", fatbin) } {
+                Ok(m) => Ok(m),
+                Err(e) if e.code() == Code::Unavailable => nvrtc().map_err(|n| {
+                    Error::new(
+                        n.code(),
+                        format!(
+                            "the embedded fatbin does not fit {}: {e}; NVRTC fallback: {n}",
+                            device.info()
+                        ),
+                    )
+                }),
+                Err(e) => Err(e),
             }
-            Err(e) if e.code() == Code::Unavailable => nvrtc().map_err(|n| {
-                Error::new(
-                    n.code(),
-                    format!("the embedded fatbin does not fit {}: {e}; NVRTC fallback: {n}", device.info()),
-                )
-            }),
-            Err(e) => Err(e),
-        },
+        }
         KernelImage::Sources(_) => nvrtc(),
     }
 }
 
-fn load_image(ctx: &Arc<CudaContext>, what: &str, image: Vec<u8>) -> Result<Arc<CudaModule>> {
-    check(&format!("cuModuleLoadData({what})"), ctx.load_module(Ptx::from_binary(image)))
-}
-
-/// A kernel of a loaded [`Module`]; keeps the module loaded.
-#[derive(Clone, Debug)]
+/// A kernel of a loaded [`Module`]; keeps its module loaded.
+#[derive(Clone)]
 pub struct Function {
-    f: CudaFunction,
+    raw: cusys::CUfunction,
+    module: Arc<LoadedModule>,
     ctx: Arc<CudaContext>,
     name: String,
+}
+
+// SAFETY: a CUfunction is an opaque driver handle usable from any thread; `module` keeps it valid.
+unsafe impl Send for Function {}
+// SAFETY: as above; launching only reads the handle.
+unsafe impl Sync for Function {}
+
+impl std::fmt::Debug for Function {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Function({})", self.name)
+    }
 }
 
 impl Function {
@@ -142,7 +232,8 @@ impl Function {
     }
 
     pub(crate) fn raw(&self) -> cusys::CUfunction {
-        self.f.cu_function()
+        debug_assert!(!self.module.raw.is_null());
+        self.raw
     }
 
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
@@ -224,7 +315,7 @@ fn include_dirs() -> Vec<String> {
 
 type CacheKey = (Target, Vec<String>, Vec<(String, String)>);
 
-/// Compile the translation units of `sources` (see [`ModuleSource::Sources`]) with `options` for a
+/// Compile the translation units of `sources` (see [`Module::compile`]) with `options` for a
 /// device of compute capability `cc`, or return the result of an earlier identical compilation in
 /// this process. Include paths: `SERVE_NVRTC_INCLUDE` (`:`-separated), then `include` and
 /// `include/cccl` under `CUDA_HOME` / `CUDA_PATH` when they exist.
@@ -253,8 +344,10 @@ pub fn compile(sources: &[(&str, &str)], options: &[&str], cc: (u32, u32)) -> Re
     if units.is_empty() {
         return Err(Error::invalid("no CUDA source to compile (only headers)"));
     }
-    let compiled: Vec<Compiled> =
-        units.iter().map(|(name, src)| compile_one(name, src, &headers, &options, target)).collect::<Result<_>>()?;
+    let compiled: Vec<Compiled> = units
+        .iter()
+        .map(|(name, src)| compile_one(name, src, &headers, &options, target))
+        .collect::<Result<_>>()?;
     let compiled = Arc::new(compiled);
     cache.get_or_insert_with(HashMap::new).insert(key, compiled.clone());
     Ok(compiled)
@@ -322,8 +415,8 @@ impl Program {
             strings.push(c("header", text)?);
             strings.push(c("header name", h)?);
         }
-        let contents: Vec<*const c_char> = strings[2..].iter().step_by(2).map(|s| s.as_ptr()).collect();
-        let names: Vec<*const c_char> = strings[3..].iter().step_by(2).map(|s| s.as_ptr()).collect();
+        let contents: Vec<*const c_char> = (0..headers.len()).map(|h| strings[2 + 2 * h].as_ptr()).collect();
+        let names: Vec<*const c_char> = (0..headers.len()).map(|h| strings[3 + 2 * h].as_ptr()).collect();
         let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
         // SAFETY: every pointer is a NUL-terminated string kept alive in `strings` for the
         // program's whole life (moved into the Program below; moving a CString does not move its
@@ -344,8 +437,12 @@ impl Program {
     }
 
     fn compile(&self, options: &[String]) -> std::result::Result<(), NvrtcError> {
-        let options: Vec<CString> =
-            options.iter().map(|o| CString::new(o.as_str()).expect("compile() rejects options with NUL; env values have none")).collect();
+        let options: Vec<CString> = options
+            .iter()
+            .map(|o| {
+                CString::new(o.as_str()).expect("compile() rejects options with NUL; env values have none")
+            })
+            .collect();
         let ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
         // SAFETY: a live program; `ptrs` holds `len` NUL-terminated strings alive for the call.
         unsafe { nv::nvrtcCompileProgram(self.prog, ptrs.len() as c_int, ptrs.as_ptr()) }.result()
@@ -420,6 +517,33 @@ mod tests {
         assert!(e.message().contains("cannot compile for sm_70"), "{}", e.message());
         assert_eq!(Target::Sass(90).to_string(), "sm_90 cubin");
         assert_eq!(Target::Ptx(90).to_string(), "compute_90 PTX");
+    }
+
+    #[test]
+    fn images_the_driver_would_overrun_are_rejected_before_loading() {
+        let bad = |image: &[u8]| check_image("test image", image).unwrap_err().message().to_string();
+        assert!(bad(b"garbage without a terminator").contains("not NUL-terminated PTX text"));
+        assert!(check_image("ptx", b".version 9.0\n.target sm_90\n\0").is_ok());
+        // A fatbin header claiming 200 bytes after a 16-byte header, in a 16-byte image.
+        let mut fatbin = vec![0u8; 16];
+        fatbin[..4].copy_from_slice(&0xBA55_ED50u32.to_le_bytes());
+        fatbin[6] = 16;
+        assert!(check_image("fatbin", &fatbin).is_ok());
+        fatbin[8] = 200;
+        assert!(bad(&fatbin).contains("a fatbin whose sizes exceed the image"));
+        // ELF64 with its section headers (e_shoff 64, 3 × 64 bytes) past the end.
+        let mut elf = vec![0u8; 64];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[4] = 2;
+        elf[40] = 64;
+        elf[58] = 64;
+        elf[60] = 3;
+        assert!(bad(&elf).contains("truncated"));
+        elf.resize(64 + 3 * 64, 0);
+        assert!(check_image("elf", &elf).is_ok());
+        elf[4] = 1; // ELF32
+        assert!(bad(&elf).contains("32-bit"));
+        assert_eq!(check_image("x", b"").unwrap_err().code(), Code::InvalidArgument);
     }
 
     #[test]

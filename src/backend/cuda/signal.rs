@@ -58,15 +58,19 @@ impl SignalCounters {
     /// Counter `i` as an atomic.
     fn atomic(&self, i: usize) -> &AtomicU64 {
         assert!(i < self.len(), "counter {i} of {}", self.len());
-        // SAFETY (the invariant of the whole type): `lines` is a live allocation of `len` lines
-        // owned by `self` and `i < len` (asserted), so the pointer is valid for reads and writes for as long as `&self`
-        // (the returned lifetime); `value` is the first field of a 64-byte-aligned line, so it is
-        // 8-aligned as AtomicU64 requires, and AtomicU64 has u64's size and layout. Every access
-        // to a counter while it is shared is atomic and 8 bytes wide: the device's system-scope
-        // release write or increment (one writer per counter), host acquire loads (`completed`)
-        // and host release stores (`store`). The non-atomic zeroing at allocation happened before
-        // the memory was shared. Nothing ever takes a non-atomic reference to a counter.
-        unsafe { AtomicU64::from_ptr(&raw mut (*self.lines.host_ptr().add(i)).value) }
+        // SAFETY: `i < len` (asserted): the line is inside the allocation.
+        let line = unsafe { self.lines.host_ptr().add(i) };
+        // `value` is the first field of the #[repr(C)] line: the same address.
+        let value = line.cast::<u64>();
+        // SAFETY: the invariant of the whole type. `lines` is a live allocation owned by `self`,
+        // so `value` is valid for reads and writes for as long as `&self` (the returned lifetime);
+        // it starts a 64-byte-aligned line, so it is 8-aligned as AtomicU64 requires, and
+        // AtomicU64 has u64's size and layout. Every access to a counter while it is shared is
+        // atomic and 8 bytes wide: the device's system-scope release write or increment (one
+        // writer per counter), host acquire loads (`completed`) and host release stores (`store`).
+        // The non-atomic zeroing at allocation happened before the memory was shared, and nothing
+        // ever takes a non-atomic reference to a counter.
+        unsafe { AtomicU64::from_ptr(value) }
     }
 
     /// Tasks completed on stream `i` so far: an acquire load, so whatever the device wrote before

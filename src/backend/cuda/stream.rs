@@ -229,7 +229,12 @@ impl Stream {
     /// type and size). Every address the kernel uses must stay valid until it has finished, and
     /// host code must not access memory the kernel writes until then (or memory it reads, for
     /// host writes) — order such access through this stream or an event.
-    pub unsafe fn launch(&self, function: &Function, cfg: LaunchConfig, args: &mut [*mut c_void]) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        function: &Function,
+        cfg: LaunchConfig,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
         if **function.context() != **self.inner.context() {
             return Err(Error::invalid(format!(
                 "kernel {} was loaded in another CUDA context than the stream",
@@ -266,7 +271,12 @@ impl Stream {
     /// As [`launch`](Self::launch): the kernel's only parameter must be a `P` with the same layout
     /// (the bindgen mirror in `abi.rs`), and every address inside it must stay valid until the
     /// kernel has finished.
-    pub unsafe fn launch_with<P: Copy>(&self, function: &Function, cfg: LaunchConfig, params: &P) -> Result<()> {
+    pub unsafe fn launch_with<P: Copy>(
+        &self,
+        function: &Function,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
         let mut args = [(params as *const P).cast_mut().cast::<c_void>()];
         // SAFETY: forwarded contract; the driver only reads `*params`, during this call.
         unsafe { self.launch(function, cfg, &mut args) }
@@ -276,7 +286,9 @@ impl Stream {
 fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<()> {
     match offset.checked_add(n) {
         Some(end) if end <= len => Ok(()),
-        _ => Err(Error::invalid(format!("{what} elements {offset}..{offset}+{n} are outside a buffer of {len}"))),
+        _ => Err(Error::invalid(format!(
+            "{what} elements {offset}..{offset}+{n} are outside a buffer of {len}"
+        ))),
     }
 }
 
@@ -290,7 +302,8 @@ pub struct Event {
 impl Event {
     /// A new event; `timing` events also record timestamps (slightly more expensive).
     pub fn new(device: &CudaDevice, timing: bool) -> Result<Event> {
-        let flags = if timing { CUevent_flags::CU_EVENT_DEFAULT } else { CUevent_flags::CU_EVENT_DISABLE_TIMING };
+        let flags =
+            if timing { CUevent_flags::CU_EVENT_DEFAULT } else { CUevent_flags::CU_EVENT_DISABLE_TIMING };
         Ok(Event { inner: check("cuEventCreate", device.context().new_event(Some(flags)))?, timing })
     }
 
@@ -319,7 +332,11 @@ impl Event {
         if !lib.has(libs::DRIVER_EVENT_ELAPSED) {
             return Err(Error::new(
                 Code::Unavailable,
-                format!("the CUDA driver {} lacks {} (needs CUDA 12.8+)", lib.name(), libs::DRIVER_EVENT_ELAPSED),
+                format!(
+                    "the CUDA driver {} lacks {} (needs CUDA 12.8+)",
+                    lib.name(),
+                    libs::DRIVER_EVENT_ELAPSED
+                ),
             ));
         }
         check("cuEventElapsedTime", self.inner.elapsed_ms(&end.inner))
