@@ -510,3 +510,36 @@ fn every_recurrent_request_completes_exactly_once_under_stress() {
         assert!(ok >= 50, "kind {kind}: only {ok} requests served before the shutdown");
     }
 }
+
+/// A padded tree level can hold far more rows than any cellular task (batch × the widest level):
+/// the CPU runner grows its step buffers for it instead of allocating that much up front.
+#[test]
+fn padded_tree_levels_larger_than_the_preallocated_buffers_are_served() {
+    let rt = runtime();
+    let net = TreeLstm::random(50, 8, 8, 9);
+    let opts = ModelOptions {
+        policy: PolicyConfig::Padding(PaddingConfig { max_batch: 64, ..PaddingConfig::default() }),
+        ..ModelOptions::default()
+    };
+    let model = rt.add_network(Arc::new(Network::TreeLstm(net.clone())), "wide".into(), opts).unwrap();
+    // Stars: a root with 40 leaves, so one leaf level of 64 trees pads to 64 × 40 = 2560 rows.
+    let parents: Vec<i32> = std::iter::once(-1).chain(std::iter::repeat_n(0, 40)).collect();
+    let inputs: Vec<Vec<u32>> = (0..64).map(|k| (0..41).map(|i| (k + i) % 50).collect()).collect();
+    let tickets: Vec<_> = inputs
+        .iter()
+        .map(|t| {
+            model
+                .submit(Input::Tree { tokens: t.clone(), parents: parents.clone() }, SubmitOptions::default())
+                .unwrap()
+        })
+        .collect();
+    for (k, t) in tickets.into_iter().enumerate() {
+        let Output::F32(y) = t.wait().unwrap() else { panic!("f32 output") };
+        common::assert_close(&y, &net.forward_reference(&inputs[k], &parents));
+    }
+    // Two batches (the first tree starts alone, the other 63 together), two levels each: with 2624
+    // rows in 4 tasks and roots ≤ 64 rows, a leaf level had more than 1024 rows.
+    let s = rt.stats();
+    assert_eq!(s.batched_requests, 64 * 41);
+    assert!(s.tasks_launched <= 4, "{} tasks", s.tasks_launched);
+}

@@ -54,6 +54,8 @@ struct Prepared {
     cells: Cells,
     embed: usize,
     hidden: usize,
+    /// Decoder vocabulary (seq2seq; 0 otherwise), for the logits buffer.
+    vocab: usize,
     arena: StateArena,
     /// Where a decoder slot keeps its last token (after every layer's `h`, `c`).
     token_offset: usize,
@@ -61,7 +63,11 @@ struct Prepared {
     macs_per_row: usize,
 }
 
+/// Rows of step buffers allocated when a model is prepared.
+const PREALLOCATED_ROWS: usize = 1024;
+
 /// Step buffers of one stream.
+#[derive(Default)]
 struct Scratch {
     ids: Vec<u32>,
     x: Vec<f32>,
@@ -82,14 +88,36 @@ pub(super) struct RecurrentRunner {
     max_batch: usize,
 }
 
-/// A zeroed buffer of `len` values, or UNAVAILABLE.
-fn zeroed<T: Clone + Default>(len: usize, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
-        Error::new(crate::error::Code::Unavailable, format!("cannot allocate {what} for {len} values"))
-    })?;
-    v.resize(len, T::default());
-    Ok(v)
+/// Grow `v` to at least `len` values, or fail with UNAVAILABLE (never abort).
+fn grow<T: Clone + Default>(v: &mut Vec<T>, len: usize, what: &str) -> Result<()> {
+    if v.len() < len {
+        v.try_reserve_exact(len - v.len()).map_err(|_| {
+            Error::new(crate::error::Code::Unavailable, format!("cannot allocate {what} for {len} values"))
+        })?;
+        v.resize(len, T::default());
+    }
+    Ok(())
+}
+
+impl Scratch {
+    /// Buffers for tasks of `rows` rows (and, for trees, `children` children in all).
+    fn ensure(&mut self, p: &Prepared, rows: usize, children: usize) -> Result<()> {
+        let too_big =
+            || Error::new(crate::error::Code::Unavailable, format!("a task of {rows} rows is too large"));
+        let wide = p.embed.max(p.hidden);
+        grow(&mut self.ids, rows, "token ids")?;
+        grow(&mut self.x, rows.checked_mul(wide).ok_or_else(too_big)?, "step inputs")?;
+        grow(&mut self.h_a, rows.checked_mul(p.hidden).ok_or_else(too_big)?, "hidden states")?;
+        grow(&mut self.h_b, rows.checked_mul(p.hidden).ok_or_else(too_big)?, "hidden states")?;
+        grow(&mut self.logits, rows.checked_mul(p.vocab).ok_or_else(too_big)?, "logits")?;
+        match &p.cells {
+            Cells::Tree { .. } => self.tree.reserve(rows, children, p.hidden),
+            _ => {
+                self.lstm.reserve(rows, p.embed, p.hidden)?;
+                self.lstm.reserve(rows, p.hidden, p.hidden)
+            }
+        }
+    }
 }
 
 impl RecurrentRunner {
@@ -154,32 +182,14 @@ impl RecurrentRunner {
             Network::TreeLstm(_) => (embed * 4 + hidden * 4) * hidden,
             _ => layers * (embed.max(hidden) + hidden) * 4 * hidden + vocab * hidden,
         };
-        let model = Arc::new(Prepared { cells, embed, hidden, arena, token_offset, macs_per_row });
-        let rows = shape.max_batch;
-        let wide = embed.max(hidden);
+        let model = Arc::new(Prepared { cells, embed, hidden, vocab, arena, token_offset, macs_per_row });
+        // Buffers for the rows a task usually has, allocated now; a padded tree level can be far
+        // larger than any cellular task (batch × widest tree level), so those grow on demand.
+        let rows = shape.max_batch.min(PREALLOCATED_ROWS);
         let streams = (0..shape.workers)
             .map(|w| {
-                let mut lstm = LstmScratch::new();
-                let mut tree = TreeScratch::new();
-                match &model.cells {
-                    // Children of one task: at most every node of the batch but the roots.
-                    Cells::Tree { .. } => tree.reserve(rows, rows, hidden)?,
-                    _ => {
-                        lstm.reserve(rows, embed, hidden)?;
-                        lstm.reserve(rows, hidden, hidden)?;
-                    }
-                }
-                let scratch = Scratch {
-                    ids: zeroed(rows, "token ids")?,
-                    x: zeroed(rows * wide, "step inputs")?,
-                    h_a: zeroed(rows * hidden, "hidden states")?,
-                    h_b: zeroed(rows * hidden, "hidden states")?,
-                    lstm,
-                    tree,
-                    lstm_rows: Vec::with_capacity(rows),
-                    tree_rows: Vec::with_capacity(rows),
-                    logits: zeroed(if vocab > 0 { rows * vocab } else { 0 }, "logits")?,
-                };
+                let mut scratch = Scratch::default();
+                scratch.ensure(&model, rows, rows)?;
                 CpuStream::new(format!("serve-stream-{w}"), scratch, notify.clone()).map(Mutex::new)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -332,6 +342,10 @@ impl Runner for RecurrentRunner {
                 io.error = Some(Error::internal("a recurrent model's task must carry cells"));
                 return;
             };
+            if let Err(e) = scratch.ensure(&model, rows, cells.children.len()) {
+                io.error = Some(e);
+                return;
+            }
             let (out, tokens) = (&mut io.output, &mut io.tokens);
             if threads > 1 && rows * model.macs_per_row >= PARALLEL_MIN_MACS {
                 pool.install(|| run(&model, cells, rows, scratch, out, tokens, Threads(threads)));
