@@ -20,6 +20,7 @@ static_assert(sizeof(serve_lstm_pointwise_params) == 72, "serve_lstm_pointwise_p
 static_assert(sizeof(serve_argmax_params) == 64, "serve_argmax_params layout");
 static_assert(sizeof(serve_tree_gather_params) == 72, "serve_tree_gather_params layout");
 static_assert(sizeof(serve_tree_pointwise_params) == 96, "serve_tree_pointwise_params layout");
+static_assert(sizeof(serve_bias_act_params) == 48, "serve_bias_act_params layout");
 
 #define SERVE_KERNEL extern "C" __global__ void __launch_bounds__(SERVE_BLOCK)
 

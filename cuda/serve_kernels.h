@@ -291,4 +291,34 @@ typedef struct serve_tree_pointwise_params {
     uint32_t arena_width;
 } serve_tree_pointwise_params;
 
+/* Activations of serve_bias_act. */
+#define SERVE_ACT_NONE 0u
+#define SERVE_ACT_RELU 1u
+
+/*
+ * serve_bias_act: bias and activation of a dense layer (dense.cu), after its GEMM, as the CPU
+ * backend's `linear`.
+ *
+ * For r < rows, j < cols: v = src[r, j] + bias[j] (no bias when bias == 0), then
+ * ReLU(v) = fmaxf(v, 0) (NaN gives 0, as Rust's f32::max) when act == SERVE_ACT_RELU;
+ * dst[r, j] = v. dst may be src (in place, with dst_ld == src_ld) or another buffer, e.g. the
+ * device address of a pinned, mapped host output buffer (zero-copy result).
+ * Work: one thread per element. One pass: grid = ceil(rows · cols / SERVE_BLOCK).
+ */
+typedef struct serve_bias_act_params {
+    /* const float[rows, src_ld]: the GEMM's output. */
+    serve_dptr src;
+    /* const float[cols]; 0: no bias. */
+    serve_dptr bias;
+    /* float[rows, dst_ld]: columns 0..cols written. */
+    serve_dptr dst;
+    uint32_t rows;
+    uint32_t cols;
+    uint32_t src_ld;
+    uint32_t dst_ld;
+    /* SERVE_ACT_NONE or SERVE_ACT_RELU. */
+    uint32_t act;
+    uint32_t _pad0;
+} serve_bias_act_params;
+
 #endif /* SERVE_KERNELS_H */

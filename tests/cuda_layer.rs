@@ -129,15 +129,20 @@ fn without_cuda_every_entry_point_is_unavailable() {
             assert!(e.message().contains("NVRTC"), "{}", e.message());
         }
     }
-    // `auto` runs on the CPU until the CUDA runner exists; `cuda` explains itself.
+    // `auto` runs on the CPU and says why (until the CUDA backend is verified on a GPU, even with a
+    // device); `cuda` explains itself without one, and is the CUDA backend with one.
     let auto = serve::backend::create(BackendChoice::Auto, 1).unwrap();
-    assert_eq!(auto.kind(), BackendKind::Cpu);
-    let e = serve::backend::create(BackendChoice::Cuda, 1).err().unwrap();
+    let cuda = serve::backend::create(BackendChoice::Cuda, 1);
     if cuda::probe().devices == 0 {
+        assert_eq!(auto.kind(), BackendKind::Cpu);
+        assert!(auto.describe().contains("(CUDA not used: no CUDA device"), "{}", auto.describe());
+        let e = cuda.err().unwrap();
         assert_eq!(e.code(), Code::Unavailable);
         assert!(e.message().starts_with("no CUDA device"), "{}", e.message());
     } else {
-        assert_eq!(e.code(), Code::Unsupported);
+        assert_eq!(auto.kind(), BackendKind::Cpu, "{}", auto.describe());
+        assert!(auto.describe().contains("not yet verified"), "{}", auto.describe());
+        assert_eq!(cuda.unwrap().kind(), BackendKind::Cuda);
     }
 }
 

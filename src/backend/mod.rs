@@ -60,15 +60,32 @@ impl fmt::Display for BackendKind {
 pub trait CompletionSignal: Send + Sync {
     /// Tasks completed so far. An acquire load: the task's outputs are visible once counted.
     fn completed(&self) -> u64;
+
+    /// Whether the stream calls its [`Notify`] after advancing the counter (CPU streams). A
+    /// signal that does not (a CUDA counter, written by the device) makes the poller spin instead
+    /// of parking while tasks are in flight on it.
+    fn notifies(&self) -> bool {
+        true
+    }
+
+    /// Why the stream can no longer advance the counter (a device fault), or `None` while it
+    /// works. The poller asks now and then while it waits on a stream that does not notify; on
+    /// `Some` it reports the stream's pending tasks done, and the runner's
+    /// [`collect`](Runner::collect) gives them the stream's error.
+    fn failure(&self) -> Option<Error> {
+        None
+    }
 }
 
 /// Called by a stream after it has advanced its counter, so a sleeping poller wakes at once.
-/// (The CUDA poller spins instead; the counter stays the only source of truth.)
+/// (The poller spins instead on signals that do not notify; the counter stays the only source of
+/// truth.)
 pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
-/// The host-side data of one batched task. The engine fills `work`, the stream writes `output`,
-/// `tokens` (or `error`) before it advances its counter, and the engine reads them after it sees
-/// the count.
+/// The host-side data of one batched task. The engine fills `work`; the task's results reach
+/// `output`, `tokens` (or `error`) by the time the engine has seen the count and called
+/// [`Runner::collect`] — written by the stream before it advances its counter (CPU), or copied
+/// by `collect` from where the device wrote them (CUDA). The engine reads them after `collect`.
 #[derive(Debug)]
 pub struct TaskData {
     /// Rows computed (including padding rows).
@@ -143,6 +160,17 @@ pub trait Runner: Send + Sync {
     /// Enqueue `task` on `worker`'s stream. Returns the value the worker's counter reaches when
     /// the task has completed (successfully or with `TaskIo::error` set).
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64>;
+    /// Make a finished task's results readable in its [`TaskIo`]. The engine calls it once for
+    /// each task it handed to [`launch`](Runner::launch) on `worker` (also when the launch failed:
+    /// then there is nothing to do), after the poller has seen the task's count (or reported the
+    /// stream failed), before it reads `output`, `tokens` and `error`. Tasks still in flight at
+    /// shutdown are never collected: the runner releases what they hold when it is dropped. A
+    /// runner whose stream writes `TaskIo` itself (the CPU) has nothing to do; the CUDA runner
+    /// copies the results from the task's pinned buffers, sets the error of a task whose stream
+    /// failed, and recycles the buffers.
+    fn collect(&self, worker: usize, task: &TaskData) {
+        let _ = (worker, task);
+    }
     /// Values per input row and per output row (recurrent models: 0 and `hidden`).
     fn io_lens(&self) -> (usize, usize);
     /// State slots of the model's arena (recurrent models; 0 for fixed-shape ones). The engine
@@ -170,19 +198,59 @@ pub struct RunnerShape {
     pub state_slots: usize,
 }
 
+/// Whether `auto` picks a usable CUDA device. Off until the CUDA backend has been verified on a
+/// GPU (issue 4: this build's CUDA runner has only been compiled, never run): a user with a GPU
+/// gets the tested CPU backend unless they ask for `cuda` explicitly.
+const AUTO_PICKS_CUDA: bool = false;
+
 /// Create the backend for `choice`. `cpu_threads` = 0 means all cores.
+///
+/// `Cuda`: CUDA device 0, or `Unavailable` (no device, or the driver, cuBLAS or the kernels
+/// cannot be used). `Auto`: the CPU, whose [`describe`](Backend::describe) says why CUDA is not
+/// used (once verified on a GPU, `auto` will pick a usable device first).
 pub fn create(choice: BackendChoice, cpu_threads: usize) -> Result<Arc<dyn Backend>> {
     match choice {
-        BackendChoice::Cpu | BackendChoice::Auto => Ok(Arc::new(cpu::CpuBackend::new(cpu_threads)?)),
+        BackendChoice::Cpu => Ok(Arc::new(cpu::CpuBackend::new(cpu_threads)?)),
         BackendChoice::Cuda => {
             let probe = cuda::probe();
             if probe.devices == 0 {
                 return Err(Error::new(Code::Unavailable, format!("no CUDA device: {}", probe.summary())));
             }
-            Err(Error::new(
-                Code::Unsupported,
-                format!("{}; the CUDA backend is not part of this build yet", probe.summary()),
-            ))
+            Ok(Arc::new(cuda::CudaBackend::new(0)?))
         }
+        BackendChoice::Auto => {
+            let probe = cuda::probe();
+            let why = if probe.devices == 0 {
+                format!("no CUDA device: {}", probe.summary())
+            } else if !AUTO_PICKS_CUDA {
+                "the CUDA backend is not yet verified on a GPU; choose `cuda` to use it".to_string()
+            } else {
+                match cuda::CudaBackend::new(0) {
+                    Ok(b) => return Ok(Arc::new(b)),
+                    Err(e) => format!("CUDA device unusable: {}", e.message()),
+                }
+            };
+            Ok(Arc::new(CpuFallback { cpu: cpu::CpuBackend::new(cpu_threads)?, why }))
+        }
+    }
+}
+
+/// `auto` on the CPU: the CPU backend, remembering why CUDA is not used (for `serve info`).
+struct CpuFallback {
+    cpu: cpu::CpuBackend,
+    why: String,
+}
+
+impl Backend for CpuFallback {
+    fn kind(&self) -> BackendKind {
+        self.cpu.kind()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (CUDA not used: {})", self.cpu.describe(), self.why)
+    }
+
+    fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
+        self.cpu.prepare(net, shape, notify)
     }
 }

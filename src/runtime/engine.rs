@@ -68,6 +68,8 @@ struct Request {
 
 struct TaskEntry {
     data: Arc<TaskData>,
+    /// The worker it was launched on (for [`Runner::collect`]).
+    worker: usize,
     /// The request and node of each real row.
     requests: Vec<RequestId>,
     nodes: Vec<u32>,
@@ -306,6 +308,8 @@ impl Engine {
     fn collect_results(&mut self, model: usize, task: TaskId) -> Option<Vec<RequestId>> {
         let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
         let entry = state.tasks.remove(&task)?;
+        // The runner makes the results readable (the CUDA runner copies them from pinned memory).
+        state.m.runner.collect(entry.worker, &entry.data);
         let out_len = state.io.1;
         let mut io = entry.data.io.lock().unwrap_or_else(|p| p.into_inner());
         let error = io.error.take();
@@ -422,7 +426,8 @@ impl Engine {
         };
         let data = TaskData::new(l.batch, work);
         self.stats.record_task(l.requests.len());
-        state.tasks.insert(l.task, TaskEntry { data: data.clone(), requests: l.requests, nodes: l.nodes });
+        let entry = TaskEntry { data: data.clone(), worker: l.worker, requests: l.requests, nodes: l.nodes };
+        state.tasks.insert(l.task, entry);
         match state.m.runner.launch(l.worker, data.clone()) {
             Ok(target) => {
                 let signal = state.m.runner.signal(l.worker);

@@ -17,6 +17,8 @@ pub const SERVE_ROW_FRESH: u32 = 2147483648;
 pub const SERVE_SLOT_MASK: u32 = 2147483647;
 pub const SERVE_ROW_OK: u32 = 0;
 pub const SERVE_ROW_BAD_TOKEN: u32 = 1;
+pub const SERVE_ACT_NONE: u32 = 0;
+pub const SERVE_ACT_RELU: u32 = 1;
 /// A device address (CUdeviceptr).
 pub type DevicePtr = u64;
 /** serve_signal: completion signal (signal.cu).
@@ -514,6 +516,63 @@ const _: () = {
     [
         "Offset of field: TreePointwiseParams::arena_width",
     ][::std::mem::offset_of!(TreePointwiseParams, arena_width) - 92usize];
+};
+/** serve_bias_act: bias and activation of a dense layer (dense.cu), after its GEMM, as the CPU
+ backend's `linear`.
+
+ For r < rows, j < cols: v = src[r, j] + bias[j] (no bias when bias == 0), then
+ ReLU(v) = fmaxf(v, 0) (NaN gives 0, as Rust's f32::max) when act == SERVE_ACT_RELU;
+ dst[r, j] = v. dst may be src (in place, with dst_ld == src_ld) or another buffer, e.g. the
+ device address of a pinned, mapped host output buffer (zero-copy result).
+ Work: one thread per element. One pass: grid = ceil(rows · cols / SERVE_BLOCK).*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct BiasActParams {
+    /// const float[rows, src_ld]: the GEMM's output.
+    pub src: DevicePtr,
+    /// const float[cols]; 0: no bias.
+    pub bias: DevicePtr,
+    /// float[rows, dst_ld]: columns 0..cols written.
+    pub dst: DevicePtr,
+    pub rows: u32,
+    pub cols: u32,
+    pub src_ld: u32,
+    pub dst_ld: u32,
+    /// SERVE_ACT_NONE or SERVE_ACT_RELU.
+    pub act: u32,
+    pub _pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of BiasActParams"][::std::mem::size_of::<BiasActParams>() - 48usize];
+    ["Alignment of BiasActParams"][::std::mem::align_of::<BiasActParams>() - 8usize];
+    [
+        "Offset of field: BiasActParams::src",
+    ][::std::mem::offset_of!(BiasActParams, src) - 0usize];
+    [
+        "Offset of field: BiasActParams::bias",
+    ][::std::mem::offset_of!(BiasActParams, bias) - 8usize];
+    [
+        "Offset of field: BiasActParams::dst",
+    ][::std::mem::offset_of!(BiasActParams, dst) - 16usize];
+    [
+        "Offset of field: BiasActParams::rows",
+    ][::std::mem::offset_of!(BiasActParams, rows) - 24usize];
+    [
+        "Offset of field: BiasActParams::cols",
+    ][::std::mem::offset_of!(BiasActParams, cols) - 28usize];
+    [
+        "Offset of field: BiasActParams::src_ld",
+    ][::std::mem::offset_of!(BiasActParams, src_ld) - 32usize];
+    [
+        "Offset of field: BiasActParams::dst_ld",
+    ][::std::mem::offset_of!(BiasActParams, dst_ld) - 36usize];
+    [
+        "Offset of field: BiasActParams::act",
+    ][::std::mem::offset_of!(BiasActParams, act) - 40usize];
+    [
+        "Offset of field: BiasActParams::_pad0",
+    ][::std::mem::offset_of!(BiasActParams, _pad0) - 44usize];
 };
 }
 

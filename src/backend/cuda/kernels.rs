@@ -29,10 +29,12 @@ pub const ARGMAX: &str = "serve_argmax";
 pub const TREE_GATHER: &str = "serve_tree_gather";
 /// `serve_tree_pointwise` ([`abi::TreePointwiseParams`]): a thread per (row, unit).
 pub const TREE_POINTWISE: &str = "serve_tree_pointwise";
+/// `serve_bias_act` ([`abi::BiasActParams`]): a thread per element.
+pub const BIAS_ACT: &str = "serve_bias_act";
 
 /// Every kernel of the image.
-pub const KERNELS: [&str; 7] =
-    [SIGNAL, EMBEDDING_GATHER, LSTM_GATHER, LSTM_POINTWISE, ARGMAX, TREE_GATHER, TREE_POINTWISE];
+pub const KERNELS: [&str; 8] =
+    [SIGNAL, EMBEDDING_GATHER, LSTM_GATHER, LSTM_POINTWISE, ARGMAX, TREE_GATHER, TREE_POINTWISE, BIAS_ACT];
 
 /// Threads per block of every kernel but [`SIGNAL`].
 pub const BLOCK: u32 = abi::SERVE_BLOCK;
@@ -51,6 +53,7 @@ pub static SOURCES: &[(&str, &str)] = &[
     ("signal.cu", include_str!("../../../cuda/signal.cu")),
     ("embedding.cu", include_str!("../../../cuda/embedding.cu")),
     ("lstm.cu", include_str!("../../../cuda/lstm.cu")),
+    ("dense.cu", include_str!("../../../cuda/dense.cu")),
 ];
 
 /// What the crate carries for the kernels.

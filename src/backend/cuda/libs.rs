@@ -36,6 +36,7 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamQuery",
     "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventRecord",

@@ -23,18 +23,27 @@
 //! * [`module`] — [`Module`]: a fatbin loaded as is, or sources compiled with NVRTC for the
 //!   device (cached per process); [`CudaDevice::kernels`] loads the crate's own kernels.
 //! * [`blas`] — [`Blas`], a cuBLAS handle per stream for the LSTM GEMM.
+//!
+//! On top of them, the backend itself: [`CudaBackend`] (`backend.rs`) prepares models as CUDA
+//! runners (`runner.rs`: staging, launch, signal, collect; `recurrent.rs`: lstm, seq2seq and
+//! treelstm cell tasks; `mlp.rs`: dense layers).
 
 pub mod abi;
 pub mod kernels;
 
+mod backend;
 pub mod blas;
 pub mod driver;
 pub mod libs;
 pub mod memory;
+mod mlp;
 pub mod module;
+mod recurrent;
+mod runner;
 pub mod signal;
 pub mod stream;
 
+pub use backend::CudaBackend;
 pub use blas::Blas;
 pub use driver::{CudaDevice, DeviceInfo};
 pub use memory::{DeviceBuffer, PinnedMapped, Pod};

@@ -110,4 +110,9 @@ impl CompletionSignal for CudaSignal {
     fn completed(&self) -> u64 {
         self.counters.completed(self.index)
     }
+
+    /// The device cannot wake a parked thread: the poller spins while it waits on this counter.
+    fn notifies(&self) -> bool {
+        false
+    }
 }

@@ -1,0 +1,597 @@
+//! The CUDA [`Runner`]: the machinery shared by the recurrent and mlp runners (DESIGN §5).
+//!
+//! A prepared model ([`DeviceModel`]: weights uploaded once to device memory, shared by every
+//! worker) runs on `workers` workers, each with its own [`Stream`], cuBLAS handle bound to that
+//! stream, device activation buffers allocated once at prepare, and a completion counter (one
+//! [`SignalCounters`] allocation for all workers). [`Runner::launch`] runs on the engine thread:
+//! it checks the task, writes its host-side inputs into a pinned **staging** buffer, queues the
+//! upload, the kernels and GEMMs, then the signal kernel, and returns at once with the counter
+//! value that marks the task done. Outputs are written by the kernels straight into the staging's
+//! pinned, mapped output buffers (zero-copy); after the poller has seen the counter, the engine
+//! calls [`Runner::collect`], which copies them into [`TaskIo`]. Nothing calls back from the GPU.
+//!
+//! # Staging ownership
+//!
+//! A [`Staging`] (pinned, mapped host memory: row descriptors and dense inputs the stream copies
+//! to the device, outputs the kernels write) is owned by exactly one of:
+//! * the worker's free list — nobody uses it;
+//! * one launched task (an [`InFlight`] record) — from `launch` until **both** the worker's
+//!   counter has reached the task's target (the device has finished every copy and kernel that
+//!   touches it: the signal kernel runs after them in stream order) **and** `collect` has copied
+//!   its outputs out. Only then does it return to the free list. Between the launch and the
+//!   counter, the host never writes it (so uploads queued from it read what launch wrote) and never
+//!   reads its outputs (so it never races the kernels writing them);
+//! * the worker's retired list — a launch queued device work that may read or write it but could
+//!   not queue the signal that would tell when that work is done: it is never reused, and freed
+//!   with the runner (whose drop waits for the device).
+//!
+//! Staging is taken per task from the free list (allocated when none fits), so a task's inputs and
+//! outputs are never overwritten by a later task of the same worker, however far the host runs
+//! ahead of the device.
+//!
+//! # Device buffers
+//!
+//! Every address a kernel or copy receives belongs to memory owned by the runner (weights, the
+//! state arena, the worker's activation buffers, its counter) or by the task's staging, sized at
+//! prepare (or grown, see `recurrent.rs`) for the largest task, and checked against the task by
+//! [`DeviceModel::plan`] before anything is queued. Device memory and pinned memory are freed only
+//! in their `Drop`, which first waits for the whole context (`cuCtxSynchronize`), so queued work
+//! never touches freed memory. A worker's activation buffers are reused by its next task without
+//! waiting: both run on the worker's stream, in order. The state arena is shared by all workers:
+//! tasks in flight at once never share a slot (the scheduler's contract), and a task reading a
+//! slot an earlier task wrote (on any worker) is only launched after the poller has seen that
+//! task's counter with an acquire load — the earlier kernels have completed, and kernels launched
+//! after that see their writes.
+//!
+//! # Completion and errors
+//!
+//! Completion is the worker's counter ([`StreamSignal`], which never notifies: the poller spins
+//! while CUDA tasks are in flight). A CUDA error while queuing a task becomes the task's error
+//! (the engine completes its requests `BACKEND`) as long as the signal could still be queued; if
+//! not, `launch` returns the error. A device fault that stops a stream (its counter would never
+//! reach the target) is reported by [`StreamSignal::failure`]; the poller then reports the
+//! stream's tasks done and `collect` gives each the stream's error.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::result::DriverError;
+use cudarc::driver::sys::{self as cusys, CUresult};
+
+use super::abi;
+use super::driver::{bind, driver_error};
+use super::kernels::{self, BLOCK};
+use super::memory::Pod;
+use super::{
+    Blas, CudaDevice, CudaSignal, Function, LaunchConfig, Module, PinnedMapped, SignalCounters, Stream,
+};
+use crate::backend::{CompletionSignal, Runner, RunnerShape, TaskData, TaskIo, Work};
+use crate::error::{Code, Error, Result};
+
+/// Staging buffers allocated per worker at prepare (more are allocated when tasks in flight need
+/// them).
+const PREALLOCATED_STAGING: usize = 2;
+
+/// The crate's kernels, looked up once per runner, with one launch method per kernel.
+///
+/// # Safety (every launch method)
+/// Every nonzero address in the parameters must be memory of the stream's context holding at
+/// least what the kernel's contract in `cuda/serve_kernels.h` reads and writes for the sizes in
+/// the parameters, and it must stay allocated until the kernel has run; the host must not access
+/// memory the kernel writes (nor write memory it reads) until the task's completion counter has
+/// been seen. In this module: the buffer invariant and staging ownership of the module
+/// documentation.
+pub(super) struct Kernels {
+    signal: Function,
+    embedding: Function,
+    lstm_gather: Function,
+    lstm_pointwise: Function,
+    argmax: Function,
+    tree_gather: Function,
+    tree_pointwise: Function,
+    bias_act: Function,
+}
+
+/// A 1-D launch of blocks of [`BLOCK`] threads covering `units` units of `per_block` per block.
+fn linear(units: u64, per_block: u32) -> LaunchConfig {
+    LaunchConfig::linear(kernels::grid(units, per_block), BLOCK)
+}
+
+impl Kernels {
+    pub(super) fn load(module: &Module) -> Result<Kernels> {
+        Ok(Kernels {
+            signal: module.function(kernels::SIGNAL)?,
+            embedding: module.function(kernels::EMBEDDING_GATHER)?,
+            lstm_gather: module.function(kernels::LSTM_GATHER)?,
+            lstm_pointwise: module.function(kernels::LSTM_POINTWISE)?,
+            argmax: module.function(kernels::ARGMAX)?,
+            tree_gather: module.function(kernels::TREE_GATHER)?,
+            tree_pointwise: module.function(kernels::TREE_POINTWISE)?,
+            bias_act: module.function(kernels::BIAS_ACT)?,
+        })
+    }
+
+    /// `serve_signal`: grid 1, block 1.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    unsafe fn signal(&self, s: &Stream, p: &abi::SignalParams) -> Result<()> {
+        // SAFETY: the contract of [`Kernels`]; `SignalParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.signal, LaunchConfig::linear(1, 1), p) }
+    }
+
+    /// `serve_embedding_gather`: a warp per row.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn embedding(&self, s: &Stream, p: &abi::EmbeddingParams) -> Result<()> {
+        let cfg = linear(u64::from(p.batch), BLOCK / 32);
+        // SAFETY: the contract of [`Kernels`]; `EmbeddingParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.embedding, cfg, p) }
+    }
+
+    /// `serve_lstm_gather`: a thread per element of `[x | h]`.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn lstm_gather(&self, s: &Stream, p: &abi::LstmGatherParams) -> Result<()> {
+        let cfg = linear(u64::from(p.padded) * (u64::from(p.input) + u64::from(p.hidden)), BLOCK);
+        // SAFETY: the contract of [`Kernels`]; `LstmGatherParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.lstm_gather, cfg, p) }
+    }
+
+    /// `serve_lstm_pointwise`: a thread per (row, unit).
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn lstm_pointwise(&self, s: &Stream, p: &abi::LstmPointwiseParams) -> Result<()> {
+        let cfg = linear(u64::from(p.padded) * u64::from(p.hidden), BLOCK);
+        // SAFETY: the contract of [`Kernels`]; `LstmPointwiseParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.lstm_pointwise, cfg, p) }
+    }
+
+    /// `serve_argmax`: a block per row.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn argmax(&self, s: &Stream, p: &abi::ArgmaxParams) -> Result<()> {
+        let cfg = LaunchConfig::linear(kernels::grid(u64::from(p.rows), 1), BLOCK);
+        // SAFETY: the contract of [`Kernels`]; `ArgmaxParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.argmax, cfg, p) }
+    }
+
+    /// `serve_tree_gather`: a thread per (row, unit).
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn tree_gather(&self, s: &Stream, p: &abi::TreeGatherParams) -> Result<()> {
+        let cfg = linear(u64::from(p.padded) * u64::from(p.hidden), BLOCK);
+        // SAFETY: the contract of [`Kernels`]; `TreeGatherParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.tree_gather, cfg, p) }
+    }
+
+    /// `serve_tree_pointwise`: a thread per (row, unit).
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn tree_pointwise(&self, s: &Stream, p: &abi::TreePointwiseParams) -> Result<()> {
+        let cfg = linear(u64::from(p.padded) * u64::from(p.hidden), BLOCK);
+        // SAFETY: the contract of [`Kernels`]; `TreePointwiseParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.tree_pointwise, cfg, p) }
+    }
+
+    /// `serve_bias_act`: a thread per element.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn bias_act(&self, s: &Stream, p: &abi::BiasActParams) -> Result<()> {
+        let cfg = linear(u64::from(p.rows) * u64::from(p.cols), BLOCK);
+        // SAFETY: the contract of [`Kernels`]; `BiasActParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.bias_act, cfg, p) }
+    }
+}
+
+/// `v` as a kernel parameter: below 2³¹ (so that the kernels' 32-bit index arithmetic on it and
+/// on a slot id with the fresh bit cannot overflow), or UNSUPPORTED naming `what`.
+pub(super) fn dim(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).ok().filter(|&d| d <= abi::SERVE_SLOT_MASK).ok_or_else(|| {
+        Error::new(
+            Code::Unsupported,
+            format!("{what} of {v} is too large for the CUDA kernels (at most 2^31 - 1)"),
+        )
+    })
+}
+
+/// Sizes (elements) of the pinned buffers a task's staging needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Needs {
+    /// Row descriptors (`u32`) uploaded to the device.
+    pub desc: usize,
+    /// Dense input values uploaded to the device.
+    pub dense: usize,
+    /// Output values written by the kernels.
+    pub out: usize,
+    /// Output words (decoder tokens, embedding error flags) written by the kernels.
+    pub words: usize,
+}
+
+impl Needs {
+    fn max(self, o: Needs) -> Needs {
+        Needs {
+            desc: self.desc.max(o.desc),
+            dense: self.dense.max(o.dense),
+            out: self.out.max(o.out),
+            words: self.words.max(o.words),
+        }
+    }
+}
+
+/// A task's pinned, mapped host buffers (see the module documentation for who may touch them
+/// when).
+pub(super) struct Staging {
+    pub desc: PinnedMapped<u32>,
+    pub dense: PinnedMapped<f32>,
+    pub out: PinnedMapped<f32>,
+    pub words: PinnedMapped<u32>,
+}
+
+impl Staging {
+    fn new(device: &CudaDevice, n: Needs) -> Result<Staging> {
+        Ok(Staging {
+            desc: device.pinned_mapped(n.desc)?,
+            dense: device.pinned_mapped(n.dense)?,
+            out: device.pinned_mapped(n.out)?,
+            words: device.pinned_mapped(n.words)?,
+        })
+    }
+
+    fn fits(&self, n: &Needs) -> bool {
+        self.desc.len() >= n.desc
+            && self.dense.len() >= n.dense
+            && self.out.len() >= n.out
+            && self.words.len() >= n.words
+    }
+}
+
+/// The first `n` elements of `p` as a host slice, for an upload queued from pinned memory.
+///
+/// # Safety
+/// Nothing may write the elements while the slice lives: host writes need `&mut` of `p`, so it is
+/// enough that the device never writes them (staging that only copies read).
+pub(super) unsafe fn host_slice<T: Pod>(p: &PinnedMapped<T>, n: usize) -> &[T] {
+    assert!(n <= p.len(), "{n} elements of a pinned buffer of {}", p.len());
+    if n == 0 {
+        return &[];
+    }
+    // SAFETY: `n <= len` elements from the start of a live allocation owned by `p` (borrowed for
+    // the slice's lifetime), initialised (zeroed at allocation; any bits are a valid `T`), and not
+    // written while the slice lives (the caller's contract).
+    unsafe { std::slice::from_raw_parts(p.host_ptr(), n) }
+}
+
+/// What a launched task computes and how `collect` reads its results.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Plan {
+    pub needs: Needs,
+    /// Rows computed (padding included) and real rows.
+    pub padded: usize,
+    pub real: usize,
+    /// Values copied from `Staging::out` into `TaskIo::output`.
+    pub outputs: usize,
+    /// Decoder tokens copied from `Staging::words[0..]` into `TaskIo::tokens`.
+    pub tokens: usize,
+    /// Embedding error flags at `Staging::words[errors_at..errors_at + errors]`.
+    pub errors_at: usize,
+    pub errors: usize,
+    /// Recurrent models: rows whose `h` is an output, children of the task's tree rows, and
+    /// whether the task is a seq2seq decoder step.
+    pub out_rows: usize,
+    pub children: usize,
+    pub decoder: bool,
+}
+
+/// What a model's enqueue needs of its worker.
+pub(super) struct Ctx<'a> {
+    pub device: &'a CudaDevice,
+    pub kernels: &'a Kernels,
+    pub stream: &'a Stream,
+    pub blas: &'a mut Blas,
+}
+
+/// A model prepared on the device: weights uploaded once, shared by every worker.
+pub(super) trait DeviceModel: Send + Sync + 'static {
+    /// A worker's device activation buffers.
+    type Buffers: Send + 'static;
+
+    /// Values per input row and per output row (as [`Runner::io_lens`]).
+    fn io_lens(&self) -> (usize, usize);
+    fn state_slots(&self) -> usize;
+    /// Staging of a typical task (allocated per worker at prepare).
+    fn typical_needs(&self) -> Needs;
+    /// A worker's activation buffers, for tasks of up to `max_batch` rows.
+    fn buffers(&self, device: &CudaDevice, stream: &Stream) -> Result<Self::Buffers>;
+    /// Check `work` for a task of `padded` rows (host only: nothing is queued) and plan it.
+    fn plan(&self, padded: usize, work: &Work) -> Result<Plan>;
+    /// Write the task's host-side inputs into `staging` (host only), which fits `plan.needs`;
+    /// `scratch` is the worker's reusable host buffer.
+    fn stage(&self, work: &Work, plan: &Plan, staging: &mut Staging, scratch: &mut Vec<u32>) -> Result<()>;
+    /// Queue the task's uploads, kernels and GEMMs on `ctx.stream`, outputs into `staging`.
+    fn enqueue(&self, ctx: Ctx<'_>, bufs: &mut Self::Buffers, plan: &Plan, staging: &Staging) -> Result<()>;
+}
+
+/// Why `stream` can no longer complete work (a device fault; the context is then unusable), or
+/// `None` while it works (busy or idle).
+pub(super) fn stream_failure(stream: &Stream) -> Option<Error> {
+    if let Err(e) = bind(stream.cudarc().context()) {
+        return Some(e);
+    }
+    // SAFETY: a live stream (kept by `stream`) of the context bound above; the call only queries
+    // its state. `cuStreamQuery` is in the checked symbol list (libs.rs).
+    match unsafe { cusys::cuStreamQuery(stream.raw()) } {
+        CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_NOT_READY => None,
+        other => Some(driver_error("cuStreamQuery", DriverError(other))),
+    }
+}
+
+/// A worker's completion counter as the poller sees it: never notifies (the device cannot wake a
+/// parked thread), and reports a stream that stopped for good.
+pub(super) struct StreamSignal {
+    signal: Arc<CudaSignal>,
+    stream: Stream,
+}
+
+impl CompletionSignal for StreamSignal {
+    fn completed(&self) -> u64 {
+        self.signal.completed()
+    }
+
+    fn notifies(&self) -> bool {
+        false
+    }
+
+    fn failure(&self) -> Option<Error> {
+        stream_failure(&self.stream)
+    }
+}
+
+/// A launched task (see Staging ownership in the module documentation).
+struct InFlight {
+    task: Arc<TaskData>,
+    target: u64,
+    staging: Staging,
+    plan: Plan,
+    collected: bool,
+}
+
+/// One worker: its stream and everything only its tasks use.
+struct Worker<B> {
+    stream: Stream,
+    blas: Blas,
+    signal: Arc<CudaSignal>,
+    /// Signals queued so far: the counter's value once they have all run.
+    launched: u64,
+    free: Vec<Staging>,
+    in_flight: VecDeque<InFlight>,
+    retired: Vec<Staging>,
+    /// Host scratch for building a task's row descriptors.
+    scratch: Vec<u32>,
+    bufs: B,
+}
+
+impl<B> Worker<B> {
+    /// Return to the free list the staging of tasks both collected and counted.
+    fn reclaim(&mut self) {
+        let done = self.signal.completed();
+        let mut i = 0;
+        while i < self.in_flight.len() {
+            let f = &self.in_flight[i];
+            if f.collected && done >= f.target {
+                if let Some(f) = self.in_flight.remove(i) {
+                    self.free.push(f.staging);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Free staging that fits `needs` (the smallest such), or a new one.
+    fn take_staging(&mut self, device: &CudaDevice, needs: Needs, typical: Needs) -> Result<Staging> {
+        let best = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.fits(&needs))
+            .min_by_key(|(_, s)| (s.desc.len(), s.dense.len(), s.out.len(), s.words.len()))
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => Ok(self.free.swap_remove(i)),
+            // Room for the typical task too, so that the new buffers are useful afterwards.
+            None => Staging::new(device, needs.max(typical)),
+        }
+    }
+}
+
+/// The CUDA runner of one model.
+pub(super) struct CudaRunner<M: DeviceModel> {
+    model: Arc<M>,
+    kernels: Kernels,
+    device: CudaDevice,
+    workers: Vec<Mutex<Worker<M::Buffers>>>,
+    signals: Vec<Arc<StreamSignal>>,
+    max_batch: usize,
+}
+
+impl<M: DeviceModel> CudaRunner<M> {
+    pub(super) fn new(
+        device: &CudaDevice,
+        module: &Module,
+        model: M,
+        shape: RunnerShape,
+    ) -> Result<CudaRunner<M>> {
+        let kernels = Kernels::load(module)?;
+        let counters: Arc<SignalCounters> = device.signal_counters(shape.workers)?;
+        let typical = model.typical_needs();
+        let mut workers = Vec::with_capacity(shape.workers);
+        let mut signals = Vec::with_capacity(shape.workers);
+        for w in 0..shape.workers {
+            let stream = device.stream()?;
+            let mut blas = device.blas(&stream)?;
+            blas.set_tf32(false)?;
+            let bufs = model.buffers(device, &stream)?;
+            let free =
+                (0..PREALLOCATED_STAGING).map(|_| Staging::new(device, typical)).collect::<Result<_>>()?;
+            let signal = counters.signal(w);
+            signals.push(Arc::new(StreamSignal { signal: signal.clone(), stream: stream.clone() }));
+            workers.push(Mutex::new(Worker {
+                stream,
+                blas,
+                signal,
+                launched: 0,
+                free,
+                in_flight: VecDeque::new(),
+                retired: Vec::new(),
+                scratch: Vec::new(),
+                bufs,
+            }));
+        }
+        // Buffers zeroed on the workers' streams are ready before the first task.
+        device.synchronize()?;
+        Ok(CudaRunner {
+            model: Arc::new(model),
+            kernels,
+            device: device.clone(),
+            workers,
+            signals,
+            max_batch: shape.max_batch,
+        })
+    }
+
+    fn worker(&self, worker: usize) -> Result<MutexGuard<'_, Worker<M::Buffers>>> {
+        let w = self.workers.get(worker).ok_or_else(|| {
+            Error::internal(format!("worker {worker} of a runner with {} workers", self.workers.len()))
+        })?;
+        Ok(w.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Copy a completed task's results out of its staging.
+fn read_outputs(st: &Staging, plan: &Plan, io: &mut TaskIo) -> Result<()> {
+    if plan.errors > 0 {
+        let mut flags = vec![0u32; plan.errors];
+        st.words.read(plan.errors_at, &mut flags)?;
+        if let Some(row) = flags.iter().position(|&f| f != abi::SERVE_ROW_OK) {
+            return Err(Error::new(
+                Code::Backend,
+                format!("row {row} of the task has a token id outside the embedding table"),
+            ));
+        }
+    }
+    io.output.clear();
+    io.output.resize(plan.outputs, 0.0);
+    st.out.read(0, &mut io.output)?;
+    if plan.decoder {
+        io.tokens.clear();
+        io.tokens.resize(plan.tokens, 0);
+        st.words.read(0, &mut io.tokens)?;
+    }
+    Ok(())
+}
+
+impl<M: DeviceModel> Runner for CudaRunner<M> {
+    fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal> {
+        self.signals[worker].clone()
+    }
+
+    fn io_lens(&self) -> (usize, usize) {
+        self.model.io_lens()
+    }
+
+    fn state_slots(&self) -> usize {
+        self.model.state_slots()
+    }
+
+    fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
+        if task.rows == 0 || task.rows > self.max_batch {
+            return Err(Error::internal(format!(
+                "task of {} rows on a runner prepared for at most {}",
+                task.rows, self.max_batch
+            )));
+        }
+        let mut guard = self.worker(worker)?;
+        let w = &mut *guard;
+        // Host side: check, take staging, write the inputs. Nothing is queued yet, so an error here
+        // leaves the stream and the staging as they were.
+        let (plan, staging) = {
+            let io = task.io.lock().unwrap_or_else(|p| p.into_inner());
+            let plan = self.model.plan(task.rows, &io.work)?;
+            w.reclaim();
+            let mut staging = w.take_staging(&self.device, plan.needs, self.model.typical_needs())?;
+            if let Err(e) = self.model.stage(&io.work, &plan, &mut staging, &mut w.scratch) {
+                w.free.push(staging);
+                return Err(e);
+            }
+            (plan, staging)
+        };
+        // Device side: the task's work, then its signal.
+        let ctx = Ctx { device: &self.device, kernels: &self.kernels, stream: &w.stream, blas: &mut w.blas };
+        let queued = self.model.enqueue(ctx, &mut w.bufs, &plan, &staging);
+        let params = abi::SignalParams { counter: w.signal.device_ptr() };
+        // SAFETY: the counter is a live pinned, mapped allocation owned by the runner's
+        // `SignalCounters` (kept by `w.signal`), freed only after the context is synchronised; the
+        // host only does atomic loads of it; this stream is its only writer.
+        let signalled = unsafe { self.kernels.signal(&w.stream, &params) };
+        match signalled {
+            Ok(()) => {
+                w.launched += 1;
+                if let Err(e) = queued {
+                    // Counted all the same: the engine completes the task with this error.
+                    task.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
+                }
+                let target = w.launched;
+                w.in_flight.push_back(InFlight { task, target, staging, plan, collected: false });
+                Ok(target)
+            }
+            Err(e) => {
+                // Work may be queued that uses the staging, and nothing will tell when it is done.
+                w.retired.push(staging);
+                Err(queued.err().unwrap_or(e))
+            }
+        }
+    }
+
+    fn collect(&self, worker: usize, task: &TaskData) {
+        let Ok(mut w) = self.worker(worker) else { return };
+        let Some(i) = w.in_flight.iter().position(|f| std::ptr::eq(&*f.task, task) && !f.collected) else {
+            return; // not launched (the launch failed): nothing to read
+        };
+        w.in_flight[i].collected = true;
+        // Acquire: the kernels' writes to the staging are visible once counted.
+        let done = w.signal.completed();
+        let f = &w.in_flight[i];
+        let mut io = task.io.lock().unwrap_or_else(|p| p.into_inner());
+        if io.error.is_none() {
+            if done >= f.target {
+                if let Err(e) = read_outputs(&f.staging, &f.plan, &mut io) {
+                    io.error = Some(e);
+                }
+            } else {
+                // Reported done without its count: the stream failed (or the poller stopped).
+                let why = stream_failure(&w.stream).map(|e| e.message().to_string());
+                io.error = Some(Error::new(
+                    Code::Backend,
+                    format!(
+                        "the CUDA stream of worker {worker} stopped before the task completed{}",
+                        why.map(|m| format!(": {m}")).unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        drop(io);
+        w.reclaim();
+    }
+}
