@@ -10,15 +10,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::recurrent::{Stress, assert_near, check_near_greedy, policies, serve_fixtures, stress};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serve::model::{Lstm, Mlp, Network, Seq2Seq, TreeLstm};
 use serve::{
-    BackendChoice, BackendKind, CellularOptions, Code, CompletionQueue, Input, ModelOptions, Output,
-    PaddingConfig, PolicyConfig, Runtime, SubmitOptions, TimeoutConfig,
+    BackendChoice, BackendKind, CellularOptions, Code, Input, ModelOptions, Output, PaddingConfig,
+    PolicyConfig, Runtime, SubmitOptions, TimeoutConfig,
 };
 
 /// A runtime on the CUDA backend, or `None` after printing why the test is skipped.
@@ -45,102 +46,10 @@ fn cpu_runtime() -> Runtime {
     Runtime::builder().backend(BackendChoice::Cpu).cpu_threads(4).build().unwrap()
 }
 
-/// A committed fixture: under the crate the test was built from, or — for a test binary carried
-/// to another machine (a GPU host) and run from a copy of the repository — under the current
-/// directory.
-fn fixture(name: &str) -> PathBuf {
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata");
-    let root = if built.is_dir() { built } else { PathBuf::from("ffi_examples/testdata") };
-    root.join(name)
-}
-
-/// A fixture's requests and expected outputs (`expected.json`, made with PyTorch semantics).
-struct Case {
-    input: Input,
-    output: Option<Vec<f32>>,
-    tokens: Option<Vec<u32>>,
-}
-
-fn cases(name: &str) -> Vec<Case> {
-    let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let u32s =
-        |x: &serde_json::Value| x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
-    v["requests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let tokens: Vec<u32> = u32s(&r["tokens"]);
-            let input = match r.get("parents") {
-                Some(p) => Input::Tree {
-                    tokens,
-                    parents: p.as_array().unwrap().iter().map(|x| x.as_i64().unwrap() as i32).collect(),
-                },
-                None => Input::Tokens(tokens),
-            };
-            Case {
-                input,
-                output: r
-                    .get("output")
-                    .map(|o| o.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()),
-                tokens: r.get("output_tokens").map(u32s),
-            }
-        })
-        .collect()
-}
-
-/// `got` within `tol · max(1, |want|)` of `want`, element by element.
-fn assert_near(got: &[f32], want: &[f32], tol: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * w.abs().max(1.0), "{what}: element {i}: {g} vs {w}");
-    }
-}
-
-/// The policies the recurrent models are served under; `types` = the model's cell types.
-fn policies(types: usize) -> Vec<(&'static str, PolicyConfig)> {
-    let small = vec![3, 2][..types].to_vec();
-    vec![
-        ("cellular", PolicyConfig::Cellular(CellularOptions::default())),
-        (
-            "cellular-2w",
-            PolicyConfig::Cellular(CellularOptions { workers: 2, max_batch: small, max_tasks_to_submit: 2 }),
-        ),
-        ("padding", PolicyConfig::Padding(PaddingConfig::default())),
-        (
-            "padding-2w",
-            PolicyConfig::Padding(PaddingConfig { workers: 2, max_batch: 3, ..PaddingConfig::default() }),
-        ),
-    ]
-}
-
 #[test]
 fn fixtures_match_their_expected_outputs_on_cuda() {
     let Some(rt) = cuda_runtime() else { return };
-    for name in ["lstm_small", "seq2seq_small", "treelstm_small"] {
-        let cases = cases(name);
-        let types = serve::model::load(&fixture(name)).unwrap().cell_types().len();
-        for (label, policy) in policies(types) {
-            let model =
-                rt.load_model(fixture(name), ModelOptions { policy, ..ModelOptions::default() }).unwrap();
-            // Everything at once, three times over, so that requests batch with each other.
-            let tickets: Vec<_> = (0..3)
-                .flat_map(|_| {
-                    cases.iter().map(|c| model.submit(c.input.clone(), SubmitOptions::default()).unwrap())
-                })
-                .collect();
-            for (k, t) in tickets.into_iter().enumerate() {
-                let c = &cases[k % cases.len()];
-                let what = format!("{name} / {label} / request {}", k % cases.len());
-                match (t.wait().unwrap_or_else(|e| panic!("{what}: {e}")), &c.output, &c.tokens) {
-                    (Output::F32(y), Some(want), _) => assert_near(&y, want, 1e-4, &what),
-                    (Output::Tokens(t), _, Some(want)) => assert_eq!(&t, want, "{what}"),
-                    (other, _, _) => panic!("{what}: unexpected output {other:?}"),
-                }
-            }
-        }
-    }
+    serve_fixtures(&rt);
 }
 
 /// A random tree of `n` nodes (each node's parent comes before it) and its tokens, some absent.
@@ -157,40 +66,6 @@ fn tree_input(rng: &mut StdRng, n: usize, vocab: u32) -> Input {
 fn sentence(rng: &mut StdRng, vocab: u32, max: usize) -> Vec<u32> {
     let len = (24.0 * (rng.random_range(-1.0f64..1.0) * 0.8).exp()).round().clamp(1.0, max as f64) as usize;
     (0..len).map(|_| rng.random_range(0..vocab)).collect()
-}
-
-/// `tokens` is a greedy decode of `src` under `m` up to near-ties: at every step the chosen
-/// token's logit (f64 reference, fed the chosen tokens) is within `eps` of the best one, and the
-/// sequence stops exactly at `eos` or `max_decode`. Used when the CPU and CUDA backends pick
-/// different tokens, which only a near-tie of logits may explain.
-fn check_near_greedy(m: &Seq2Seq, src: &[u32], tokens: &[u32], what: &str) {
-    let (e, h) = (m.cfg.embed, m.cfg.hidden);
-    let mut state = m.encoder.zero_state();
-    for &t in src {
-        m.encoder.step_reference(&m.enc_embedding[t as usize * e..(t as usize + 1) * e], &mut state);
-    }
-    let mut prev = m.cfg.bos;
-    for (i, &t) in tokens.iter().enumerate() {
-        m.decoder.step_reference(&m.dec_embedding[prev as usize * e..(prev as usize + 1) * e], &mut state);
-        let top = &state.last().unwrap().0;
-        let logit = |v: usize| {
-            m.proj_bias[v] as f64
-                + m.proj_weight[v * h..(v + 1) * h].iter().zip(top).map(|(&w, &x)| w as f64 * x).sum::<f64>()
-        };
-        let best = (0..m.cfg.vocab).map(logit).fold(f64::NEG_INFINITY, f64::max);
-        let chosen = logit(t as usize);
-        assert!(
-            chosen >= best - 1e-3 * best.abs().max(1.0),
-            "{what}: step {i} chose {t} with logit {chosen}, the best is {best}"
-        );
-        assert!(t != m.cfg.eos || i + 1 == tokens.len(), "{what}: tokens continue past eos");
-        prev = t;
-    }
-    assert!(
-        tokens.last() == Some(&m.cfg.eos) || tokens.len() == m.cfg.max_decode,
-        "{what}: stopped at {} tokens without eos",
-        tokens.len()
-    );
 }
 
 /// Larger random models (h = 256), many concurrent requests, every policy: the CUDA backend's
@@ -372,132 +247,22 @@ fn cancel_and_deadline_stop_a_running_request_at_a_cell_boundary_on_cuda() {
     }
 }
 
-/// Many requests of all three kinds from several threads on models with several workers and
-/// several tasks in flight per worker, with random cancels and deadlines and a shutdown in the
-/// middle: every accepted request completes exactly once, with OK (and then the right output),
-/// CANCELLED or DEADLINE_EXCEEDED.
+/// Many tasks in flight on several workers (MaxTasksToSubmit 5), with random cancels, deadlines
+/// and a shutdown in the middle: every accepted request completes exactly once, with OK (and then
+/// the right output), CANCELLED or DEADLINE_EXCEEDED.
 #[test]
 fn many_tasks_in_flight_on_several_workers_complete_exactly_once() {
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
     let Some(rt) = cuda_runtime() else { return };
-    let rt = Arc::new(rt);
-    const THREADS: u64 = 3;
-    const PER_THREAD: u64 = 2000;
-    let lstm = Lstm::random(40, 8, 32, 2, 1);
-    let s2s = Seq2Seq::random(40, 8, 32, 1, 1, 2, 6, 2);
-    let tree = TreeLstm::random(40, 8, 32, 3);
-    let cellular = |workers, types: usize| ModelOptions {
-        policy: PolicyConfig::Cellular(CellularOptions {
-            workers,
-            max_batch: vec![16, 8][..types].to_vec(),
+    stress(
+        Arc::new(rt),
+        Stress {
+            hidden: 32,
+            workers: [4, 3, 2],
             max_tasks_to_submit: 5,
-        }),
-        state_slots: Some(400),
-        ..ModelOptions::default()
-    };
-    let models = [
-        rt.add_network(Arc::new(Network::Lstm(lstm.clone())), "lstm".into(), cellular(4, 1)).unwrap(),
-        rt.add_network(Arc::new(Network::Seq2Seq(s2s.clone())), "s2s".into(), cellular(3, 2)).unwrap(),
-        rt.add_network(Arc::new(Network::TreeLstm(tree.clone())), "tree".into(), cellular(2, 2)).unwrap(),
-    ];
-    let q = Arc::new(CompletionQueue::new().unwrap());
-    let submitted = Arc::new(AtomicU64::new(0));
-    let input_of = |tag: u64| -> Input {
-        let mut rng = StdRng::seed_from_u64(tag);
-        let n = rng.random_range(1..30);
-        match tag % 3 {
-            0 | 1 => Input::Tokens((0..n).map(|_| rng.random_range(0..40)).collect()),
-            _ => tree_input(&mut rng, n, 40),
-        }
-    };
-    let submitters: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (models, q, rt, submitted) = (models.clone(), q.clone(), rt.clone(), submitted.clone());
-            std::thread::spawn(move || {
-                let mut rng = StdRng::seed_from_u64(100 + t);
-                let (mut accepted, mut refused) = (Vec::new(), Vec::new());
-                for i in 0..PER_THREAD {
-                    let tag = t * PER_THREAD + i;
-                    let opts = if rng.random_bool(0.03) {
-                        SubmitOptions::with_timeout(Duration::from_micros(rng.random_range(1..2000)))
-                    } else {
-                        SubmitOptions::default()
-                    };
-                    let model = &models[(tag % 3) as usize];
-                    let mut result = model.submit_to(input_of(tag), opts, &q, tag);
-                    while result.as_ref().is_err_and(|e| e.code() == Code::Busy) {
-                        std::thread::yield_now();
-                        result = model.submit_to(input_of(tag), opts, &q, tag);
-                    }
-                    match result {
-                        Ok(id) => {
-                            accepted.push(tag);
-                            submitted.fetch_add(1, Ordering::Relaxed);
-                            if rng.random_bool(0.05) {
-                                rt.cancel(id).unwrap();
-                            }
-                        }
-                        Err(e) => {
-                            assert!(matches!(e.code(), Code::Shutdown | Code::DeadlineExceeded), "{e}");
-                            refused.push(tag);
-                        }
-                    }
-                }
-                (accepted, refused)
-            })
-        })
-        .collect();
-    while submitted.load(Ordering::Relaxed) < THREADS * PER_THREAD * 2 / 3 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    rt.shutdown(Duration::from_millis(300));
-    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
-    for s in submitters {
-        let (a, r) = s.join().unwrap();
-        accepted.extend(a);
-        refused.extend(r);
-    }
-    let mut seen: HashMap<u64, Code> = HashMap::new();
-    loop {
-        let batch = q.next(256, Duration::from_millis(50)).unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        for c in batch {
-            let code = c.result.as_ref().err().map_or(Code::Ok, |e| e.code());
-            assert!(seen.insert(c.tag, code).is_none(), "tag {} completed twice", c.tag);
-            if let Ok(out) = &c.result {
-                let what = format!("tag {}", c.tag);
-                match (c.tag % 3, input_of(c.tag), out) {
-                    (0, Input::Tokens(t), Output::F32(y)) => {
-                        assert_near(y, &lstm.forward_reference(&t), 1e-4, &what)
-                    }
-                    (1, Input::Tokens(src), Output::Tokens(t)) => {
-                        if *t != s2s.decode_reference(&src) {
-                            check_near_greedy(&s2s, &src, t, &what);
-                        }
-                    }
-                    (2, Input::Tree { tokens, parents }, Output::F32(y)) => {
-                        assert_near(y, &tree.forward_reference(&tokens, &parents), 1e-4, &what)
-                    }
-                    (_, _, other) => panic!("{what}: unexpected output {other:?}"),
-                }
-            }
-        }
-    }
-    assert!(!refused.is_empty(), "the shutdown happened in the middle");
-    assert_eq!(seen.len(), accepted.len(), "every accepted request completes");
-    for tag in &accepted {
-        let code = seen.get(tag).unwrap_or_else(|| panic!("tag {tag} never completed"));
-        assert!(matches!(code, Code::Ok | Code::Cancelled | Code::DeadlineExceeded), "tag {tag}: {code}");
-    }
-    assert!(refused.iter().all(|t| !seen.contains_key(t)));
-    for kind in 0..3 {
-        let ok = seen.iter().filter(|&(t, &c)| t % 3 == kind && c == Code::Ok).count();
-        assert!(ok >= 50, "kind {kind}: only {ok} requests served before the shutdown");
-    }
+            per_thread: 2000,
+            near_greedy: true,
+        },
+    );
 }
 
 /// The backend choice: `cuda` gives the CUDA backend when a device exists; `auto` keeps the CPU

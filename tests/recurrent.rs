@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::recurrent::{Stress, cases, check, fixture, serve_fixtures, stress};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,100 +18,13 @@ use serve::{
     SubmitOptions,
 };
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata").join(name)
-}
-
-struct Case {
-    input: Input,
-    output: Option<Vec<f32>>,
-    tokens: Option<Vec<u32>>,
-}
-
-fn cases(name: &str) -> Vec<Case> {
-    let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let u32s =
-        |x: &serde_json::Value| x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
-    v["requests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let tokens: Vec<u32> = u32s(&r["tokens"]);
-            let input = match r.get("parents") {
-                Some(p) => Input::Tree {
-                    tokens,
-                    parents: p.as_array().unwrap().iter().map(|x| x.as_i64().unwrap() as i32).collect(),
-                },
-                None => Input::Tokens(tokens),
-            };
-            Case {
-                input,
-                output: r
-                    .get("output")
-                    .map(|o| o.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()),
-                tokens: r.get("output_tokens").map(u32s),
-            }
-        })
-        .collect()
-}
-
 fn runtime() -> Runtime {
     Runtime::builder().backend(BackendChoice::Cpu).cpu_threads(2).build().unwrap()
 }
 
-/// The policies every fixture is served under; `types` = the model's cell types.
-fn policies(types: usize) -> Vec<(&'static str, PolicyConfig)> {
-    let small = vec![3, 2][..types].to_vec();
-    vec![
-        ("cellular", PolicyConfig::Cellular(CellularOptions::default())),
-        (
-            "cellular-2w-small",
-            PolicyConfig::Cellular(CellularOptions { workers: 2, max_batch: small, max_tasks_to_submit: 2 }),
-        ),
-        ("padding", PolicyConfig::Padding(PaddingConfig::default())),
-        (
-            "padding-2w",
-            PolicyConfig::Padding(PaddingConfig { workers: 2, max_batch: 3, ..PaddingConfig::default() }),
-        ),
-    ]
-}
-
-fn check(case: &Case, got: Output, what: &str) {
-    match (got, &case.output, &case.tokens) {
-        (Output::F32(y), Some(want), _) => {
-            assert_eq!(y.len(), want.len(), "{what}");
-            for (i, (g, w)) in y.iter().zip(want).enumerate() {
-                assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{what}: element {i}: {g} vs {w}");
-            }
-        }
-        (Output::Tokens(t), _, Some(want)) => assert_eq!(&t, want, "{what}"),
-        (other, _, _) => panic!("{what}: unexpected output {other:?}"),
-    }
-}
-
 #[test]
 fn fixtures_match_their_expected_outputs_under_every_policy() {
-    let rt = runtime();
-    for name in ["lstm_small", "seq2seq_small", "treelstm_small"] {
-        let cases = cases(name);
-        let types = serve::model::load(&fixture(name)).unwrap().cell_types().len();
-        for (label, policy) in policies(types) {
-            let model =
-                rt.load_model(fixture(name), ModelOptions { policy, ..ModelOptions::default() }).unwrap();
-            // Everything at once, three times over, so requests batch with each other.
-            let tickets: Vec<_> = (0..3)
-                .flat_map(|_| {
-                    cases.iter().map(|c| model.submit(c.input.clone(), SubmitOptions::default()).unwrap())
-                })
-                .collect();
-            for (k, t) in tickets.into_iter().enumerate() {
-                let c = &cases[k % cases.len()];
-                check(c, t.wait().unwrap(), &format!("{name} / {label} / request {}", k % cases.len()));
-            }
-        }
-    }
+    serve_fixtures(&runtime());
 }
 
 #[test]
@@ -375,140 +290,20 @@ fn saved_models_load_back_identically() {
 }
 
 /// Many concurrent recurrent requests of all three kinds with random cancels, deadlines, slot
-/// back-pressure and a shutdown in the middle: every accepted request completes exactly once,
-/// with OK (and then the reference output), CANCELLED or DEADLINE_EXCEEDED.
+/// back-pressure and a shutdown in the middle: every accepted request completes exactly once.
 #[test]
 fn every_recurrent_request_completes_exactly_once_under_stress() {
-    use rand::{Rng, SeedableRng, rngs::StdRng};
-    use serve::CompletionQueue;
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    const THREADS: u64 = 3;
-    const PER_THREAD: u64 = 1500;
     let rt = Arc::new(runtime());
-    let lstm = Lstm::random(40, 8, 16, 2, 1);
-    let s2s = Seq2Seq::random(40, 8, 16, 1, 1, 2, 6, 2);
-    let tree = TreeLstm::random(40, 8, 16, 3);
-    let cellular = |workers| ModelOptions {
-        policy: PolicyConfig::Cellular(CellularOptions {
-            workers,
-            max_batch: vec![16, 8],
+    stress(
+        rt,
+        Stress {
+            hidden: 16,
+            workers: [2, 1, 2],
             max_tasks_to_submit: 3,
-        }),
-        state_slots: Some(200),
-        ..ModelOptions::default()
-    };
-    let one_type = ModelOptions {
-        policy: PolicyConfig::Cellular(CellularOptions {
-            workers: 2,
-            max_batch: vec![16],
-            max_tasks_to_submit: 3,
-        }),
-        ..ModelOptions::default()
-    };
-    let models = [
-        rt.add_network(Arc::new(Network::Lstm(lstm.clone())), "lstm".into(), one_type).unwrap(),
-        rt.add_network(Arc::new(Network::Seq2Seq(s2s.clone())), "s2s".into(), cellular(1)).unwrap(),
-        rt.add_network(Arc::new(Network::TreeLstm(tree.clone())), "tree".into(), cellular(2)).unwrap(),
-    ];
-    let q = Arc::new(CompletionQueue::new().unwrap());
-    let submitted = Arc::new(AtomicU64::new(0));
-    let input_of = |tag: u64| -> Input {
-        let mut rng = StdRng::seed_from_u64(tag);
-        let n = rng.random_range(1..30);
-        match tag % 3 {
-            0 | 1 => Input::Tokens((0..n).map(|_| rng.random_range(0..40)).collect()),
-            _ => Input::Tree {
-                tokens: (0..n).map(|_| rng.random_range(0..40)).collect(),
-                parents: (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) }).collect(),
-            },
-        }
-    };
-    let submitters: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (models, q, rt, submitted) = (models.clone(), q.clone(), rt.clone(), submitted.clone());
-            std::thread::spawn(move || {
-                let mut rng = StdRng::seed_from_u64(100 + t);
-                let (mut accepted, mut refused) = (Vec::new(), Vec::new());
-                for i in 0..PER_THREAD {
-                    let tag = t * PER_THREAD + i;
-                    let opts = if rng.random_bool(0.03) {
-                        SubmitOptions::with_timeout(Duration::from_micros(rng.random_range(1..2000)))
-                    } else {
-                        SubmitOptions::default()
-                    };
-                    let model = &models[(tag % 3) as usize];
-                    let mut result = model.submit_to(input_of(tag), opts, &q, tag);
-                    while result.as_ref().is_err_and(|e| e.code() == Code::Busy) {
-                        std::thread::yield_now();
-                        result = model.submit_to(input_of(tag), opts, &q, tag);
-                    }
-                    match result {
-                        Ok(id) => {
-                            accepted.push(tag);
-                            submitted.fetch_add(1, Ordering::Relaxed);
-                            if rng.random_bool(0.05) {
-                                rt.cancel(id).unwrap();
-                            }
-                        }
-                        Err(e) => {
-                            assert!(matches!(e.code(), Code::Shutdown | Code::DeadlineExceeded), "{e}");
-                            refused.push(tag);
-                        }
-                    }
-                }
-                (accepted, refused)
-            })
-        })
-        .collect();
-    while submitted.load(Ordering::Relaxed) < THREADS * PER_THREAD * 2 / 3 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    rt.shutdown(Duration::from_millis(300));
-    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
-    for s in submitters {
-        let (a, r) = s.join().unwrap();
-        accepted.extend(a);
-        refused.extend(r);
-    }
-    let mut seen: HashMap<u64, Code> = HashMap::new();
-    loop {
-        let batch = q.next(256, Duration::from_millis(50)).unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        for c in batch {
-            let code = c.result.as_ref().err().map_or(Code::Ok, |e| e.code());
-            assert!(seen.insert(c.tag, code).is_none(), "tag {} completed twice", c.tag);
-            if let Ok(out) = &c.result {
-                match (c.tag % 3, input_of(c.tag), out) {
-                    (0, Input::Tokens(t), Output::F32(y)) => {
-                        common::assert_close(y, &lstm.forward_reference(&t))
-                    }
-                    (1, Input::Tokens(_), Output::Tokens(t)) => {
-                        assert!(!t.is_empty() && t.len() <= 6);
-                        assert!(t[..t.len() - 1].iter().all(|&x| x != 2), "tokens continue past eos: {t:?}");
-                    }
-                    (2, Input::Tree { tokens, parents }, Output::F32(y)) => {
-                        common::assert_close(y, &tree.forward_reference(&tokens, &parents))
-                    }
-                    (_, _, other) => panic!("tag {}: unexpected output {other:?}", c.tag),
-                }
-            }
-        }
-    }
-    assert!(!refused.is_empty(), "the shutdown happened in the middle");
-    assert_eq!(seen.len(), accepted.len(), "every accepted request completes");
-    for tag in &accepted {
-        let code = seen.get(tag).unwrap_or_else(|| panic!("tag {tag} never completed"));
-        assert!(matches!(code, Code::Ok | Code::Cancelled | Code::DeadlineExceeded), "tag {tag}: {code}");
-    }
-    assert!(refused.iter().all(|t| !seen.contains_key(t)));
-    for kind in 0..3 {
-        let ok = seen.iter().filter(|&(t, &c)| t % 3 == kind && c == Code::Ok).count();
-        assert!(ok >= 50, "kind {kind}: only {ok} requests served before the shutdown");
-    }
+            per_thread: 1500,
+            near_greedy: false,
+        },
+    );
 }
 
 /// A padded tree level can hold far more rows than any cellular task (batch × the widest level):

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serve::model::Mlp;
 
 pub mod native;
+pub mod recurrent;
 
 /// A fresh, unique directory under the system temp dir.
 pub fn tempdir(label: &str) -> PathBuf {

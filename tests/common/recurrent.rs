@@ -1,0 +1,298 @@
+//! Recurrent-model checks shared by the CPU tests (tests/recurrent.rs) and the GPU tests
+//! (tests/gpu_e2e.rs): the committed fixtures and the exactly-once stress run, on any runtime.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serve::model::{Lstm, Network, Seq2Seq, TreeLstm};
+use serve::{
+    CellularOptions, Code, CompletionQueue, Input, ModelOptions, Output, PaddingConfig, PolicyConfig,
+    Runtime, SubmitOptions,
+};
+
+/// A committed fixture: under the crate the test was built from, or — for a test binary carried
+/// to another machine (a GPU host) and run from a copy of the repository — under the current
+/// directory.
+pub fn fixture(name: &str) -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata");
+    let root = if built.is_dir() { built } else { PathBuf::from("ffi_examples/testdata") };
+    root.join(name)
+}
+
+/// A fixture's request and expected output (`expected.json`, made with PyTorch semantics by
+/// scripts/make_fixtures.py).
+pub struct Case {
+    pub input: Input,
+    pub output: Option<Vec<f32>>,
+    pub tokens: Option<Vec<u32>>,
+}
+
+pub fn cases(name: &str) -> Vec<Case> {
+    let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let u32s =
+        |x: &serde_json::Value| x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    v["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let tokens: Vec<u32> = u32s(&r["tokens"]);
+            let input = match r.get("parents") {
+                Some(p) => Input::Tree {
+                    tokens,
+                    parents: p.as_array().unwrap().iter().map(|x| x.as_i64().unwrap() as i32).collect(),
+                },
+                None => Input::Tokens(tokens),
+            };
+            Case {
+                input,
+                output: r
+                    .get("output")
+                    .map(|o| o.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()),
+                tokens: r.get("output_tokens").map(u32s),
+            }
+        })
+        .collect()
+}
+
+/// `got` within `tol · max(1, |want|)` of `want`, element by element.
+pub fn assert_near(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * w.abs().max(1.0), "{what}: element {i}: {g} vs {w}");
+    }
+}
+
+/// A served output against a fixture case: floats within 1e-4 relative, tokens exactly.
+pub fn check(case: &Case, got: Output, what: &str) {
+    match (got, &case.output, &case.tokens) {
+        (Output::F32(y), Some(want), _) => assert_near(&y, want, 1e-4, what),
+        (Output::Tokens(t), _, Some(want)) => assert_eq!(&t, want, "{what}"),
+        (other, _, _) => panic!("{what}: unexpected output {other:?}"),
+    }
+}
+
+/// The policies every fixture is served under; `types` = the model's cell types.
+pub fn policies(types: usize) -> Vec<(&'static str, PolicyConfig)> {
+    let small = [3, 2][..types].to_vec();
+    vec![
+        ("cellular", PolicyConfig::Cellular(CellularOptions::default())),
+        (
+            "cellular-2w-small",
+            PolicyConfig::Cellular(CellularOptions { workers: 2, max_batch: small, max_tasks_to_submit: 2 }),
+        ),
+        ("padding", PolicyConfig::Padding(PaddingConfig::default())),
+        (
+            "padding-2w",
+            PolicyConfig::Padding(PaddingConfig { workers: 2, max_batch: 3, ..PaddingConfig::default() }),
+        ),
+    ]
+}
+
+/// Serve every fixture under every policy of [`policies`] on `rt`: all requests at once, three
+/// times over (so they batch with each other), each checked against its expected output.
+pub fn serve_fixtures(rt: &Runtime) {
+    for name in ["lstm_small", "seq2seq_small", "treelstm_small"] {
+        let cases = cases(name);
+        let types = serve::model::load(&fixture(name)).unwrap().cell_types().len();
+        for (label, policy) in policies(types) {
+            let model =
+                rt.load_model(fixture(name), ModelOptions { policy, ..ModelOptions::default() }).unwrap();
+            let tickets: Vec<_> = (0..3)
+                .flat_map(|_| {
+                    cases.iter().map(|c| model.submit(c.input.clone(), SubmitOptions::default()).unwrap())
+                })
+                .collect();
+            for (k, t) in tickets.into_iter().enumerate() {
+                let what = format!("{name} / {label} / request {}", k % cases.len());
+                check(&cases[k % cases.len()], t.wait().unwrap_or_else(|e| panic!("{what}: {e}")), &what);
+            }
+        }
+    }
+}
+
+/// How [`stress`] sizes its models and checks Seq2Seq decodes.
+pub struct Stress {
+    pub hidden: usize,
+    /// Workers of the lstm, seq2seq and treelstm models.
+    pub workers: [usize; 3],
+    pub max_tasks_to_submit: usize,
+    pub per_thread: u64,
+    /// Accept a Seq2Seq decode that differs from the f64 reference's when it is greedy up to
+    /// near-ties of logits ([`check_near_greedy`]); otherwise only its shape is checked (length,
+    /// eos last) — fp32 against f64 may break a near-tie either way.
+    pub near_greedy: bool,
+}
+
+/// Many concurrent recurrent requests of all three kinds under cellular batching on `rt`, with
+/// random cancels, deadlines, state-slot back-pressure and a shutdown in the middle: every
+/// accepted request completes exactly once, with OK (and then the reference output), CANCELLED
+/// or DEADLINE_EXCEEDED; refused ones never complete.
+pub fn stress(rt: Arc<Runtime>, s: Stress) {
+    const THREADS: u64 = 3;
+    let h = s.hidden;
+    let lstm = Lstm::random(40, 8, h, 2, 1);
+    let s2s = Seq2Seq::random(40, 8, h, 1, 1, 2, 6, 2);
+    let tree = TreeLstm::random(40, 8, h, 3);
+    let cellular = |workers, types: usize| ModelOptions {
+        policy: PolicyConfig::Cellular(CellularOptions {
+            workers,
+            max_batch: [16, 8][..types].to_vec(),
+            max_tasks_to_submit: s.max_tasks_to_submit,
+        }),
+        state_slots: Some(200),
+        ..ModelOptions::default()
+    };
+    let models = [
+        rt.add_network(Arc::new(Network::Lstm(lstm.clone())), "lstm".into(), cellular(s.workers[0], 1))
+            .unwrap(),
+        rt.add_network(Arc::new(Network::Seq2Seq(s2s.clone())), "s2s".into(), cellular(s.workers[1], 2))
+            .unwrap(),
+        rt.add_network(Arc::new(Network::TreeLstm(tree.clone())), "tree".into(), cellular(s.workers[2], 2))
+            .unwrap(),
+    ];
+    let q = Arc::new(CompletionQueue::new().unwrap());
+    let submitted = Arc::new(AtomicU64::new(0));
+    let input_of = |tag: u64| -> Input {
+        let mut rng = StdRng::seed_from_u64(tag);
+        let n = rng.random_range(1..30);
+        match tag % 3 {
+            0 | 1 => Input::Tokens((0..n).map(|_| rng.random_range(0..40)).collect()),
+            _ => Input::Tree {
+                tokens: (0..n).map(|_| rng.random_range(0..40)).collect(),
+                parents: (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) }).collect(),
+            },
+        }
+    };
+    let per_thread = s.per_thread;
+    let submitters: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (models, q, rt, submitted) = (models.clone(), q.clone(), rt.clone(), submitted.clone());
+            std::thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(100 + t);
+                let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+                for i in 0..per_thread {
+                    let tag = t * per_thread + i;
+                    let opts = if rng.random_bool(0.03) {
+                        SubmitOptions::with_timeout(Duration::from_micros(rng.random_range(1..2000)))
+                    } else {
+                        SubmitOptions::default()
+                    };
+                    let model = &models[(tag % 3) as usize];
+                    let mut result = model.submit_to(input_of(tag), opts, &q, tag);
+                    // BUSY is admission control doing its job: back off and retry.
+                    while result.as_ref().is_err_and(|e| e.code() == Code::Busy) {
+                        std::thread::yield_now();
+                        result = model.submit_to(input_of(tag), opts, &q, tag);
+                    }
+                    match result {
+                        Ok(id) => {
+                            accepted.push(tag);
+                            submitted.fetch_add(1, Ordering::Relaxed);
+                            if rng.random_bool(0.05) {
+                                rt.cancel(id).unwrap();
+                            }
+                        }
+                        Err(e) => {
+                            assert!(matches!(e.code(), Code::Shutdown | Code::DeadlineExceeded), "{e}");
+                            refused.push(tag);
+                        }
+                    }
+                }
+                (accepted, refused)
+            })
+        })
+        .collect();
+    while submitted.load(Ordering::Relaxed) < THREADS * per_thread * 2 / 3 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    rt.shutdown(Duration::from_millis(300));
+    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+    for t in submitters {
+        let (a, r) = t.join().unwrap();
+        accepted.extend(a);
+        refused.extend(r);
+    }
+    let mut seen: HashMap<u64, Code> = HashMap::new();
+    loop {
+        let batch = q.next(256, Duration::from_millis(50)).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for c in batch {
+            let code = c.result.as_ref().err().map_or(Code::Ok, |e| e.code());
+            assert!(seen.insert(c.tag, code).is_none(), "tag {} completed twice", c.tag);
+            let Ok(out) = &c.result else { continue };
+            let what = format!("tag {}", c.tag);
+            match (c.tag % 3, input_of(c.tag), out) {
+                (0, Input::Tokens(t), Output::F32(y)) => {
+                    assert_near(y, &lstm.forward_reference(&t), 1e-4, &what)
+                }
+                (1, Input::Tokens(src), Output::Tokens(t)) => {
+                    assert!(!t.is_empty() && t.len() <= 6, "{what}: {t:?}");
+                    assert!(
+                        t[..t.len() - 1].iter().all(|&x| x != 2),
+                        "{what}: tokens continue past eos: {t:?}"
+                    );
+                    if s.near_greedy && *t != s2s.decode_reference(&src) {
+                        check_near_greedy(&s2s, &src, t, &what);
+                    }
+                }
+                (2, Input::Tree { tokens, parents }, Output::F32(y)) => {
+                    assert_near(y, &tree.forward_reference(&tokens, &parents), 1e-4, &what)
+                }
+                (_, _, other) => panic!("{what}: unexpected output {other:?}"),
+            }
+        }
+    }
+    assert!(!refused.is_empty(), "the shutdown happened in the middle");
+    assert_eq!(seen.len(), accepted.len(), "every accepted request completes");
+    for tag in &accepted {
+        let code = seen.get(tag).unwrap_or_else(|| panic!("tag {tag} never completed"));
+        assert!(matches!(code, Code::Ok | Code::Cancelled | Code::DeadlineExceeded), "tag {tag}: {code}");
+    }
+    assert!(refused.iter().all(|t| !seen.contains_key(t)));
+    for kind in 0..3 {
+        let ok = seen.iter().filter(|&(t, &c)| t % 3 == kind && c == Code::Ok).count();
+        assert!(ok >= 50, "kind {kind}: only {ok} requests served before the shutdown");
+    }
+}
+
+/// `tokens` is a greedy decode of `src` under `m` up to near-ties: at every step the chosen
+/// token's logit (f64 reference, fed the chosen tokens) is within `eps` of the best one, and the
+/// sequence stops exactly at `eos` or `max_decode`. Used when the CPU and CUDA backends pick
+/// different tokens, which only a near-tie of logits may explain.
+pub fn check_near_greedy(m: &Seq2Seq, src: &[u32], tokens: &[u32], what: &str) {
+    let (e, h) = (m.cfg.embed, m.cfg.hidden);
+    let mut state = m.encoder.zero_state();
+    for &t in src {
+        m.encoder.step_reference(&m.enc_embedding[t as usize * e..(t as usize + 1) * e], &mut state);
+    }
+    let mut prev = m.cfg.bos;
+    for (i, &t) in tokens.iter().enumerate() {
+        m.decoder.step_reference(&m.dec_embedding[prev as usize * e..(prev as usize + 1) * e], &mut state);
+        let top = &state.last().unwrap().0;
+        let logit = |v: usize| {
+            m.proj_bias[v] as f64
+                + m.proj_weight[v * h..(v + 1) * h].iter().zip(top).map(|(&w, &x)| w as f64 * x).sum::<f64>()
+        };
+        let best = (0..m.cfg.vocab).map(logit).fold(f64::NEG_INFINITY, f64::max);
+        let chosen = logit(t as usize);
+        assert!(
+            chosen >= best - 1e-3 * best.abs().max(1.0),
+            "{what}: step {i} chose {t} with logit {chosen}, the best is {best}"
+        );
+        assert!(t != m.cfg.eos || i + 1 == tokens.len(), "{what}: tokens continue past eos");
+        prev = t;
+    }
+    assert!(
+        tokens.last() == Some(&m.cfg.eos) || tokens.len() == m.cfg.max_decode,
+        "{what}: stopped at {} tokens without eos",
+        tokens.len()
+    );
+}
