@@ -338,3 +338,34 @@ fn padded_tree_levels_larger_than_the_preallocated_buffers_are_served() {
     assert_eq!(s.batched_requests, 64 * 41);
     assert!(s.tasks_launched <= 4, "{} tasks", s.tasks_launched);
 }
+
+/// A request waiting for a state slot (the arena is full) still expires at its deadline, without
+/// waiting for a slot to free up.
+#[test]
+fn a_request_waiting_for_a_state_slot_expires_at_its_deadline() {
+    let rt = runtime();
+    let net = slow_lstm();
+    let opts = ModelOptions { state_slots: Some(1), ..ModelOptions::default() };
+    let model = rt.add_network(Arc::new(Network::Lstm(net.clone())), "one-slot".into(), opts).unwrap();
+    let long: Vec<u32> = (0..1000).map(|i| i % 100).collect();
+    let holder = model.submit(Input::Tokens(long.clone()), SubmitOptions::default()).unwrap();
+    let started = Instant::now();
+    let waiting = model
+        .submit(Input::Tokens(vec![1, 2, 3]), SubmitOptions::with_timeout(Duration::from_millis(20)))
+        .unwrap();
+    let (code, msg) = code_of(waiting.wait());
+    let waited = started.elapsed();
+    assert_eq!(code, Code::DeadlineExceeded, "{msg}");
+    assert!(msg.contains("queued"), "{msg}");
+    // The holder of the only slot is still running: the expiry did not wait for the slot.
+    assert_eq!(rt.stats().running, 1, "expired after {waited:?}, before the slot was free");
+    rt.cancel(holder.id()).unwrap();
+    assert_eq!(code_of(holder.wait()).0, Code::Cancelled);
+    // The freed slot serves the next request.
+    let Output::F32(y) =
+        model.submit(Input::Tokens(vec![4, 5]), SubmitOptions::default()).unwrap().wait().unwrap()
+    else {
+        panic!("f32 output")
+    };
+    common::assert_close(&y, &net.forward_reference(&[4, 5]));
+}

@@ -192,10 +192,41 @@ impl Engine {
             .filter_map(|s| s.m.policy.next_wakeup())
             .min()
             .and_then(|t| self.epoch.checked_add(std::time::Duration::from_nanos(t.0)));
-        policy.into_iter().chain(self.drain_until).min()
+        policy.into_iter().chain(self.drain_until).chain(self.waiting_deadline()).min()
+    }
+
+    /// The earliest deadline of a request waiting for state slots (the policy has not seen it).
+    fn waiting_deadline(&self) -> Option<Instant> {
+        self.models
+            .iter()
+            .flatten()
+            .flat_map(|s| s.slots.waiting.iter())
+            .filter_map(|id| self.requests.get(id).and_then(|r| r.pending.deadline))
+            .min()
+    }
+
+    /// Requests whose deadline passed while they waited for state slots complete
+    /// `DeadlineExceeded` (they never reached the policy, which would have expired them).
+    fn expire_waiting(&mut self) {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        for state in self.models.iter_mut().flatten() {
+            let requests = &self.requests;
+            state.slots.waiting.retain(|id| {
+                let late = requests.get(id).and_then(|r| r.pending.deadline).is_some_and(|d| d <= now);
+                if late {
+                    expired.push(*id);
+                }
+                !late
+            });
+        }
+        for id in expired {
+            self.complete(id, Code::DeadlineExceeded);
+        }
     }
 
     fn tick_due(&mut self) {
+        self.expire_waiting();
         let now = self.now();
         for idx in 0..self.models.len() {
             let due =
