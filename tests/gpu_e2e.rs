@@ -13,7 +13,7 @@ mod common;
 use common::recurrent::{Stress, assert_near, check_near_greedy, policies, serve_fixtures, stress};
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serve::model::{Lstm, Mlp, Network, Seq2Seq, TreeLstm};
@@ -217,7 +217,6 @@ fn cancel_and_deadline_stop_a_running_request_at_a_cell_boundary_on_cuda() {
             .unwrap();
         let long: Vec<u32> = (0..8000).map(|i| i % 100).collect();
         let short: Vec<u32> = vec![5, 6, 7];
-        let started = Instant::now();
         let timed = model
             .submit(Input::Tokens(long.clone()), SubmitOptions::with_timeout(Duration::from_millis(20)))
             .unwrap();
@@ -243,7 +242,6 @@ fn cancel_and_deadline_stop_a_running_request_at_a_cell_boundary_on_cuda() {
             panic!("f32 output")
         };
         assert_near(&y, &net.forward_reference(&long[..40]), 1e-4, &label);
-        assert!(started.elapsed() < Duration::from_secs(120));
     }
 }
 

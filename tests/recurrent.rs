@@ -128,7 +128,6 @@ fn cancel_and_deadline_stop_a_running_request_at_a_cell_boundary() {
         // 1000 steps of 4 layers take far longer than the 10-20 ms below, in any build.
         let long: Vec<u32> = (0..1000).map(|i| i % 100).collect();
         let short: Vec<u32> = vec![5, 6, 7];
-        let started = Instant::now();
         // First in, so it runs at once under both policies; its deadline passes while it runs.
         let timed = model
             .submit(Input::Tokens(long.clone()), SubmitOptions::with_timeout(Duration::from_millis(20)))
@@ -155,7 +154,6 @@ fn cancel_and_deadline_stop_a_running_request_at_a_cell_boundary() {
             panic!("f32 output")
         };
         common::assert_close(&y, &net.forward_reference(&long[..40]));
-        assert!(started.elapsed() < Duration::from_secs(60));
     }
 }
 
