@@ -32,12 +32,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use serve::backend::cpu::lstm_cell::step_flops;
-use serve::backend::cuda::abi::{EmbeddingParams, LstmGatherParams, LstmPointwiseParams, SignalParams};
+use serve::backend::cuda::abi::{EmbeddingParams, SignalParams};
 use serve::backend::cuda::kernels::{self, BLOCK, KernelImage, grid};
+use serve::backend::cuda::step_bench::LstmStepBench;
 use serve::backend::cuda::{
-    self, Blas, CudaDevice, DeviceBuffer, Event, Function, LaunchConfig, PinnedMapped, SignalCounters,
-    Stream, libs,
+    self, CudaDevice, DeviceBuffer, Event, Function, LaunchConfig, PinnedMapped, SignalCounters, Stream, libs,
 };
 
 /// The LSTM shapes of (a): (hidden, batch), input = hidden.
@@ -72,8 +71,6 @@ struct Gpu {
     dev: CudaDevice,
     signal: Function,
     embedding: Function,
-    gather: Function,
-    pointwise: Function,
 }
 
 fn setup() -> Option<Gpu> {
@@ -93,13 +90,7 @@ fn setup() -> Option<Gpu> {
     let m = dev.kernels().unwrap_or_else(|e| panic!("loading the kernels: {e}"));
     let f = |name: &str| m.function(name).unwrap_or_else(|e| panic!("{name}: {e}"));
     println!("# device {}; kernels: {}", dev.info(), m.describe());
-    Some(Gpu {
-        signal: f(kernels::SIGNAL),
-        embedding: f(kernels::EMBEDDING_GATHER),
-        gather: f(kernels::LSTM_GATHER),
-        pointwise: f(kernels::LSTM_POINTWISE),
-        dev,
-    })
+    Some(Gpu { signal: f(kernels::SIGNAL), embedding: f(kernels::EMBEDDING_GATHER), dev })
 }
 
 /// Seconds per call of `f` queued `n` times on `s`, from an idle stream to its end.
@@ -139,102 +130,6 @@ fn median(v: &mut [f64]) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // (a) LSTM step.
 
-/// One LSTM layer step's buffers, as a worker holds them: every request continues a sequence
-/// (state read from and written back to the arena), in every other slot of an arena twice the
-/// batch, in reverse order.
-struct LstmStep {
-    b: usize,
-    input: usize,
-    h: usize,
-    x: DeviceBuffer<f32>,
-    slots: DeviceBuffer<u32>,
-    arena: DeviceBuffer<f32>,
-    xh: DeviceBuffer<f32>,
-    w: DeviceBuffer<f32>,
-    bias: DeviceBuffer<f32>,
-    gates: DeviceBuffer<f32>,
-    h_out: DeviceBuffer<f32>,
-}
-
-impl LstmStep {
-    fn new(s: &Stream, h: usize, b: usize) -> LstmStep {
-        let input = h;
-        let k = input + h;
-        let sc = 1.0 / (h as f32).sqrt();
-        let words: Vec<u32> = (0..b).map(|r| (2 * (b - 1 - r)) as u32).collect();
-        LstmStep {
-            b,
-            input,
-            h,
-            x: s.upload(&values(b * input, 1, 1.0)).unwrap(),
-            slots: s.upload(&words).unwrap(),
-            arena: s.upload(&values(2 * b * 2 * h, 2, 0.5)).unwrap(),
-            xh: s.upload(&values(b * k, 3, 1.0)).unwrap(),
-            w: s.upload(&values(4 * h * k, 4, sc)).unwrap(),
-            bias: s.upload(&values(4 * h, 5, sc)).unwrap(),
-            gates: s.upload(&vec![0.0; b * 4 * h]).unwrap(),
-            h_out: s.upload(&vec![0.0; b * h]).unwrap(),
-        }
-    }
-
-    fn flops(&self) -> f64 {
-        step_flops(self.b, self.input, self.h)
-    }
-
-    /// The full step: gather, GEMM, pointwise + scatter.
-    fn step(&mut self, g: &Gpu, s: &Stream, blas: &mut Blas) {
-        let (b, input, h) = (self.b as u32, self.input as u32, self.h as u32);
-        let gp = LstmGatherParams {
-            x: self.x.device_ptr(),
-            slots: self.slots.device_ptr(),
-            arena: self.arena.device_ptr(),
-            xh: self.xh.device_ptr(),
-            input,
-            hidden: h,
-            rows: b,
-            padded: b,
-            x_ld: input,
-            arena_slots: 2 * b,
-            arena_width: 2 * h,
-            offset: 0,
-        };
-        let units = (self.b * (self.input + self.h)) as u64;
-        // SAFETY: serve_lstm_gather takes one LstmGatherParams by value. By construction x is
-        // b × input, slots holds b words naming slots < 2b, the arena is 2b slots of 2h words
-        // (h at 0..h read), xh is b × (input + h). The buffers belong to `self`, which outlives
-        // the kernel (dropping a buffer synchronises the context first); the host touches them
-        // only through copies on this stream.
-        unsafe { s.launch_with(&g.gather, LaunchConfig::linear(grid(units, BLOCK), BLOCK), &gp) }.unwrap();
-        self.gemm(blas);
-        let pp = LstmPointwiseParams {
-            gates: self.gates.device_ptr(),
-            bias: self.bias.device_ptr(),
-            slots: self.slots.device_ptr(),
-            arena: self.arena.device_ptr(),
-            h_out: self.h_out.device_ptr(),
-            hidden: h,
-            rows: b,
-            padded: b,
-            h_out_ld: h,
-            arena_slots: 2 * b,
-            arena_width: 2 * h,
-            offset: 0,
-            _pad0: 0,
-        };
-        let units = (self.b * self.h) as u64;
-        // SAFETY: serve_lstm_pointwise takes one LstmPointwiseParams by value: gates b × 4h, bias
-        // 4h, b slot words < 2b, arena 2b × 2h (words 0..2h of those slots written), h_out b × h,
-        // all by construction; lifetimes and host access as for the gather above.
-        unsafe { s.launch_with(&g.pointwise, LaunchConfig::linear(grid(units, BLOCK), BLOCK), &pp) }.unwrap();
-    }
-
-    /// The GEMM alone: `gates = xh · wᵀ`.
-    fn gemm(&mut self, blas: &mut Blas) {
-        let (k, n) = (self.input + self.h, 4 * self.h);
-        blas.gemm_nt(self.b, n, k, 1.0, &self.xh, &self.w, 0.0, &mut self.gates).unwrap();
-    }
-}
-
 struct LstmRow {
     name: String,
     b: usize,
@@ -250,25 +145,25 @@ fn bench_lstm(c: &mut Criterion, g: &Gpu) -> Vec<LstmRow> {
     blas.set_tf32(false).unwrap();
     let mut rows = Vec::new();
     for (h, b) in LSTM_SHAPES {
-        let mut st = LstmStep::new(&s, h, b);
+        let mut st = LstmStepBench::new(&g.dev, &s, h, h, b, 1).unwrap();
         let name = format!("h{h}_b{b}");
         let flops = st.flops();
         let mut grp = c.benchmark_group(format!("cuda_lstm_step/{name}"));
         grp.throughput(Throughput::Elements((flops / 2.0) as u64));
         grp.bench_function(BenchmarkId::new("step", b), |bch| {
-            bch.iter_custom(|n| queued(&s, n, || st.step(g, &s, &mut blas)))
+            bch.iter_custom(|n| queued(&s, n, || st.step(&s, &mut blas).unwrap()))
         });
         grp.bench_function(BenchmarkId::new("gemm", b), |bch| {
-            bch.iter_custom(|n| queued(&s, n, || st.gemm(&mut blas)))
+            bch.iter_custom(|n| queued(&s, n, || st.gemm(&mut blas).unwrap()))
         });
         grp.finish();
         // Best of alternating rounds of ~50 ms each.
-        let est = per_call(&s, 20, || st.step(g, &s, &mut blas));
+        let est = per_call(&s, 20, || st.step(&s, &mut blas).unwrap());
         let n = ((0.05 / est) as usize).clamp(20, 100_000);
         let (mut ts, mut tg) = (f64::INFINITY, f64::INFINITY);
         for _ in 0..6 {
-            ts = ts.min(per_call(&s, n, || st.step(g, &s, &mut blas)));
-            tg = tg.min(per_call(&s, n, || st.gemm(&mut blas)));
+            ts = ts.min(per_call(&s, n, || st.step(&s, &mut blas).unwrap()));
+            tg = tg.min(per_call(&s, n, || st.gemm(&mut blas).unwrap()));
         }
         rows.push(LstmRow {
             name,

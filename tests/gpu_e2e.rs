@@ -10,7 +10,10 @@
 
 mod common;
 
-use common::recurrent::{Stress, assert_near, check_near_greedy, policies, serve_fixtures, stress};
+use common::recurrent::{
+    Stress, assert_near, cancel_and_deadline_at_cell_boundaries, check_near_greedy, policies, serve_fixtures,
+    stress,
+};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +21,8 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serve::model::{Lstm, Mlp, Network, Seq2Seq, TreeLstm};
 use serve::{
-    BackendChoice, BackendKind, CellularOptions, Code, Input, ModelOptions, Output, PaddingConfig,
-    PolicyConfig, Runtime, SubmitOptions, TimeoutConfig,
+    BackendChoice, BackendKind, CellularOptions, Input, ModelOptions, Output, PolicyConfig, Runtime,
+    SubmitOptions, TimeoutConfig,
 };
 
 /// A runtime on the CUDA backend, or `None` after printing why the test is skipped.
@@ -192,57 +195,14 @@ fn mlp_matches_the_cpu_backend() {
     }
 }
 
-fn code_of(r: serve::Result<Output>) -> (Code, String) {
-    let e = r.unwrap_err();
-    (e.code(), e.message().to_string())
-}
-
 #[test]
 fn cancel_and_deadline_stop_a_running_request_at_a_cell_boundary_on_cuda() {
     let Some(rt) = cuda_runtime() else { return };
-    // Thousands of steps of 4 layers: far longer than the 10-20 ms below on any GPU (every step
-    // is a few dependent kernel launches).
+    // Thousands of steps of 4 layers: far longer than 20 ms on any GPU (every step is a few
+    // dependent kernel launches).
     let mut net = Lstm::random(100, 256, 1024, 4, 11);
     net.cfg.max_len = Some(8000);
-    for policy in
-        [PolicyConfig::Cellular(CellularOptions::default()), PolicyConfig::Padding(PaddingConfig::default())]
-    {
-        let label = format!("{policy:?}");
-        let model = rt
-            .add_network(
-                Arc::new(Network::Lstm(net.clone())),
-                "slow".into(),
-                ModelOptions { policy, ..Default::default() },
-            )
-            .unwrap();
-        let long: Vec<u32> = (0..8000).map(|i| i % 100).collect();
-        let short: Vec<u32> = vec![5, 6, 7];
-        let timed = model
-            .submit(Input::Tokens(long.clone()), SubmitOptions::with_timeout(Duration::from_millis(20)))
-            .unwrap();
-        let victim = model.submit(Input::Tokens(long.clone()), SubmitOptions::default()).unwrap();
-        let other = model.submit(Input::Tokens(short.clone()), SubmitOptions::default()).unwrap();
-        std::thread::sleep(Duration::from_millis(10));
-        rt.cancel(victim.id()).unwrap();
-        let (code, msg) = code_of(victim.wait());
-        assert_eq!(code, Code::Cancelled, "{label}: {msg}");
-        let (code, msg) = code_of(timed.wait());
-        assert_eq!(code, Code::DeadlineExceeded, "{label}: {msg}");
-        assert!(msg.contains("while the request was running"), "{label}: {msg}");
-        let Output::F32(y) = other.wait().unwrap() else { panic!("f32 output") };
-        assert_near(&y, &net.forward_reference(&short), 1e-4, &label);
-        // The freed slots serve new requests, with the right state (nothing left of the stopped
-        // requests).
-        let Output::F32(y) = model
-            .submit(Input::Tokens(long[..40].to_vec()), SubmitOptions::default())
-            .unwrap()
-            .wait()
-            .unwrap()
-        else {
-            panic!("f32 output")
-        };
-        assert_near(&y, &net.forward_reference(&long[..40]), 1e-4, &label);
-    }
+    cancel_and_deadline_at_cell_boundaries(&rt, &net, 8000);
 }
 
 /// Many tasks in flight on several workers (MaxTasksToSubmit 5), with random cancels, deadlines

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::recurrent::{Stress, cases, check, fixture, serve_fixtures, stress};
+use common::recurrent::{
+    Stress, cancel_and_deadline_at_cell_boundaries, cases, check, fixture, serve_fixtures, stress,
+};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -112,49 +114,8 @@ fn slow_lstm() -> Lstm {
 
 #[test]
 fn cancel_and_deadline_stop_a_running_request_at_a_cell_boundary() {
-    let rt = runtime();
-    let net = slow_lstm();
-    for policy in
-        [PolicyConfig::Cellular(CellularOptions::default()), PolicyConfig::Padding(PaddingConfig::default())]
-    {
-        let policy_kind = policy.clone();
-        let model = rt
-            .add_network(
-                Arc::new(Network::Lstm(net.clone())),
-                "slow".into(),
-                ModelOptions { policy, ..Default::default() },
-            )
-            .unwrap();
-        // 1000 steps of 4 layers take far longer than the 10-20 ms below, in any build.
-        let long: Vec<u32> = (0..1000).map(|i| i % 100).collect();
-        let short: Vec<u32> = vec![5, 6, 7];
-        // First in, so it runs at once under both policies; its deadline passes while it runs.
-        let timed = model
-            .submit(Input::Tokens(long.clone()), SubmitOptions::with_timeout(Duration::from_millis(20)))
-            .unwrap();
-        let victim = model.submit(Input::Tokens(long.clone()), SubmitOptions::default()).unwrap();
-        let other = model.submit(Input::Tokens(short.clone()), SubmitOptions::default()).unwrap();
-        std::thread::sleep(Duration::from_millis(10));
-        rt.cancel(victim.id()).unwrap();
-        let (code, msg) = code_of(victim.wait());
-        assert_eq!(code, Code::Cancelled, "{msg}");
-        let (code, msg) = code_of(timed.wait());
-        assert_eq!(code, Code::DeadlineExceeded, "{msg}");
-        assert!(msg.contains("while the request was running"), "{policy_kind:?}: {msg}");
-        // Stopped at cell boundaries, they leave the others unaffected.
-        let Output::F32(y) = other.wait().unwrap() else { panic!("f32 output") };
-        common::assert_close(&y, &net.forward_reference(&short));
-        // The others are unaffected and the freed slots serve new requests.
-        let Output::F32(y) = model
-            .submit(Input::Tokens(long[..40].to_vec()), SubmitOptions::default())
-            .unwrap()
-            .wait()
-            .unwrap()
-        else {
-            panic!("f32 output")
-        };
-        common::assert_close(&y, &net.forward_reference(&long[..40]));
-    }
+    // 1000 steps of 4 layers take far longer than 20 ms, in any build.
+    cancel_and_deadline_at_cell_boundaries(&runtime(), &slow_lstm(), 1000);
 }
 
 #[test]

@@ -116,6 +116,46 @@ pub fn serve_fixtures(rt: &Runtime) {
     }
 }
 
+/// Cancel and deadline stop running requests at a cell boundary, under cellular batching and
+/// padding, on `rt`: a long request with a 20 ms deadline (first in, so it runs at once under both
+/// policies) expires while running, a second long one is cancelled after 10 ms, and a short one
+/// and a later one are served correctly from the freed slots. `net` with `len`-token requests
+/// must take far longer than 20 ms per request.
+pub fn cancel_and_deadline_at_cell_boundaries(rt: &Runtime, net: &Lstm, len: usize) {
+    for policy in
+        [PolicyConfig::Cellular(CellularOptions::default()), PolicyConfig::Padding(PaddingConfig::default())]
+    {
+        let label = format!("{policy:?}");
+        let opts = ModelOptions { policy, ..Default::default() };
+        let model = rt.add_network(Arc::new(Network::Lstm(net.clone())), "slow".into(), opts).unwrap();
+        let long: Vec<u32> = (0..len as u32).map(|i| i % 100).collect();
+        let short: Vec<u32> = vec![5, 6, 7];
+        let timed = model
+            .submit(Input::Tokens(long.clone()), SubmitOptions::with_timeout(Duration::from_millis(20)))
+            .unwrap();
+        let victim = model.submit(Input::Tokens(long.clone()), SubmitOptions::default()).unwrap();
+        let other = model.submit(Input::Tokens(short.clone()), SubmitOptions::default()).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        rt.cancel(victim.id()).unwrap();
+        let e = victim.wait().unwrap_err();
+        assert_eq!(e.code(), Code::Cancelled, "{label}: {e}");
+        let e = timed.wait().unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{label}: {e}");
+        assert!(e.message().contains("while the request was running"), "{label}: {e}");
+        // Stopped at cell boundaries, they leave the others unaffected ...
+        let Output::F32(y) = other.wait().unwrap() else { panic!("f32 output") };
+        assert_near(&y, &net.forward_reference(&short), 1e-4, &label);
+        // ... and the freed slots serve new requests, with nothing left of the stopped ones.
+        let tail = long[..40].to_vec();
+        let Output::F32(y) =
+            model.submit(Input::Tokens(tail.clone()), SubmitOptions::default()).unwrap().wait().unwrap()
+        else {
+            panic!("f32 output")
+        };
+        assert_near(&y, &net.forward_reference(&tail), 1e-4, &label);
+    }
+}
+
 /// How [`stress`] sizes its models and checks Seq2Seq decodes.
 pub struct Stress {
     pub hidden: usize,

@@ -26,7 +26,8 @@
 //!
 //! On top of them, the backend itself: [`CudaBackend`] (`backend.rs`) prepares models as CUDA
 //! runners (`runner.rs`: staging, launch, signal, collect; `recurrent.rs`: lstm, seq2seq and
-//! treelstm cell tasks; `mlp.rs`: dense layers).
+//! treelstm cell tasks; `mlp.rs`: dense layers). [`step_bench`] is one LSTM layer step with its
+//! own buffers, for the step benchmarks.
 
 pub mod abi;
 pub mod kernels;
@@ -41,6 +42,7 @@ pub mod module;
 mod recurrent;
 mod runner;
 pub mod signal;
+pub mod step_bench;
 pub mod stream;
 
 pub use backend::CudaBackend;

@@ -22,9 +22,8 @@ use serve::BackendKind;
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::gemm::{PackedWeight, Threads, matmul};
 use serve::backend::cpu::lstm_cell::{LstmLayer, LstmRow, LstmScratch, lstm_layer_step, step_flops};
-use serve::backend::cuda::abi::{LstmGatherParams, LstmPointwiseParams};
-use serve::backend::cuda::kernels::{self, BLOCK, grid};
-use serve::backend::cuda::{self, Blas, CudaDevice, DeviceBuffer, Function, LaunchConfig, Stream};
+use serve::backend::cuda::step_bench::LstmStepBench;
+use serve::backend::cuda::{self, CudaDevice, Stream};
 
 use crate::bench::{open_report, write_report};
 use crate::{BackendArg, BenchStepArgs, CliResult, StepModel, build_runtime, fatal};
@@ -240,81 +239,6 @@ fn json_results(
 // ---------------------------------------------------------------------------------------------
 // The CUDA step.
 
-/// One LSTM layer step's device buffers, laid out as the CPU benchmark's: every row continues a
-/// sequence, in every other slot of an arena twice the batch, in reverse order.
-struct CudaStep {
-    batch: usize,
-    input: usize,
-    hidden: usize,
-    gather: Function,
-    pointwise: Function,
-    x: DeviceBuffer<f32>,
-    slots: DeviceBuffer<u32>,
-    arena: DeviceBuffer<f32>,
-    xh: DeviceBuffer<f32>,
-    w: DeviceBuffer<f32>,
-    bias: DeviceBuffer<f32>,
-    gates: DeviceBuffer<f32>,
-    h_out: DeviceBuffer<f32>,
-}
-
-impl CudaStep {
-    /// Queue the full step on `s`: gather `[x | h_prev]`, the GEMM, gates + scatter.
-    fn step(&mut self, s: &Stream, blas: &mut Blas) -> serve::Result<()> {
-        let (b, input, h) = (self.batch as u32, self.input as u32, self.hidden as u32);
-        let p = LstmGatherParams {
-            x: self.x.device_ptr(),
-            slots: self.slots.device_ptr(),
-            arena: self.arena.device_ptr(),
-            xh: self.xh.device_ptr(),
-            input,
-            hidden: h,
-            rows: b,
-            padded: b,
-            x_ld: input,
-            arena_slots: 2 * b,
-            arena_width: 2 * h,
-            offset: 0,
-        };
-        let units = (self.batch * (self.input + self.hidden)) as u64;
-        // SAFETY: serve_lstm_gather takes one serve_lstm_gather_params (LstmGatherParams) by value.
-        // By construction (cuda_bench_step) x is batch × input, slots holds batch words naming
-        // slots < 2·batch, the arena is 2·batch slots of 2·hidden words, xh is
-        // batch × (input + hidden). Every buffer is a field of `self`, which outlives the kernel
-        // (a buffer's drop synchronises the context first), and the host reaches them only
-        // through copies on this stream.
-        unsafe { s.launch_with(&self.gather, LaunchConfig::linear(grid(units, BLOCK), BLOCK), &p) }?;
-        self.gemm(blas)?;
-        let p = LstmPointwiseParams {
-            gates: self.gates.device_ptr(),
-            bias: self.bias.device_ptr(),
-            slots: self.slots.device_ptr(),
-            arena: self.arena.device_ptr(),
-            h_out: self.h_out.device_ptr(),
-            hidden: h,
-            rows: b,
-            padded: b,
-            h_out_ld: h,
-            arena_slots: 2 * b,
-            arena_width: 2 * h,
-            offset: 0,
-            _pad0: 0,
-        };
-        let units = (self.batch * self.hidden) as u64;
-        // SAFETY: serve_lstm_pointwise takes one serve_lstm_pointwise_params (LstmPointwiseParams)
-        // by value: gates batch × 4·hidden, bias 4·hidden, batch slot words < 2·batch, the arena
-        // as above (words 0..2·hidden of those slots written), h_out batch × hidden, all by
-        // construction; lifetimes and host access as for the gather.
-        unsafe { s.launch_with(&self.pointwise, LaunchConfig::linear(grid(units, BLOCK), BLOCK), &p) }
-    }
-
-    /// Queue the GEMM alone: `gates = xh · [W_ih | W_hh]ᵀ`.
-    fn gemm(&mut self, blas: &mut Blas) -> serve::Result<()> {
-        let (n, k) = (4 * self.hidden, self.input + self.hidden);
-        blas.gemm_nt(self.batch, n, k, 1.0, &self.xh, &self.w, 0.0, &mut self.gates)
-    }
-}
-
 /// `iters` calls of `f` queued on `s`, timed from an idle stream to its end.
 fn time_queued(s: &Stream, iters: usize, mut f: impl FnMut() -> serve::Result<()>) -> CliResult<Duration> {
     s.synchronize()?;
@@ -335,48 +259,13 @@ fn cuda_bench_step(a: BenchStepArgs) -> CliResult<()> {
     let (hidden, batch) = (a.hidden, a.batch);
     let input = a.input.unwrap_or(hidden);
     check_size(hidden, input, batch)?;
-    let too_big = |what: &str| fatal(format!("{what} does not fit the kernels' 32-bit sizes"));
-    for (what, v) in [("--batch", 2 * batch), ("--hidden", 2 * hidden), ("--input", input + hidden)] {
-        u32::try_from(v).map_err(|_| too_big(what))?;
-    }
     let dev = CudaDevice::open(0).map_err(fail)?;
     let m = dev.kernels().map_err(fail)?;
     let s = dev.stream().map_err(fail)?;
     let mut blas = dev.blas(&s).map_err(fail)?;
     blas.set_tf32(false).map_err(fail)?;
     let desc = format!("cuda ({}; kernels: {})", dev.info(), m.describe());
-
-    let mut rng = StdRng::seed_from_u64(1);
-    let sc = 1.0 / (hidden as f32).sqrt();
-    let (n, k) = (4 * hidden, input + hidden);
-    let w_ih = values(&mut rng, n * input, sc);
-    let w_hh = values(&mut rng, n * hidden, sc);
-    let wcat: Vec<f32> = (0..n)
-        .flat_map(|j| {
-            w_ih[j * input..(j + 1) * input].iter().chain(&w_hh[j * hidden..(j + 1) * hidden]).copied()
-        })
-        .collect();
-    drop((w_ih, w_hh));
-    let bias: Vec<f32> =
-        values(&mut rng, n, sc).iter().zip(values(&mut rng, n, sc)).map(|(a, b)| a + b).collect();
-    let words: Vec<u32> = (0..batch).map(|r| (2 * (batch - 1 - r)) as u32).collect();
-    let up = |v: &[f32]| s.upload(v).map_err(fail);
-    let mut st = CudaStep {
-        batch,
-        input,
-        hidden,
-        gather: m.function(kernels::LSTM_GATHER).map_err(fail)?,
-        pointwise: m.function(kernels::LSTM_POINTWISE).map_err(fail)?,
-        x: up(&values(&mut rng, batch * input, 1.0))?,
-        slots: s.upload(&words).map_err(fail)?,
-        arena: up(&values(&mut rng, 2 * batch * 2 * hidden, 0.5))?,
-        xh: up(&values(&mut rng, batch * k, 1.0))?,
-        w: up(&wcat)?,
-        bias: up(&bias)?,
-        gates: dev.alloc::<f32>(batch * n).map_err(fail)?,
-        h_out: dev.alloc::<f32>(batch * hidden).map_err(fail)?,
-    };
-    drop(wcat);
+    let mut st = LstmStepBench::new(&dev, &s, input, hidden, batch, 1).map_err(fail)?;
 
     // Warm-up (kernels loaded, cuBLAS's kernel chosen, clocks up), then alternating rounds.
     time_queued(&s, 3, || st.step(&s, &mut blas))?;
@@ -395,7 +284,7 @@ fn cuda_bench_step(a: BenchStepArgs) -> CliResult<()> {
         Timing { name: "lstm_step", mean: step_total / CUDA_ROUNDS as u32, min: step_min },
         Timing { name: "gemm", mean: gemm_total / CUDA_ROUNDS as u32, min: gemm_min },
     ];
-    let flops = step_flops(batch, input, hidden);
+    let flops = st.flops();
     println!("# serve bench step: model lstm, backend {desc}");
     println!(
         "# one layer step, hidden {hidden}, input {input}, batch {batch}: {:.3} GFLOP (2·b·(input+H)·4H); FP32 \
