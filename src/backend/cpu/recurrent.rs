@@ -22,17 +22,25 @@ use crate::error::{Error, Result};
 use crate::model::lstm::LstmStack;
 use crate::model::{DECODER, Network};
 
+/// An LSTM stack and its embedding `[vocab, E]`: `lstm`, or one of `seq2seq`'s two halves.
+struct Chain {
+    embedding: Vec<f32>,
+    layers: Vec<LstmLayer>,
+}
+
+impl Chain {
+    fn new(embedding: &[f32], stack: &LstmStack) -> Chain {
+        Chain { embedding: embedding.to_vec(), layers: pack_stack(stack) }
+    }
+}
+
 /// The packed cells of a model.
 enum Cells {
-    /// `lstm`, or one of `seq2seq`'s two stacks: embedding `[vocab, E]` and the layers.
-    Chain {
-        embedding: Vec<f32>,
-        layers: Vec<LstmLayer>,
-    },
+    Lstm(Chain),
     /// `seq2seq`: encoder (cell 0), decoder (cell 1) with its projection.
     Seq2Seq {
-        encoder: Box<Cells>,
-        decoder: Box<Cells>,
+        encoder: Chain,
+        decoder: Chain,
         proj: Projection,
         bos: u32,
     },
@@ -129,23 +137,13 @@ impl RecurrentRunner {
         notify: Notify,
     ) -> Result<RecurrentRunner> {
         let (cells, embed, hidden, layers, vocab) = match &*net {
-            Network::Lstm(m) => (
-                Cells::Chain { embedding: m.embedding.clone(), layers: pack_stack(&m.stack) },
-                m.cfg.embed,
-                m.cfg.hidden,
-                m.cfg.layers,
-                0,
-            ),
+            Network::Lstm(m) => {
+                (Cells::Lstm(Chain::new(&m.embedding, &m.stack)), m.cfg.embed, m.cfg.hidden, m.cfg.layers, 0)
+            }
             Network::Seq2Seq(m) => (
                 Cells::Seq2Seq {
-                    encoder: Box::new(Cells::Chain {
-                        embedding: m.enc_embedding.clone(),
-                        layers: pack_stack(&m.encoder),
-                    }),
-                    decoder: Box::new(Cells::Chain {
-                        embedding: m.dec_embedding.clone(),
-                        layers: pack_stack(&m.decoder),
-                    }),
+                    encoder: Chain::new(&m.enc_embedding, &m.encoder),
+                    decoder: Chain::new(&m.dec_embedding, &m.decoder),
                     proj: Projection::from_torch(&m.proj_weight, &m.proj_bias),
                     bos: m.cfg.bos,
                 },
@@ -200,8 +198,7 @@ impl RecurrentRunner {
 /// Run the layers of a chain cell over the task's rows; leaves the top layer's `h` in `s.h_a`.
 fn run_chain(
     p: &Prepared,
-    embedding: &[f32],
-    layers: &[LstmLayer],
+    Chain { embedding, layers }: &Chain,
     padded: usize,
     s: &mut Scratch,
     threads: Threads,
@@ -274,30 +271,30 @@ fn run(
                 threads,
             );
         }
-        cells => {
-            let decoder = task.cell == DECODER && matches!(cells, Cells::Seq2Seq { .. });
-            let (chain, bos) = match cells {
-                Cells::Seq2Seq { encoder, decoder: dec, bos, .. } => {
-                    (if decoder { &**dec } else { &**encoder }, *bos)
-                }
-                other => (other, 0),
-            };
-            let Cells::Chain { embedding, layers } = chain else { unreachable!("chains hold layers") };
+        Cells::Lstm(chain) => {
             s.lstm_rows.clear();
             for (i, r) in task.rows.iter().enumerate() {
-                s.ids[i] = if !decoder {
+                s.ids[i] = r.token;
+                s.lstm_rows.push(LstmRow { slot: r.slot, fresh: r.first });
+            }
+            run_chain(p, chain, padded, s, threads);
+        }
+        Cells::Seq2Seq { encoder, decoder, proj, bos } => {
+            let decoding = task.cell == DECODER;
+            s.lstm_rows.clear();
+            for (i, r) in task.rows.iter().enumerate() {
+                s.ids[i] = if !decoding {
                     r.token
                 } else if r.first {
-                    bos
+                    *bos
                 } else {
                     p.arena.read_u32(r.slot, p.token_offset)
                 };
                 // A decoder continues from the encoder's state: never fresh.
-                s.lstm_rows.push(LstmRow { slot: r.slot, fresh: r.first && !decoder });
+                s.lstm_rows.push(LstmRow { slot: r.slot, fresh: r.first && !decoding });
             }
-            run_chain(p, embedding, layers, padded, s, threads);
-            if decoder {
-                let Cells::Seq2Seq { proj, .. } = cells else { unreachable!() };
+            run_chain(p, if decoding { decoder } else { encoder }, padded, s, threads);
+            if decoding {
                 let n = task.rows.len();
                 tokens.clear();
                 tokens.resize(n, 0);
