@@ -112,6 +112,33 @@ pub struct Launch {
     pub batch: usize,
 }
 
+#[cfg(test)]
+impl Launch {
+    /// A cell task from its (request, node) rows (for the policies' tests).
+    pub(crate) fn of_rows(
+        task: TaskId,
+        worker: WorkerId,
+        cell: CellType,
+        rows: &[(RequestId, u32)],
+        batch: usize,
+    ) -> Launch {
+        Launch {
+            task,
+            worker,
+            cell,
+            requests: rows.iter().map(|r| r.0).collect(),
+            nodes: rows.iter().map(|r| r.1).collect(),
+            batch,
+        }
+    }
+}
+
+/// Every decision `p` has pending (for the policies' tests).
+#[cfg(test)]
+pub(crate) fn drain(p: &mut dyn Policy) -> Vec<Decision> {
+    std::iter::from_fn(|| p.poll()).collect()
+}
+
 /// What a policy asks its driver to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {

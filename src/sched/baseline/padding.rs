@@ -397,7 +397,7 @@ mod tests {
     }
 
     fn drain(p: &mut PaddingPolicy) -> Vec<Decision> {
-        std::iter::from_fn(|| p.poll()).collect()
+        crate::sched::drain(p)
     }
 
     fn launch(
@@ -407,14 +407,7 @@ mod tests {
         rows: &[(RequestId, u32)],
         batch: usize,
     ) -> Decision {
-        Decision::Launch(Launch {
-            task,
-            worker,
-            cell,
-            requests: rows.iter().map(|r| r.0).collect(),
-            nodes: rows.iter().map(|r| r.1).collect(),
-            batch,
-        })
+        Decision::Launch(Launch::of_rows(task, worker, cell, rows, batch))
     }
 
     fn done(id: RequestId) -> Decision {

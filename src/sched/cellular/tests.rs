@@ -53,7 +53,7 @@ fn arrive(p: &mut CellularPolicy, now: Time, id: RequestId, g: Arc<CellGraph>) {
 }
 
 fn drain(p: &mut CellularPolicy) -> Vec<Decision> {
-    std::iter::from_fn(|| p.poll()).collect()
+    crate::sched::drain(p)
 }
 
 /// A launch of `cell` on `worker` with (request, node) rows, unpadded.
@@ -68,14 +68,7 @@ fn padded(
     rows: &[(RequestId, u32)],
     batch: usize,
 ) -> Decision {
-    Decision::Launch(Launch {
-        task,
-        worker,
-        cell,
-        requests: rows.iter().map(|r| r.0).collect(),
-        nodes: rows.iter().map(|r| r.1).collect(),
-        batch,
-    })
+    Decision::Launch(Launch::of_rows(task, worker, cell, rows, batch))
 }
 
 fn done(id: RequestId, code: Code) -> Decision {
