@@ -75,43 +75,9 @@ fn write_fixture(dir: &Path, seed: u64) -> (PathBuf, PathBuf) {
     (model_dir, expected)
 }
 
-/// The recurrent-model arguments: the lstm and treelstm fixture dirs and their expected outputs,
-/// rewritten from the fixtures' expected.json into the text format at the top of example.c.
+/// The recurrent-model arguments: fixture directories and their expected outputs.
 fn recurrent_args(dir: &Path) -> Vec<OsString> {
-    let testdata = manifest_dir().join("ffi_examples/testdata");
-    let mut text = String::new();
-    for (label, name) in [("LSTM", "lstm_small"), ("TREE", "treelstm_small")] {
-        let json: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(testdata.join(name).join("expected.json")).unwrap(),
-        )
-        .unwrap();
-        let reqs = json["requests"].as_array().unwrap();
-        writeln!(text, "{label} {}", reqs.len()).unwrap();
-        for r in reqs {
-            let list = |k: &str| -> Vec<String> {
-                r[k].as_array().map(|a| a.iter().map(|v| v.to_string()).collect()).unwrap_or_default()
-            };
-            let tokens = list("tokens");
-            write!(text, "{} {}", tokens.len(), tokens.join(" ")).unwrap();
-            if label == "TREE" {
-                write!(text, " {}", list("parents").join(" ")).unwrap();
-            }
-            let out: Vec<String> = r["output"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| format!("{:?}", v.as_f64().unwrap() as f32))
-                .collect();
-            writeln!(text, "  {} {}", out.len(), out.join(" ")).unwrap();
-        }
-    }
-    let file = dir.join("recurrent.txt");
-    std::fs::write(&file, text).unwrap();
-    vec![
-        testdata.join("lstm_small").into_os_string(),
-        testdata.join("treelstm_small").into_os_string(),
-        file.into_os_string(),
-    ]
+    native::recurrent_fixture_args(dir, &[("LSTM", "lstm_small"), ("TREE", "treelstm_small")])
 }
 
 fn compile(out: &Path, extra_before: &[&str], link: &[OsString]) {

@@ -19,7 +19,6 @@
 mod common;
 
 use std::ffi::OsString;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -43,52 +42,12 @@ fn cxx(std: &str) -> Command {
     cmd
 }
 
-/// The recurrent-model arguments: the lstm, treelstm and seq2seq fixture dirs and a text file of
-/// their requests and expected outputs, rewritten from the fixtures' expected.json into the
-/// format at the top of example.cpp (`LSTM K`, `TREE K`, `SEQ2SEQ K` sections).
+/// The recurrent-model arguments: fixture directories and their expected outputs.
 fn recurrent_args(dir: &Path) -> Vec<OsString> {
-    let testdata = manifest_dir().join("ffi_examples/testdata");
-    let mut text = String::new();
-    for (label, name) in [("LSTM", "lstm_small"), ("TREE", "treelstm_small"), ("SEQ2SEQ", "seq2seq_small")] {
-        let json: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(testdata.join(name).join("expected.json")).unwrap(),
-        )
-        .unwrap();
-        let reqs = json["requests"].as_array().unwrap();
-        assert!(!reqs.is_empty(), "{name}/expected.json has no requests");
-        writeln!(text, "{label} {}", reqs.len()).unwrap();
-        for r in reqs {
-            let list = |k: &str| -> Vec<String> {
-                r[k].as_array().map(|a| a.iter().map(|v| v.to_string()).collect()).unwrap_or_default()
-            };
-            let tokens = list("tokens");
-            write!(text, "{} {}", tokens.len(), tokens.join(" ")).unwrap();
-            if label == "TREE" {
-                write!(text, " {}", list("parents").join(" ")).unwrap();
-            }
-            let out: Vec<String> = if label == "SEQ2SEQ" {
-                list("output_tokens")
-            } else {
-                // `{:?}` of the f32 reads back as exactly that f32.
-                r["output"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| format!("{:?}", v.as_f64().unwrap() as f32))
-                    .collect()
-            };
-            assert!(!out.is_empty(), "{name}/expected.json: a request without an output");
-            writeln!(text, "  {} {}", out.len(), out.join(" ")).unwrap();
-        }
-    }
-    let file = dir.join("recurrent.txt");
-    std::fs::write(&file, text).unwrap();
-    vec![
-        testdata.join("lstm_small").into_os_string(),
-        testdata.join("treelstm_small").into_os_string(),
-        testdata.join("seq2seq_small").into_os_string(),
-        file.into_os_string(),
-    ]
+    native::recurrent_fixture_args(
+        dir,
+        &[("LSTM", "lstm_small"), ("TREE", "treelstm_small"), ("SEQ2SEQ", "seq2seq_small")],
+    )
 }
 
 #[test]

@@ -276,3 +276,52 @@ pub fn run_example(
         assert!(!stderr.contains(report), "{} exited 0 after a sanitizer report ({report})", exe.display());
     }
 }
+
+/// The recurrent-fixture arguments of the C and C++ examples: the fixture directories of `kinds`
+/// (`("LSTM", "lstm_small")`, `("TREE", "treelstm_small")`, `("SEQ2SEQ", "seq2seq_small")`, in
+/// that order), then a text file in `dir` with their requests and expected outputs in the format
+/// at the top of ffi_examples/c/example.c, written from the fixtures' expected.json.
+pub fn recurrent_fixture_args(dir: &Path, kinds: &[(&str, &str)]) -> Vec<OsString> {
+    use std::fmt::Write as _;
+    let testdata = manifest_dir().join("ffi_examples/testdata");
+    let mut text = String::new();
+    for &(label, name) in kinds {
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(testdata.join(name).join("expected.json")).unwrap(),
+        )
+        .unwrap();
+        let reqs = json["requests"].as_array().unwrap();
+        assert!(!reqs.is_empty(), "{name}/expected.json has no requests");
+        writeln!(text, "{label} {}", reqs.len()).unwrap();
+        for r in reqs {
+            let list = |k: &str| -> Vec<String> {
+                r[k].as_array().map(|a| a.iter().map(|v| v.to_string()).collect()).unwrap_or_default()
+            };
+            let tokens = list("tokens");
+            write!(text, "{} {}", tokens.len(), tokens.join(" ")).unwrap();
+            if label == "TREE" {
+                write!(text, " {}", list("parents").join(" ")).unwrap();
+            }
+            let out: Vec<String> = if label == "SEQ2SEQ" {
+                list("output_tokens")
+            } else {
+                // `{:?}` of the f32 reads back as exactly that f32.
+                r["output"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| format!("{:?}", v.as_f64().unwrap() as f32))
+                    .collect()
+            };
+            assert!(!out.is_empty(), "{name}/expected.json: a request without an output");
+            writeln!(text, "  {} {}", out.len(), out.join(" ")).unwrap();
+        }
+    }
+    let file = dir.join("recurrent.txt");
+    std::fs::write(&file, text).unwrap();
+    kinds
+        .iter()
+        .map(|(_, name)| testdata.join(name).into_os_string())
+        .chain([file.into_os_string()])
+        .collect()
+}
