@@ -39,8 +39,9 @@ use serve::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy};
 use serve::sched::{Arrival, CellGraph, Decision, Launch, Policy, RequestId, TaskId, Time};
 use serve::workload::{treebank_trees, wmt_lengths};
 
-/// Distinct graphs per workload; arrivals cycle through them.
+/// Distinct graphs per workload (a power of two); arrivals cycle through them.
 const GRAPHS: usize = 4096;
+const _: () = assert!(GRAPHS.is_power_of_two());
 /// Tasks run before anything is timed, from the cold start (all `b` requests at t = 0).
 const WARMUP_TASKS: u64 = 3000;
 /// Minimum time of the table's own measurement per case.
@@ -249,7 +250,8 @@ impl<P: Policy> Driver<P> {
     }
 
     fn arrive(&mut self) {
-        let g = self.graphs[self.next_id as usize % self.graphs.len()].clone();
+        // `GRAPHS` is a power of two: a mask, not a division, picks the graph.
+        let g = self.graphs[self.next_id as usize & (GRAPHS - 1)].clone();
         let a = Arrival { id: self.next_id, deadline: None, priority: 0, cells: Some(g) };
         self.next_id += 1;
         self.policy.arrive(Time(self.now), a);

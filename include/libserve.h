@@ -362,10 +362,11 @@ uint64_t serve_stats_completed(const serve_stats *stats, uint32_t code);
 // Requests completed, whatever their code.
 uint64_t serve_stats_completed_total(const serve_stats *stats);
 
-// Requests waiting in a scheduler queue.
+// Requests in a scheduler not yet started (no part of them launched on the backend).
 uint64_t serve_stats_queued(const serve_stats *stats);
 
-// Requests in tasks executing on the backend.
+// Requests started on the backend and not yet complete (a recurrent request counts from its
+// first cell to its completion).
 uint64_t serve_stats_running(const serve_stats *stats);
 
 // Requests accepted and not yet completed.

@@ -226,13 +226,14 @@ pub extern "C" fn serve_stats_completed_total(stats: *const serve_stats) -> u64 
     ffi_boundary! { stat(stats, |s| s.completed_total()) }
 }
 
-/// Requests waiting in a scheduler queue.
+/// Requests in a scheduler not yet started (no part of them launched on the backend).
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_stats_queued(stats: *const serve_stats) -> u64 {
     ffi_boundary! { stat(stats, |s| s.queued) }
 }
 
-/// Requests in tasks executing on the backend.
+/// Requests started on the backend and not yet complete (a recurrent request counts from its
+/// first cell to its completion).
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_stats_running(stats: *const serve_stats) -> u64 {
     ffi_boundary! { stat(stats, |s| s.running) }

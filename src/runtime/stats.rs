@@ -24,9 +24,10 @@ pub struct StatsSnapshot {
     pub rejected: u64,
     /// Completed requests, indexed by `Code as usize`.
     pub completed: [u64; Code::ALL.len()],
-    /// Requests waiting in a policy's queue.
+    /// Requests in a policy not yet started (no part launched on a backend).
     pub queued: u64,
-    /// Requests in tasks executing on a backend.
+    /// Requests started on a backend and not yet complete (a recurrent request counts from its
+    /// first cell to its completion).
     pub running: u64,
     /// Batched tasks launched on a backend.
     pub tasks_launched: u64,

@@ -19,6 +19,15 @@ pub type CellType = u8;
 /// The most cell types a model may have.
 pub const MAX_CELL_TYPES: usize = 8;
 
+/// A maximal run of same-type nodes of a chain graph: nodes `start..end`, each depending on the
+/// one before it (the first on the last node of the previous run). A run is one subgraph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub ty: CellType,
+    pub start: u32,
+    pub end: u32,
+}
+
 /// A request as a DAG of cells. Immutable once built.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CellGraph {
@@ -26,6 +35,14 @@ pub struct CellGraph {
     /// `preds[pred_start[i]..pred_start[i + 1]]` are the nodes node `i` depends on.
     pred_start: Vec<u32>,
     preds: Vec<u32>,
+    /// The graph's runs when it is one path `0 → 1 → … → len − 1` (an `lstm` or `seq2seq`
+    /// request), found once at construction: schedulers track such a request by a cursor instead
+    /// of per-node state.
+    runs: Option<Vec<Run>>,
+    /// Copies of what a scheduler reads when the request arrives, so that it reads only this
+    /// struct: the first run (`None` unless a path) and the highest cell type.
+    first_run: Option<Run>,
+    max_type: CellType,
 }
 
 impl CellGraph {
@@ -38,6 +55,9 @@ impl CellGraph {
             types: Vec::with_capacity(n),
             pred_start: Vec::with_capacity(n + 1),
             preds: Vec::with_capacity(n),
+            runs: None,
+            first_run: None,
+            max_type: 0,
         };
         g.pred_start.push(0);
         for &(ty, len) in chains {
@@ -49,6 +69,7 @@ impl CellGraph {
                 g.pred_start.push(g.preds.len() as u32);
             }
         }
+        g.finish();
         g
     }
 
@@ -62,7 +83,14 @@ impl CellGraph {
         if n > u32::MAX as usize {
             return Err(Error::invalid(format!("a graph of {n} nodes is too large")));
         }
-        let mut g = CellGraph { types, pred_start: Vec::with_capacity(n + 1), preds: Vec::new() };
+        let mut g = CellGraph {
+            types,
+            pred_start: Vec::with_capacity(n + 1),
+            preds: Vec::new(),
+            runs: None,
+            first_run: None,
+            max_type: 0,
+        };
         g.pred_start.push(0);
         for (i, ps) in preds.iter().enumerate() {
             for &p in ps {
@@ -79,7 +107,47 @@ impl CellGraph {
         if g.topological_order().is_none() {
             return Err(Error::internal("the cell graph has a cycle".to_string()));
         }
+        g.finish();
         Ok(g)
+    }
+
+    /// Fill in what is derived from the structure.
+    fn finish(&mut self) {
+        self.runs = self.find_runs();
+        self.first_run = self.runs.as_ref().map(|r| r[0]);
+        self.max_type = self.types.iter().copied().max().unwrap_or(0);
+    }
+
+    /// The runs of a path graph (every node but the first depends on exactly the node before it),
+    /// or `None` for any other shape.
+    fn find_runs(&self) -> Option<Vec<Run>> {
+        let n = self.len();
+        if n == 0 || !self.preds(0).is_empty() || (1..n).any(|v| self.preds(v) != [v as u32 - 1]) {
+            return None;
+        }
+        let mut runs: Vec<Run> = Vec::new();
+        for (v, &ty) in self.types.iter().enumerate() {
+            match runs.last_mut() {
+                Some(r) if r.ty == ty => r.end += 1,
+                _ => runs.push(Run { ty, start: v as u32, end: v as u32 + 1 }),
+            }
+        }
+        Some(runs)
+    }
+
+    /// The runs of this graph if it is a path (see [`Run`]): its subgraphs, in order.
+    pub fn runs(&self) -> Option<&[Run]> {
+        self.runs.as_deref()
+    }
+
+    /// `runs()[0]`, without reading the runs.
+    pub fn first_run(&self) -> Option<Run> {
+        self.first_run
+    }
+
+    /// The highest cell type of any node (0 for an empty graph).
+    pub fn max_type(&self) -> CellType {
+        self.max_type
     }
 
     pub fn len(&self) -> usize {
@@ -227,6 +295,25 @@ mod tests {
         assert_eq!(g.subgraphs(), (vec![0, 0, 0, 1, 1], 2));
         let (start, succs) = g.successors();
         assert_eq!(&succs[start[2] as usize..start[3] as usize], &[3]);
+        assert_eq!(g.runs(), Some(&[Run { ty: 0, start: 0, end: 3 }, Run { ty: 1, start: 3, end: 5 }][..]));
+        // Same-type chains merge into one run (one subgraph); an empty chain adds nothing.
+        let g = CellGraph::chains(&[(0, 2), (0, 0), (0, 1)]);
+        assert_eq!(g.runs(), Some(&[Run { ty: 0, start: 0, end: 3 }][..]));
+        assert_eq!(g.runs().map(<[Run]>::len), Some(g.subgraphs().1));
+        assert_eq!((g.first_run(), g.max_type()), (Some(Run { ty: 0, start: 0, end: 3 }), 0));
+    }
+
+    #[test]
+    fn only_paths_have_runs() {
+        let path = CellGraph::new(vec![0, 0, 1], &[vec![], vec![0], vec![1]]).unwrap();
+        assert_eq!(path, CellGraph::chains(&[(0, 2), (1, 1)]));
+        // A fork, a join, two roots: no runs.
+        let fork = CellGraph::new(vec![0, 0, 1], &[vec![], vec![0], vec![0]]).unwrap();
+        assert_eq!((fork.runs(), fork.first_run(), fork.max_type()), (None, None, 1));
+        assert_eq!(CellGraph::new(vec![0, 0, 1], &[vec![], vec![], vec![0, 1]]).unwrap().runs(), None);
+        assert_eq!(CellGraph::new(vec![0, 0], &[vec![], vec![]]).unwrap().runs(), None);
+        // A path whose edges skip a node id is not a chain of runs either.
+        assert_eq!(CellGraph::new(vec![0, 0, 0], &[vec![], vec![2], vec![0]]).unwrap().runs(), None);
     }
 
     #[test]

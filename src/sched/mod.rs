@@ -13,7 +13,8 @@
 //! * a request is in at most one launched task at a time, and a task runs on one idle worker;
 //! * a request whose deadline is `<= now` at a boundary completes `DeadlineExceeded`; a cancelled
 //!   one completes `Cancelled` at the next boundary (at once if it is still queued);
-//! * `task_done` is called exactly once for every launched task.
+//! * `task_done` is called exactly once for every launched task, and a worker's tasks finish in
+//!   the order they were launched (a worker is one stream).
 
 pub mod baseline;
 pub mod cellular;
@@ -168,8 +169,9 @@ pub trait Policy: Send {
     fn poll(&mut self) -> Option<Decision>;
     /// When the policy next needs a `tick` if no other event arrives first.
     fn next_wakeup(&self) -> Option<Time>;
-    /// Requests waiting to be launched.
+    /// Requests admitted and not started: no cell of theirs launched yet.
     fn queued(&self) -> usize;
-    /// Requests in launched, unfinished tasks.
+    /// Requests started and not complete (a recurrent request counts as running from its first
+    /// cell to its completion, also between its tasks).
     fn running(&self) -> usize;
 }

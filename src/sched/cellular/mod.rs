@@ -21,24 +21,39 @@
 //!   (priority breaks ties in every step; then the lower type index)
 //! FormBatchedTask(type, worker):
 //!   take ready nodes of `type`: first from subgraphs pinned to worker, then from unpinned
-//!   subgraphs (request priority, then arrival order), up to MaxBatch(type); every subgraph
+//!   subgraphs (request priority, then the order below), up to MaxBatch(type); every subgraph
 //!   touched is pinned to worker and its pin counter counts the task; pad the batch to the
 //!   smallest size in Bsizes(type) that holds it.
 //! on task done: pin counters drop; a subgraph whose counter reaches 0 is unpinned.
 //! ```
+//!
+//! Order among unpinned subgraphs of one request priority: the chains unpinned together on the
+//! forming worker (in their block's order, see [`chain`]), then those unpinned on other workers
+//! (by worker index), then the rest in the order they became ready. A subgraph that is unpinned was ready
+//! before anything that queued since, and keeping it on its worker keeps its state there.
 //!
 //! New requests join at the next task formed; a request leaves (completes) as soon as its last
 //! cell finishes — no request waits for a batch-mate. Cancel, deadline expiry and an early end
 //! (Seq2Seq `eos`) take effect at the next cell boundary: the request's unsubmitted cells are
 //! dropped, and it completes once none of its cells is running (its state slots may then be
 //! reused). Per-request priorities order the unpinned subgraphs; BatchMaker itself has none.
+//!
+//! Two request processors share the queues. *Chain* requests (`lstm`, `seq2seq`, fixed-shape:
+//! one path of cells, see [`chain`]) keep a cursor per request and, while pinned, a lane in a
+//! dense per-(worker, type) block, so forming a task costs one pass over its rows plus work per
+//! request joining or leaving. *Graph* requests (`treelstm`, see [`request`]) keep per-node
+//! dependency counters and ready lists. The policy relies on a worker's tasks finishing in the
+//! order they were launched (a worker is one stream); `task_done` panics otherwise.
 
+mod chain;
 mod request;
 #[cfg(test)]
 mod tests;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use crate::error::{Code, Error, Result};
 use crate::sched::graph::MAX_CELL_TYPES;
@@ -46,8 +61,8 @@ use crate::sched::{
     Arrival, CellGraph, CellType, Decision, Launch, Policy, RequestId, TaskId, Time, WorkerId,
 };
 
+use chain::{Block, Chain, ChainState, Lane, advance};
 use request::{Bufs, NONE, Req, SgRef, Where};
-
 /// One cell type's batching parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CellTypeConfig {
@@ -118,15 +133,78 @@ impl CellularConfig {
     }
 }
 
-/// A submitted task: its worker and its rows as (request slot, node).
-struct TaskRec {
-    worker: WorkerId,
-    rows: Vec<(u32, u32)>,
+/// Hashes request ids with one multiplication: `by_id` is touched at every arrival and
+/// completion, where SipHash would cost as much as the rest of the arrival.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
-/// A task being formed: its rows as (request slot, node), and the `Launch` vectors.
+/// One request in the policy.
+struct Request {
+    id: RequestId,
+    generation: u32,
+    priority: i32,
+    deadline: Option<Time>,
+    /// Set once the request is to stop at the next boundary, with the code it completes with.
+    doomed: Option<Code>,
+    /// A cell of it has been launched (it counts as running, no longer queued).
+    started: bool,
+    body: Body,
+}
+
+enum Body {
+    Chain(Chain),
+    /// Boxed: a graph request's state is large, and keeping `Request` small keeps the chain
+    /// requests' records dense.
+    Graph(Box<Req>),
+}
+
+impl Request {
+    fn chain(&mut self) -> &mut Chain {
+        match &mut self.body {
+            Body::Chain(c) => c,
+            Body::Graph(_) => panic!("request {} is a graph request, not a chain", self.id),
+        }
+    }
+
+    fn graph(&mut self) -> &mut Req {
+        match &mut self.body {
+            Body::Graph(g) => g,
+            Body::Chain(_) => panic!("request {} is a chain request, not a graph", self.id),
+        }
+    }
+}
+
+/// A submitted, unfinished task.
+struct TaskRec {
+    task: TaskId,
+    ty: CellType,
+    /// Rows of graph requests, as (request slot, node).
+    rows: Vec<(u32, u32)>,
+    /// Slots of the chain requests whose current run leaves with this task (its last node is in
+    /// it, or the request was doomed while its lane was in it).
+    releases: Vec<u32>,
+}
+
+/// A task being formed.
 struct Forming {
     rows: Vec<(u32, u32)>,
+    releases: Vec<u32>,
+    /// The chains that continue after this task: the worker's block of this type once formed.
+    block: Block,
     requests: Vec<RequestId>,
     nodes: Vec<u32>,
 }
@@ -139,41 +217,64 @@ struct PrioQueue {
 
 /// Per cell type: ready subgraphs and ready-node counts.
 struct TypeQueues {
-    /// Unpinned subgraphs, highest request priority first.
+    /// Unpinned subgraphs (queued chain runs and graph subgraphs), highest request priority
+    /// first.
     unpinned: Vec<PrioQueue>,
+    /// Ready nodes in `unpinned`.
     ready_unpinned: usize,
-    /// Subgraphs pinned to each worker.
+    /// Graph subgraphs pinned to each worker.
     pinned: Vec<VecDeque<SgRef>>,
     ready_pinned: Vec<usize>,
+    /// Chains pinned to each worker (a live block) or unpinned together (a lapsed one).
+    blocks: Vec<Block>,
+    /// Ready nodes in lapsed blocks (one per live lane).
+    lapsed_ready: usize,
+    /// Unfinished tasks of this type per worker.
+    outstanding: Vec<usize>,
 }
 
 /// BatchMaker's cellular batching policy.
 pub struct CellularPolicy {
     cfg: CellularConfig,
-    reqs: Vec<Option<Req>>,
-    /// Generation of each request slot, bumped on reuse so stale queue entries are recognised.
+    reqs: Vec<Option<Request>>,
+    /// Generation of each request slot, bumped on reuse (never 0) so stale queue entries are
+    /// recognised.
     generations: Vec<u32>,
+    /// Per slot: the generation of its request while it lives and is not doomed, else 0. What a
+    /// lane checks before emitting a row, in a dense array rather than the request's record.
+    alive: Vec<u32>,
     free: Vec<u32>,
-    by_id: HashMap<RequestId, u32>,
+    by_id: HashMap<RequestId, u32, BuildHasherDefault<IdHasher>>,
     types: Vec<TypeQueues>,
-    /// Tasks submitted and unfinished per worker.
-    outstanding: Vec<usize>,
-    tasks: HashMap<TaskId, TaskRec>,
+    /// Per worker: its unfinished tasks in launch order.
+    streams: Vec<VecDeque<TaskRec>>,
     next_task: TaskId,
     deadlines: BinaryHeap<Reverse<(Time, u32, u32)>>,
-    /// Buffers of completed requests and of done tasks' rows, for reuse.
+    /// Buffers of completed requests and of done tasks, for reuse.
     spare_reqs: Vec<Bufs>,
     spare_rows: Vec<Vec<(u32, u32)>>,
-    /// Scratch for `task_done`: slots whose last running task this was.
+    spare_slots: Vec<Vec<u32>>,
+    spare_lanes: Vec<Vec<Lane>>,
+    /// Scratch for `task_done`: slots with nothing running any more.
     idle_slots: Vec<u32>,
     /// Scratch for `form_batched_task`: (slot, node) made ready by the task being formed.
     ready_after: Vec<(u32, u32)>,
     /// Numbers each task formation and completion, so per-task counters count a request or a
     /// subgraph once per task however many of its nodes the task holds.
     stamp: u64,
+    /// The graph of a fixed-shape request: one cell of type 0.
+    single: Arc<CellGraph>,
     out: VecDeque<Decision>,
     queued: usize,
     running: usize,
+}
+
+/// Keep a recycled buffer unless enough are kept already.
+fn recycle<T>(spare: &mut Vec<Vec<T>>, mut v: Vec<T>) {
+    if spare.len() < MAX_SPARE {
+        v.clear();
+        spare.push(v);
+    }
 }
 
 impl CellularPolicy {
@@ -185,24 +286,30 @@ impl CellularPolicy {
                 ready_unpinned: 0,
                 pinned: (0..cfg.workers).map(|_| VecDeque::new()).collect(),
                 ready_pinned: vec![0; cfg.workers],
+                blocks: (0..cfg.workers).map(|_| Block::default()).collect(),
+                lapsed_ready: 0,
+                outstanding: vec![0; cfg.workers],
             })
             .collect();
         Ok(CellularPolicy {
-            outstanding: vec![0; cfg.workers],
+            streams: (0..cfg.workers).map(|_| VecDeque::new()).collect(),
             cfg,
             reqs: Vec::new(),
             generations: Vec::new(),
+            alive: Vec::new(),
             free: Vec::new(),
-            by_id: HashMap::new(),
+            by_id: HashMap::default(),
             types,
-            tasks: HashMap::new(),
             next_task: 0,
             deadlines: BinaryHeap::new(),
             spare_reqs: Vec::new(),
             spare_rows: Vec::new(),
+            spare_slots: Vec::new(),
+            spare_lanes: Vec::new(),
             idle_slots: Vec::new(),
             ready_after: Vec::new(),
             stamp: 0,
+            single: Arc::new(CellGraph::chains(&[(0, 1)])),
             out: VecDeque::new(),
             queued: 0,
             running: 0,
@@ -213,25 +320,36 @@ impl CellularPolicy {
         &self.cfg
     }
 
-    fn req(&self, slot: u32) -> &Req {
+    fn req(&self, slot: u32) -> &Request {
         self.reqs[slot as usize].as_ref().expect("live request slot")
     }
 
-    fn req_mut(&mut self, slot: u32) -> &mut Req {
+    fn req_mut(&mut self, slot: u32) -> &mut Request {
         self.reqs[slot as usize].as_mut().expect("live request slot")
     }
 
-    // ---- ready-node bookkeeping ------------------------------------------------------------
+    /// Count the request as running from its first launched cell on.
+    fn start(&mut self, slot: u32) {
+        let r = self.reqs[slot as usize].as_mut().expect("live request slot");
+        if !r.started {
+            r.started = true;
+            self.queued -= 1;
+            self.running += 1;
+        }
+    }
 
-    /// Make `node` of request `slot` ready: append it to its subgraph's ready list and queue the
-    /// subgraph where it belongs (pinned worker or unpinned) if it is not queued yet.
+    // ---- graph requests: ready-node bookkeeping --------------------------------------------
+
+    /// Make `node` of graph request `slot` ready: append it to its subgraph's ready list and
+    /// queue the subgraph where it belongs (pinned worker or unpinned) if it is not queued yet.
     fn push_ready(&mut self, slot: u32, node: u32) {
         let r = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let sg = r.nodes[node as usize].sg;
-        r.push_ready(sg, node);
-        let s = &mut r.sgs[sg as usize];
-        let ty = s.ty as usize;
         let (priority, generation) = (r.priority, r.generation);
+        let g = r.graph();
+        let sg = g.nodes[node as usize].sg;
+        g.push_ready(sg, node);
+        let s = &mut g.sgs[sg as usize];
+        let ty = s.ty as usize;
         let place = if s.pinned == NONE { Where::Unpinned } else { Where::Pinned(s.pinned) };
         let was = s.queued;
         s.queued = place;
@@ -249,12 +367,12 @@ impl CellularPolicy {
         }
     }
 
-    /// A subgraph's ready nodes move from `pinned` to the unpinned queues (its pin counter fell
-    /// to 0). The stale entry in the pinned queue is skipped when met.
+    /// A graph subgraph's ready nodes move from `pinned` to the unpinned queues (its pin counter
+    /// fell to 0). The stale entry in the pinned queue is skipped when met.
     fn unpin(&mut self, slot: u32, sg: u32) {
         let r = self.reqs[slot as usize].as_mut().expect("live request slot");
         let (priority, generation) = (r.priority, r.generation);
-        let s = &mut r.sgs[sg as usize];
+        let s = &mut r.graph().sgs[sg as usize];
         let w = std::mem::replace(&mut s.pinned, NONE);
         if w == NONE {
             return;
@@ -270,10 +388,10 @@ impl CellularPolicy {
         }
     }
 
-    /// Drop every ready node of a request (cancel, deadline, early end).
+    /// Drop every ready node of a graph request (cancel, deadline, early end).
     fn drop_ready(&mut self, slot: u32) {
-        let r = self.reqs[slot as usize].as_mut().expect("live request slot");
-        for s in r.sgs.iter_mut() {
+        let g = self.reqs[slot as usize].as_mut().expect("live request slot").graph();
+        for s in g.sgs.iter_mut() {
             let n = s.ready_len as usize;
             let t = &mut self.types[s.ty as usize];
             match s.queued {
@@ -287,11 +405,180 @@ impl CellularPolicy {
         }
     }
 
+    // ---- chain requests ---------------------------------------------------------------------
+
+    /// Queue chain request `slot`'s current run as an unpinned subgraph, at the back of its
+    /// priority (it became ready now) or at the front (it was unpinned).
+    fn queue_chain(&mut self, slot: u32, front: bool) {
+        let r = self.reqs[slot as usize].as_mut().expect("live request slot");
+        let (priority, generation) = (r.priority, r.generation);
+        let c = r.chain();
+        c.state = ChainState::Queued;
+        let at = SgRef { slot, generation, sg: c.run };
+        let t = &mut self.types[c.ty as usize];
+        t.ready_unpinned += 1;
+        push_unpinned(&mut t.unpinned, priority, at, front);
+    }
+
+    /// The worker's last unfinished task of `ty` finished: its chains' pin counters are all 0.
+    /// They stay together as a lapsed block — unless their priorities differ, in which case they
+    /// join the priority queues one by one.
+    fn lapse(&mut self, ty: usize, worker: WorkerId) {
+        let t = &mut self.types[ty];
+        let b = &mut t.blocks[worker];
+        if !b.live {
+            return;
+        }
+        b.live = false;
+        t.lapsed_ready += b.size;
+        if b.size == 0 || b.priority.is_none() {
+            self.disperse(ty, worker);
+        }
+    }
+
+    /// The lanes of a lapsed block go to the unpinned queues, in order, each at the front of its
+    /// priority.
+    fn disperse(&mut self, ty: usize, worker: WorkerId) {
+        let b = &mut self.types[ty].blocks[worker];
+        debug_assert!(!b.live);
+        let lanes = std::mem::take(&mut b.lanes);
+        b.dead = 0;
+        self.types[ty].lapsed_ready -= std::mem::take(&mut b.size);
+        for lane in lanes.iter().rev() {
+            if self.alive[lane.slot as usize] == lane.generation {
+                self.req_mut(lane.slot).chain().cursor = lane.next;
+                self.queue_chain(lane.slot, true);
+            }
+        }
+        recycle(&mut self.spare_lanes, lanes);
+    }
+
+    /// Take lanes of `from`'s lapsed block into the task on `worker`, in order, as room allows.
+    /// Those taken are pinned to `worker` again; the rest stay in the block.
+    fn take_lapsed(&mut self, ty: usize, from: WorkerId, worker: WorkerId, max: usize, f: &mut Forming) {
+        let b = &mut self.types[ty].blocks[from];
+        debug_assert!(!b.live && b.priority.is_some());
+        f.block.note_source(b.priority);
+        let rows = f.requests.len();
+        let kept = if from == worker && f.block.lanes.is_empty() {
+            // This worker's own block: advanced in place, it becomes the task's block.
+            std::mem::swap(&mut f.block.lanes, &mut b.lanes);
+            let kept = advance(
+                &mut f.block.lanes,
+                &mut b.dead,
+                &self.alive,
+                max - rows,
+                &mut f.requests,
+                &mut f.nodes,
+                &mut f.releases,
+            );
+            b.lanes = f.block.lanes.split_off(kept);
+            kept
+        } else {
+            let kept = advance(
+                &mut b.lanes,
+                &mut b.dead,
+                &self.alive,
+                max - rows,
+                &mut f.requests,
+                &mut f.nodes,
+                &mut f.releases,
+            );
+            let start = f.block.lanes.len();
+            f.block.lanes.extend(b.lanes.drain(..kept));
+            if from != worker {
+                for i in start..f.block.lanes.len() {
+                    let slot = f.block.lanes[i].slot;
+                    self.req_mut(slot).chain().state = ChainState::Resident(worker as u32);
+                }
+            }
+            kept
+        };
+        let taken = f.requests.len() - rows;
+        debug_assert!(kept <= taken);
+        self.types[ty].blocks[from].size -= taken;
+        self.types[ty].lapsed_ready -= taken;
+    }
+
+    /// Take the queued chain run `at` (one node) into the task on `worker`. True: the queue
+    /// entry is used up (always — a chain has one ready node).
+    fn take_chain(&mut self, at: SgRef, ty: usize, worker: WorkerId, f: &mut Forming) -> bool {
+        let Some(Some(r)) = self.reqs.get_mut(at.slot as usize) else { return true };
+        let (id, priority) = (r.id, r.priority);
+        if r.generation != at.generation || r.doomed.is_some() {
+            return true;
+        }
+        let first = !std::mem::replace(&mut r.started, true);
+        let c = r.chain();
+        if c.state != ChainState::Queued || c.run != at.sg {
+            debug_assert!(!first, "a request that never started has one live queue entry");
+            return true; // stale: taken through another entry since, or dropped
+        }
+        let (node, end) = (c.cursor, c.end);
+        f.requests.push(id);
+        f.nodes.push(node);
+        if node + 1 == end {
+            c.state = ChainState::Releasing;
+            f.releases.push(at.slot);
+        } else {
+            c.state = ChainState::Resident(worker as u32);
+            f.block.note_source(Some(priority));
+            f.block.lanes.push(Lane { id, slot: at.slot, generation: at.generation, next: node + 1, end });
+        }
+        self.types[ty].ready_unpinned -= 1;
+        if first {
+            self.queued -= 1;
+            self.running += 1;
+        }
+        true
+    }
+
+    /// Drop a chain request's ready node (cancel, deadline, early end). A lane in a live block
+    /// is in that block's last task, so the request is released when that task finishes.
+    fn drop_chain(&mut self, slot: u32) {
+        let c = self.reqs[slot as usize].as_mut().expect("live request slot").chain();
+        let ty = c.ty as usize;
+        match c.state {
+            ChainState::Queued => {
+                c.state = ChainState::Idle;
+                self.types[ty].ready_unpinned -= 1;
+            }
+            ChainState::Resident(w) => {
+                // Its lane stays in the block, dead, until the next pass drops it.
+                let b = &mut self.types[ty].blocks[w as usize];
+                b.size -= 1;
+                b.dead += 1;
+                if b.live {
+                    c.state = ChainState::Releasing;
+                    let last = b.last_task;
+                    let rec = self.streams[w as usize]
+                        .iter_mut()
+                        .rev()
+                        .find(|t| t.task == last)
+                        .expect("a live block's last task is unfinished");
+                    rec.releases.push(slot);
+                } else {
+                    c.state = ChainState::Idle;
+                    self.types[ty].lapsed_ready -= 1;
+                }
+            }
+            ChainState::Releasing | ChainState::Idle => {}
+        }
+    }
+
     // ---- Algorithm 1 -----------------------------------------------------------------------
+
+    /// Ready nodes of `ty` pinned to `worker`.
+    fn pinned_ready(&self, ty: usize, worker: WorkerId) -> usize {
+        let t = &self.types[ty];
+        let b = &t.blocks[worker];
+        t.ready_pinned[worker] + if b.live { b.size } else { 0 }
+    }
 
     /// Ready nodes of `ty` that a task on `worker` may take.
     fn available(&self, ty: usize, worker: WorkerId) -> usize {
-        self.types[ty].ready_pinned[worker] + self.types[ty].ready_unpinned
+        let t = &self.types[ty];
+        self.pinned_ready(ty, worker) + t.ready_unpinned + t.lapsed_ready
     }
 
     /// ChooseCellType (Algorithm 1): the three steps, priority breaking ties.
@@ -305,13 +592,24 @@ impl CellularPolicy {
         // Step 1: a type that can fill a whole batch.
         best(&|ty| self.available(ty, worker) >= self.cfg.cell_types[ty].max_batch)
             // Step 2: keep the subgraphs pinned to this worker moving.
-            .or_else(|| best(&|ty| self.types[ty].ready_pinned[worker] > 0))
+            .or_else(|| best(&|ty| self.pinned_ready(ty, worker) > 0))
             // Step 3: the type with the most ready nodes.
             .or_else(|| {
                 (0..n)
                     .filter(|&ty| self.available(ty, worker) > 0)
                     .min_by_key(|&ty| (Reverse(self.available(ty, worker)), Reverse(prio(ty)), ty))
             })
+    }
+
+    /// The highest request priority below `below` (any, if `None`) with unpinned subgraphs of
+    /// `ty`: queued, or in a lapsed block.
+    fn next_priority(&self, ty: usize, below: Option<i32>) -> Option<i32> {
+        let t = &self.types[ty];
+        let under = |p: &i32| below.is_none_or(|b| *p < b);
+        let queued = t.unpinned.iter().map(|q| q.priority).find(under);
+        let lapsed =
+            t.blocks.iter().filter(|b| !b.live && b.size > 0).filter_map(|b| b.priority).filter(under).max();
+        queued.max(lapsed)
     }
 
     /// FormBatchedTask (Algorithm 1) for cell type `ty` on `worker`, then submit it.
@@ -324,47 +622,115 @@ impl CellularPolicy {
         let room = max.min(self.available(ty, worker));
         let mut f = Forming {
             rows: self.spare_rows.pop().unwrap_or_default(),
+            releases: self.spare_slots.pop().unwrap_or_default(),
+            block: Block { lanes: self.spare_lanes.pop().unwrap_or_default(), ..Block::default() },
             requests: Vec::with_capacity(room),
             nodes: Vec::with_capacity(room),
         };
-        f.rows.reserve(room);
-        // Pinned subgraphs first (they hold state on this worker), then unpinned ones. With no
-        // ready node pinned here, every entry of the pinned queue is stale: the loop below would
-        // pop them all without taking anything, so drop them at once.
+        // 1. Chains pinned here: all of them, in order — they were all in this worker's last
+        //    task of this type, so they fit.
+        let own = &mut self.types[ty].blocks[worker];
+        let own_lapsed = !own.live;
+        if own.live {
+            // Advanced in place, the block's lanes become the task's block.
+            std::mem::swap(&mut f.block.lanes, &mut own.lanes);
+            f.block.priority = own.priority;
+            own.size = 0;
+            let kept = advance(
+                &mut f.block.lanes,
+                &mut own.dead,
+                &self.alive,
+                max,
+                &mut f.requests,
+                &mut f.nodes,
+                &mut f.releases,
+            );
+            debug_assert!(kept == f.block.lanes.len() && own.dead == 0, "a live block fits its task");
+        }
+        // 2. Graph subgraphs pinned here. With no ready node pinned here, every entry of the
+        //    pinned queue is stale: the loop below would pop them all without taking anything,
+        //    so drop them at once.
         if self.types[ty].ready_pinned[worker] == 0 {
             self.types[ty].pinned[worker].clear();
         }
-        while f.rows.len() < max {
+        while f.requests.len() < max {
             let Some(&at) = self.types[ty].pinned[worker].front() else { break };
             if self.take_from(at, Where::Pinned(worker as u32), ty, worker, stamp, max, &mut f) {
                 self.types[ty].pinned[worker].pop_front();
             }
         }
-        let mut level = 0;
-        while f.rows.len() < max && level < self.types[ty].unpinned.len() {
-            let Some(&at) = self.types[ty].unpinned[level].q.front() else {
-                level += 1;
+        // 3. Unpinned subgraphs, by request priority: at each priority, the chains unpinned on
+        //    this worker, then those unpinned on other workers, then the queue.
+        let mut below = None;
+        while f.requests.len() < max {
+            let Some(p) = self.next_priority(ty, below) else { break };
+            below = Some(p);
+            let lapsed_at = |t: &TypeQueues, w: usize| {
+                let b = &t.blocks[w];
+                !b.live && b.size > 0 && b.priority == Some(p)
+            };
+            if own_lapsed && lapsed_at(&self.types[ty], worker) {
+                self.take_lapsed(ty, worker, worker, max, &mut f);
+            }
+            for from in (0..self.cfg.workers).filter(|&w| w != worker) {
+                if f.requests.len() < max && lapsed_at(&self.types[ty], from) {
+                    self.take_lapsed(ty, from, worker, max, &mut f);
+                }
+            }
+            let levels = &self.types[ty].unpinned;
+            let Ok(level) = levels.binary_search_by_key(&Reverse(p), |q| Reverse(q.priority)) else {
                 continue;
             };
-            if self.take_from(at, Where::Unpinned, ty, worker, stamp, max, &mut f) {
-                self.types[ty].unpinned[level].q.pop_front();
+            while f.requests.len() < max {
+                let Some(&at) = self.types[ty].unpinned[level].q.front() else { break };
+                let used = match self.reqs.get(at.slot as usize) {
+                    Some(Some(Request { body: Body::Chain(_), .. })) => {
+                        self.take_chain(at, ty, worker, &mut f)
+                    }
+                    Some(Some(_)) => self.take_from(at, Where::Unpinned, ty, worker, stamp, max, &mut f),
+                    _ => true, // the request has completed
+                };
+                if used {
+                    self.types[ty].unpinned[level].q.pop_front();
+                }
             }
         }
         self.types[ty].unpinned.retain(|p| !p.q.is_empty());
-        debug_assert!(!f.rows.is_empty(), "ChooseCellType picked a type with nothing ready");
-        // Same-subgraph successors of the submitted nodes become ready now, in row order: they
-        // will run after this task on the same stream. (Not before: they could not share the
-        // task.)
+        // Chains unpinned on this worker and not taken now join the queues: the worker's block
+        // is the task's continuing chains from here on.
+        if own_lapsed && !self.types[ty].blocks[worker].lanes.is_empty() {
+            self.disperse(ty, worker);
+        }
+        debug_assert!(!f.requests.is_empty(), "ChooseCellType picked a type with nothing ready");
+        for &slot in &f.releases {
+            self.req_mut(slot).chain().state = ChainState::Releasing;
+        }
+        let own = &mut self.types[ty].blocks[worker];
+        let emptied = std::mem::replace(&mut own.lanes, std::mem::take(&mut f.block.lanes));
+        recycle(&mut self.spare_lanes, emptied);
+        own.priority = f.block.priority;
+        debug_assert_eq!(own.dead, 0);
+        own.size = own.lanes.len();
+        own.live = !own.lanes.is_empty();
+        own.last_task = task;
+        // Same-subgraph successors of the submitted graph nodes become ready now, in row order:
+        // they will run after this task on the same stream. (Not before: they could not share
+        // the task.)
         let mut ready = std::mem::take(&mut self.ready_after);
         for &(slot, node) in &ready {
             self.push_ready(slot, node);
         }
         ready.clear();
         self.ready_after = ready;
-        let real = f.rows.len();
+        let real = f.requests.len();
         let batch = self.cfg.cell_types[ty].bsizes.iter().copied().find(|&b| b >= real).unwrap_or(real);
-        self.outstanding[worker] += 1;
-        self.tasks.insert(task, TaskRec { worker, rows: f.rows });
+        self.types[ty].outstanding[worker] += 1;
+        self.streams[worker].push_back(TaskRec {
+            task,
+            ty: ty as CellType,
+            rows: f.rows,
+            releases: f.releases,
+        });
         self.out.push_back(Decision::Launch(Launch {
             task,
             worker,
@@ -375,9 +741,9 @@ impl CellularPolicy {
         }));
     }
 
-    /// Move ready nodes of the subgraph `at` (found in queue `from`) into the task, pinning it to
-    /// `worker`; their same-subgraph successors that this makes ready go to `ready_after`. True
-    /// when the queue entry is used up (stale, or no ready nodes left).
+    /// Move ready nodes of the graph subgraph `at` (found in queue `from`) into the task,
+    /// pinning it to `worker`; their same-subgraph successors that this makes ready go to
+    /// `ready_after`. True when the queue entry is used up (stale, or no ready nodes left).
     #[allow(clippy::too_many_arguments)]
     fn take_from(
         &mut self,
@@ -390,49 +756,49 @@ impl CellularPolicy {
         f: &mut Forming,
     ) -> bool {
         let Some(Some(r)) = self.reqs.get_mut(at.slot as usize) else { return true };
-        if r.generation != at.generation || r.sgs[at.sg as usize].queued != from {
-            return true; // stale entry: the subgraph moved, was dropped, or the slot was reused
+        let id = r.id;
+        if r.generation != at.generation {
+            return true; // stale entry: the slot was reused
+        }
+        let g = r.graph();
+        if g.sgs[at.sg as usize].queued != from {
+            return true; // stale entry: the subgraph moved or was dropped
         }
         let t = &mut self.types[ty];
-        if r.stamp != stamp {
-            r.stamp = stamp;
-            r.inflight += 1;
-            if r.inflight == 1 {
-                self.queued -= 1;
-                self.running += 1;
-            }
+        if g.stamp != stamp {
+            g.stamp = stamp;
+            g.inflight += 1;
         }
-        let s = &mut r.sgs[at.sg as usize];
+        let s = &mut g.sgs[at.sg as usize];
         if s.stamp != stamp {
             s.stamp = stamp;
             s.outstanding += 1;
         }
         s.pinned = worker as u32;
-        while f.rows.len() < max {
-            let Some(node) = r.pop_ready(at.sg) else { break };
+        while f.requests.len() < max {
+            let Some(node) = g.pop_ready(at.sg) else { break };
             f.rows.push((at.slot, node));
-            f.requests.push(r.id);
+            f.requests.push(id);
             f.nodes.push(node);
             match from {
                 Where::Pinned(w) => t.ready_pinned[w as usize] -= 1,
                 _ => t.ready_unpinned -= 1,
             }
             // Counted now, queued once the task is formed (`form_batched_task`).
-            for k in r.internal_successors(node) {
-                let s = r.edges[k];
-                let succ = &mut r.nodes[s as usize];
+            for k in g.internal_successors(node) {
+                let s = g.edges[k];
+                let succ = &mut g.nodes[s as usize];
                 succ.internal_left -= 1;
-                if succ.internal_left == 0 && r.sgs[at.sg as usize].external_left == 0 {
+                if succ.internal_left == 0 && g.sgs[at.sg as usize].external_left == 0 {
                     self.ready_after.push((at.slot, s));
                 }
             }
         }
-        let s = &mut r.sgs[at.sg as usize];
-        if s.ready_len == 0 {
+        let s = &mut g.sgs[at.sg as usize];
+        let used = if s.ready_len == 0 {
             s.queued = Where::Nowhere;
-            return true;
-        }
-        if from == Where::Unpinned {
+            true
+        } else if from == Where::Unpinned {
             // The task is full but the subgraph has more: it is pinned now, so its remaining
             // ready nodes wait at the front of this worker's pinned queue.
             let n = s.ready_len as usize;
@@ -440,18 +806,21 @@ impl CellularPolicy {
             t.ready_unpinned -= n;
             t.ready_pinned[worker] += n;
             t.pinned[worker].push_front(at);
-            return true;
-        }
-        false
+            true
+        } else {
+            false
+        };
+        self.start(at.slot);
+        used
     }
 
     /// Schedule (Algorithm 1) on every worker with room, least loaded first.
     fn schedule(&mut self) {
         loop {
             let Some(worker) = (0..self.cfg.workers)
-                .filter(|&w| self.outstanding[w] < self.cfg.max_tasks_to_submit)
+                .filter(|&w| self.streams[w].len() < self.cfg.max_tasks_to_submit)
                 .filter(|&w| (0..self.types.len()).any(|ty| self.available(ty, w) > 0))
-                .min_by_key(|&w| (self.outstanding[w], w))
+                .min_by_key(|&w| (self.streams[w].len(), w))
             else {
                 return;
             };
@@ -462,15 +831,31 @@ impl CellularPolicy {
 
     // ---- request lifecycle -----------------------------------------------------------------
 
+    /// Whether a launched, unfinished task holds a cell of the request in `slot`.
+    fn is_running(&self, slot: u32) -> bool {
+        match &self.req(slot).body {
+            Body::Graph(g) => g.inflight > 0,
+            Body::Chain(c) => match c.state {
+                ChainState::Releasing => true,
+                ChainState::Resident(w) => self.types[c.ty as usize].blocks[w as usize].live,
+                ChainState::Queued | ChainState::Idle => false,
+            },
+        }
+    }
+
     /// Complete the request in `slot` if it is finished and nothing of it runs.
     fn maybe_complete(&mut self, slot: u32, now: Time) {
-        let r = self.req(slot);
-        if r.inflight > 0 {
+        if self.is_running(slot) {
             return;
         }
+        let r = self.req(slot);
+        let finished = match &r.body {
+            Body::Graph(g) => g.done_nodes as usize == g.nodes.len(),
+            Body::Chain(c) => c.state == ChainState::Idle,
+        };
         let code = match r.doomed {
             Some(code) => code,
-            None if r.done_nodes as usize == r.nodes.len() => {
+            None if finished => {
                 if r.deadline.is_some_and(|d| d <= now) {
                     Code::DeadlineExceeded
                 } else {
@@ -480,14 +865,20 @@ impl CellularPolicy {
             None => return,
         };
         let r = self.reqs[slot as usize].take().expect("live request slot");
-        let id = r.id;
-        self.by_id.remove(&id);
+        self.by_id.remove(&r.id);
         self.free.push(slot);
-        self.queued -= 1;
-        self.out.push_back(Decision::Complete { id, code });
-        let bufs = r.into_bufs();
-        if bufs.worth_keeping() && self.spare_reqs.len() < MAX_SPARE {
-            self.spare_reqs.push(bufs);
+        self.alive[slot as usize] = 0;
+        if r.started {
+            self.running -= 1;
+        } else {
+            self.queued -= 1;
+        }
+        self.out.push_back(Decision::Complete { id: r.id, code });
+        if let Body::Graph(g) = r.body {
+            let bufs = g.into_bufs();
+            if bufs.worth_keeping() && self.spare_reqs.len() < MAX_SPARE {
+                self.spare_reqs.push(bufs);
+            }
         }
     }
 
@@ -496,8 +887,12 @@ impl CellularPolicy {
         if self.req(slot).doomed.is_some() {
             return;
         }
-        self.drop_ready(slot);
+        match self.req(slot).body {
+            Body::Graph(_) => self.drop_ready(slot),
+            Body::Chain(_) => self.drop_chain(slot),
+        }
         self.req_mut(slot).doomed = Some(code);
+        self.alive[slot as usize] = 0;
         self.maybe_complete(slot, now);
     }
 
@@ -505,8 +900,7 @@ impl CellularPolicy {
     /// earliest entry is a live one (`next_wakeup` reads it).
     fn tidy_deadlines(&mut self) {
         while let Some(&Reverse((_, slot, generation))) = self.deadlines.peek() {
-            if matches!(self.reqs.get(slot as usize), Some(Some(r)) if r.generation == generation && r.doomed.is_none())
-            {
+            if self.alive.get(slot as usize) == Some(&generation) {
                 return;
             }
             self.deadlines.pop();
@@ -515,8 +909,7 @@ impl CellularPolicy {
 
     fn expire(&mut self, now: Time) {
         while let Some(&Reverse((d, slot, generation))) = self.deadlines.peek() {
-            let live = matches!(self.reqs.get(slot as usize), Some(Some(r))
-                if r.generation == generation && r.doomed.is_none());
+            let live = self.alive.get(slot as usize) == Some(&generation);
             if live && d > now {
                 break;
             }
@@ -531,6 +924,17 @@ impl CellularPolicy {
 
 /// Queue `at` among the unpinned subgraphs of its request priority (at the front or the back).
 fn push_unpinned(levels: &mut Vec<PrioQueue>, priority: i32, at: SgRef, front: bool) {
+    if let [only] = &mut levels[..]
+        && only.priority == priority
+    {
+        // One priority in use, the common case.
+        if front {
+            only.q.push_front(at)
+        } else {
+            only.q.push_back(at)
+        }
+        return;
+    }
     match levels.binary_search_by_key(&Reverse(priority), |p| Reverse(p.priority)) {
         Ok(i) if front => levels[i].q.push_front(at),
         Ok(i) => levels[i].q.push_back(at),
@@ -540,40 +944,53 @@ fn push_unpinned(levels: &mut Vec<PrioQueue>, priority: i32, at: SgRef, front: b
 
 impl Policy for CellularPolicy {
     fn arrive(&mut self, now: Time, a: Arrival) {
-        assert!(!self.by_id.contains_key(&a.id), "request {} arrived twice", a.id);
-        let single;
-        let graph: &CellGraph = match &a.cells {
-            Some(g) => g,
-            None => {
-                single = CellGraph::chains(&[(0, 1)]);
-                &single
-            }
-        };
+        let graph = a.cells.unwrap_or_else(|| self.single.clone());
         assert!(!graph.is_empty(), "request {} has an empty cell graph", a.id);
         assert!(
-            graph.types().iter().all(|&t| (t as usize) < self.cfg.cell_types.len()),
+            (graph.max_type() as usize) < self.cfg.cell_types.len(),
             "request {} uses a cell type this policy was not configured for",
             a.id
         );
         let slot = self.free.pop().unwrap_or_else(|| {
             self.reqs.push(None);
             self.generations.push(0);
+            self.alive.push(0);
             (self.reqs.len() - 1) as u32
         });
-        self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
-        let generation = self.generations[slot as usize];
-        let bufs = self.spare_reqs.pop().unwrap_or_default();
-        let req = Req::new(a.id, generation, a.priority, a.deadline, graph, bufs);
-        let n = req.nodes.len();
-        self.reqs[slot as usize] = Some(req);
-        self.by_id.insert(a.id, slot);
+        let generation = match self.generations[slot as usize].wrapping_add(1) {
+            0 => 1,
+            g => g,
+        };
+        self.generations[slot as usize] = generation;
+        let body = if graph.first_run().is_some() {
+            Body::Chain(Chain::new(graph))
+        } else {
+            Body::Graph(Box::new(Req::new(&graph, self.spare_reqs.pop().unwrap_or_default())))
+        };
+        let chain = matches!(body, Body::Chain(_));
+        self.reqs[slot as usize] = Some(Request {
+            id: a.id,
+            generation,
+            priority: a.priority,
+            deadline: a.deadline,
+            doomed: None,
+            started: false,
+            body,
+        });
+        self.alive[slot as usize] = generation;
+        assert!(self.by_id.insert(a.id, slot).is_none(), "request {} arrived twice", a.id);
         self.queued += 1;
         if let Some(d) = a.deadline {
             self.deadlines.push(Reverse((d, slot, generation)));
         }
-        for node in 0..n {
-            if self.req(slot).is_initially_ready(node) {
-                self.push_ready(slot, node as u32);
+        if chain {
+            self.queue_chain(slot, false);
+        } else {
+            let n = self.req_mut(slot).graph().nodes.len();
+            for node in 0..n {
+                if self.req_mut(slot).graph().is_initially_ready(node) {
+                    self.push_ready(slot, node as u32);
+                }
             }
         }
         self.expire(now);
@@ -596,55 +1013,80 @@ impl Policy for CellularPolicy {
     }
 
     fn task_done(&mut self, now: Time, task: TaskId) {
-        let rec = self.tasks.remove(&task).expect("task_done for an unknown task");
-        self.outstanding[rec.worker] -= 1;
+        let worker = (0..self.cfg.workers)
+            .find(|&w| self.streams[w].front().is_some_and(|t| t.task == task))
+            .unwrap_or_else(|| {
+                panic!("task_done({task}): not the oldest unfinished task of a worker (tasks finish in launch order)")
+            });
+        let rec = self.streams[worker].pop_front().expect("found above");
+        let ty = rec.ty as usize;
+        self.types[ty].outstanding[worker] -= 1;
+        if self.types[ty].outstanding[worker] == 0 {
+            self.lapse(ty, worker);
+        }
         self.stamp += 1;
         let stamp = self.stamp;
         let mut idle = std::mem::take(&mut self.idle_slots);
         for &(slot, node) in &rec.rows {
             let r = self.req_mut(slot);
-            r.done_nodes += 1;
-            let sg = r.nodes[node as usize].sg;
-            if r.sgs[sg as usize].stamp != stamp {
+            let doomed = r.doomed.is_some();
+            let g = r.graph();
+            g.done_nodes += 1;
+            let sg = g.nodes[node as usize].sg;
+            if g.sgs[sg as usize].stamp != stamp {
                 // First row of this subgraph in the task: the pin counter drops once per task.
-                r.sgs[sg as usize].stamp = stamp;
-                r.sgs[sg as usize].outstanding -= 1;
-                if r.sgs[sg as usize].outstanding == 0 {
+                g.sgs[sg as usize].stamp = stamp;
+                g.sgs[sg as usize].outstanding -= 1;
+                if g.sgs[sg as usize].outstanding == 0 {
                     self.unpin(slot, sg);
                 }
             }
-            let r = self.req_mut(slot);
-            if r.stamp != stamp {
-                r.stamp = stamp;
-                r.inflight -= 1;
-                if r.inflight == 0 {
-                    self.running -= 1;
-                    self.queued += 1;
+            let g = self.req_mut(slot).graph();
+            if g.stamp != stamp {
+                g.stamp = stamp;
+                g.inflight -= 1;
+                if g.inflight == 0 {
                     idle.push(slot);
                 }
             }
-            if self.req(slot).doomed.is_some() {
+            if doomed {
                 continue;
             }
             // External successors: a subgraph whose last external dependency finished becomes
             // schedulable, with its nodes that have no same-subgraph predecessor.
-            for k in self.req(slot).external_successors(node) {
-                let r = self.req_mut(slot);
-                let s = r.edges[k];
-                let ssg = r.nodes[s as usize].sg;
-                r.sgs[ssg as usize].external_left -= 1;
-                if r.sgs[ssg as usize].external_left == 0 {
-                    for i in r.subgraph_roots(ssg) {
-                        let v = self.req(slot).edges[i];
+            let g = self.req_mut(slot).graph();
+            for k in g.external_successors(node) {
+                let g = self.req_mut(slot).graph();
+                let s = g.edges[k];
+                let ssg = g.nodes[s as usize].sg;
+                g.sgs[ssg as usize].external_left -= 1;
+                if g.sgs[ssg as usize].external_left == 0 {
+                    for i in g.subgraph_roots(ssg) {
+                        let v = self.req_mut(slot).graph().edges[i];
                         self.push_ready(slot, v);
                     }
                 }
             }
         }
+        // Chains whose run left with this task: the next run (its external dependency is this
+        // run's last node) is ready now, or the request is finished.
+        for &slot in &rec.releases {
+            let r = self.req_mut(slot);
+            let doomed = r.doomed.is_some();
+            let c = r.chain();
+            debug_assert_eq!(c.state, ChainState::Releasing);
+            if doomed || c.last_run() {
+                c.state = ChainState::Idle;
+                idle.push(slot);
+            } else {
+                c.next_run();
+                self.queue_chain(slot, false);
+            }
+        }
         // Deadlines are checked at this boundary first: a request past its deadline stops here.
         self.expire(now);
         // Only a request with nothing running may complete: those whose last running task this
-        // was, in the order of their first row.
+        // was, in row order.
         for &slot in &idle {
             if self.reqs[slot as usize].is_some() {
                 self.maybe_complete(slot, now);
@@ -652,11 +1094,8 @@ impl Policy for CellularPolicy {
         }
         idle.clear();
         self.idle_slots = idle;
-        let mut rows = rec.rows;
-        rows.clear();
-        if self.spare_rows.len() < MAX_SPARE {
-            self.spare_rows.push(rows);
-        }
+        recycle(&mut self.spare_rows, rec.rows);
+        recycle(&mut self.spare_slots, rec.releases);
         self.tidy_deadlines();
         self.schedule();
     }
@@ -667,7 +1106,13 @@ impl Policy for CellularPolicy {
     }
 
     fn poll(&mut self) -> Option<Decision> {
-        self.out.pop_front()
+        let d = self.out.pop_front();
+        if self.out.is_empty() {
+            // Back to the start of the buffer: the next decisions land in memory still in cache
+            // rather than further round the ring.
+            self.out.clear();
+        }
+        d
     }
 
     fn next_wakeup(&self) -> Option<Time> {

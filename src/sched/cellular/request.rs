@@ -1,13 +1,13 @@
-//! The request processor of cellular batching (BatchMaker §4.2): per-request dependency and
-//! subgraph tracking, with no allocation per scheduling step.
+//! The request processor of cellular batching (BatchMaker §4.2) for graph requests (`treelstm`,
+//! and any cell graph that is not one path — paths are `chain` requests): per-request dependency
+//! and subgraph tracking, with no allocation per scheduling step.
 //!
 //! A request's state lives in three arrays (nodes, edges, subgraphs) whose buffers are recycled
 //! from completed requests ([`Bufs`]), so an arrival in steady state allocates nothing either.
 //! Everything a task touches per row (a node's subgraph, dependency counter, ready link and
 //! successor range) sits in one [`Node`] record: one cache line serves several rows.
 
-use crate::error::Code;
-use crate::sched::{CellGraph, RequestId, Time};
+use crate::sched::CellGraph;
 
 /// "No node" in the intrusive ready lists; "not pinned" in [`Subgraph::pinned`].
 pub(super) const NONE: u32 = u32::MAX;
@@ -87,12 +87,8 @@ impl Bufs {
     }
 }
 
-/// One request in the policy.
+/// The dependency state of one graph request.
 pub(super) struct Req {
-    pub id: RequestId,
-    pub generation: u32,
-    pub priority: i32,
-    pub deadline: Option<Time>,
     pub nodes: Vec<Node>,
     /// Successor lists of every node (CSR, see [`Node`]), then the roots of every subgraph.
     pub edges: Vec<u32>,
@@ -100,8 +96,7 @@ pub(super) struct Req {
     pub done_nodes: u32,
     /// Tasks holding nodes of this request, not yet done.
     pub inflight: u32,
-    /// Set once the request is to stop at the next boundary, with the code it completes with.
-    pub doomed: Option<Code>,
+    /// Marks the request as counted by the operation (task formation or completion) in hand.
     pub stamp: u64,
 }
 
@@ -116,16 +111,9 @@ fn find(nodes: &mut [Node], mut x: u32) -> u32 {
 }
 
 impl Req {
-    /// The request, built in `bufs`. Its initially ready nodes are those with
+    /// The request's state, built in `bufs`. Its initially ready nodes are those with
     /// `is_initially_ready`.
-    pub fn new(
-        id: RequestId,
-        generation: u32,
-        priority: i32,
-        deadline: Option<Time>,
-        graph: &CellGraph,
-        bufs: Bufs,
-    ) -> Req {
+    pub fn new(graph: &CellGraph, bufs: Bufs) -> Req {
         let n = graph.len();
         let types = graph.types();
         let Bufs { mut nodes, mut edges, mut sgs } = bufs;
@@ -236,19 +224,7 @@ impl Req {
             s.ready_len = 0;
         }
 
-        Req {
-            id,
-            generation,
-            priority,
-            deadline,
-            nodes,
-            edges,
-            sgs,
-            done_nodes: 0,
-            inflight: 0,
-            doomed: None,
-            stamp: 0,
-        }
+        Req { nodes, edges, sgs, done_nodes: 0, inflight: 0, stamp: 0 }
     }
 
     /// The buffers, for the next request.

@@ -447,10 +447,12 @@ fn random_runs_complete_every_request_once_and_respect_dependencies() {
         }
         assert_eq!(completed.len(), n_req as usize, "seed {seed}: every request completes");
         assert_eq!((p.queued(), p.running()), (0, 0), "seed {seed}");
-        assert!(p.tasks.is_empty() && p.by_id.is_empty() && p.outstanding.iter().all(|&o| o == 0));
+        assert!(p.streams.iter().all(VecDeque::is_empty) && p.by_id.is_empty());
         for t in &p.types {
-            assert_eq!(t.ready_unpinned, 0);
+            assert_eq!((t.ready_unpinned, t.lapsed_ready), (0, 0));
             assert!(t.ready_pinned.iter().all(|&n| n == 0));
+            assert!(t.outstanding.iter().all(|&n| n == 0));
+            assert!(t.blocks.iter().all(|b| b.size == 0 && !b.live));
         }
         // Requests completed Ok ran every node (or, for an early end, every node up to it).
         for (&id, &code) in &completed {
@@ -463,4 +465,91 @@ fn random_runs_complete_every_request_once_and_respect_dependencies() {
             }
         }
     }
+}
+
+#[test]
+fn chains_unpinned_together_go_before_newcomers() {
+    // MaxTasksToSubmit 1: every task's chains are unpinned when it finishes, and taken again
+    // ahead of requests that queued meanwhile. A chain that leaves the block is replaced by the
+    // block's last one.
+    let mut p = lstm_policy(8, 1, 1);
+    arrive(&mut p, us(0), 1, chain(3));
+    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
+    arrive(&mut p, us(0), 2, chain(3));
+    arrive(&mut p, us(0), 3, chain(3));
+    p.task_done(us(1), 0);
+    assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(1, 1), (2, 0), (3, 0)])]);
+    arrive(&mut p, us(2), 4, chain(1));
+    p.task_done(us(3), 1);
+    assert_eq!(drain(&mut p), vec![launch(2, 0, 0, &[(1, 2), (2, 1), (3, 1), (4, 0)])]);
+    p.task_done(us(4), 2);
+    assert_eq!(drain(&mut p), vec![done(1, Code::Ok), done(4, Code::Ok), launch(3, 0, 0, &[(3, 2), (2, 2)])]);
+    p.task_done(us(5), 3);
+    assert_eq!(drain(&mut p), vec![done(3, Code::Ok), done(2, Code::Ok)]);
+}
+
+#[test]
+fn unpinned_chains_of_mixed_priority_are_taken_by_priority() {
+    let mut p = lstm_policy(2, 1, 1);
+    arrive(&mut p, us(0), 1, chain(3));
+    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
+    arrive(&mut p, us(0), 2, chain(3));
+    p.arrive(us(1), Arrival { id: 3, deadline: None, priority: 5, cells: Some(chain(2)) });
+    p.task_done(us(2), 0);
+    // Request 1 is unpinned; request 3 outranks it, request 1 outranks request 2 (queued later).
+    assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(3, 0), (1, 1)])]);
+    arrive(&mut p, us(3), 4, chain(1));
+    p.task_done(us(4), 1);
+    // Unpinned now: 3 (priority 5) and 1, ahead of 2 and 4.
+    assert_eq!(drain(&mut p), vec![launch(2, 0, 0, &[(3, 1), (1, 2)])]);
+    p.task_done(us(5), 2);
+    assert_eq!(drain(&mut p), vec![done(3, Code::Ok), done(1, Code::Ok), launch(3, 0, 0, &[(2, 0), (4, 0)])]);
+    p.task_done(us(6), 3);
+    assert_eq!(drain(&mut p), vec![done(4, Code::Ok), launch(4, 0, 0, &[(2, 1)])]);
+    p.task_done(us(7), 4);
+    assert_eq!(drain(&mut p), vec![launch(5, 0, 0, &[(2, 2)])]);
+    p.task_done(us(8), 5);
+    assert_eq!(drain(&mut p), vec![done(2, Code::Ok)]);
+    assert_eq!((p.queued(), p.running()), (0, 0));
+}
+
+#[test]
+fn an_idle_worker_takes_chains_unpinned_on_another() {
+    let mut p = lstm_policy(1, 2, 1);
+    arrive(&mut p, us(0), 1, chain(1));
+    arrive(&mut p, us(0), 2, chain(3));
+    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)]), launch(1, 1, 0, &[(2, 0)])]);
+    p.task_done(us(1), 0);
+    assert_eq!(drain(&mut p), vec![done(1, Code::Ok)], "request 2 is pinned to worker 1");
+    p.task_done(us(2), 1);
+    // Unpinned, request 2 goes to the least-loaded worker: both idle, the lower index.
+    assert_eq!(drain(&mut p), vec![launch(2, 0, 0, &[(2, 1)])]);
+    arrive(&mut p, us(3), 3, chain(1));
+    assert_eq!(drain(&mut p), vec![launch(3, 1, 0, &[(3, 0)])], "request 2 is pinned to worker 0 now");
+    p.task_done(us(4), 2);
+    assert_eq!(drain(&mut p), vec![launch(4, 0, 0, &[(2, 2)])]);
+    p.task_done(us(5), 3);
+    p.task_done(us(6), 4);
+    assert_eq!(drain(&mut p), vec![done(3, Code::Ok), done(2, Code::Ok)]);
+}
+
+#[test]
+fn a_chain_cancelled_while_unpinned_completes_at_once_though_its_worker_is_busy() {
+    // One worker, MaxTasksToSubmit 2, max batch 1: request 1's encoder chain is unpinned (its
+    // last task finished) while request 2's decoder tasks run.
+    let mut p = CellularPolicy::new(cfg(&[("encoder", 1, 0), ("decoder", 1, 1)], 1, 2)).unwrap();
+    arrive(&mut p, us(0), 2, seq2seq(1, 2));
+    arrive(&mut p, us(0), 1, seq2seq(3, 1));
+    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(2, 0)]), launch(1, 0, 0, &[(1, 0)])]);
+    p.task_done(us(1), 0);
+    // Both types can fill a batch: the decoder, by priority.
+    assert_eq!(drain(&mut p), vec![launch(2, 0, 1, &[(2, 1)])]);
+    p.task_done(us(2), 1);
+    assert_eq!(drain(&mut p), vec![launch(3, 0, 1, &[(2, 2)])]);
+    p.cancel(us(3), 1);
+    assert_eq!(drain(&mut p), vec![done(1, Code::Cancelled)], "nothing of request 1 runs");
+    p.task_done(us(4), 2);
+    p.task_done(us(5), 3);
+    assert_eq!(drain(&mut p), vec![done(2, Code::Ok)]);
+    assert_eq!((p.queued(), p.running()), (0, 0));
 }
