@@ -93,16 +93,22 @@ pub fn image() -> KernelImage {
 /// after the other, each quoted `#include` of a file of [`SOURCES`] replaced by that file (once;
 /// the headers have include guards), with `#line` markers so NVRTC's messages name the files.
 pub fn nvrtc_program() -> String {
+    nvrtc_program_of(SOURCES)
+}
+
+/// [`nvrtc_program`] over other files than [`SOURCES`] (same shape: `(file name, text)`; the
+/// `.cu` files are the translation units, in order), e.g. a deliberately broken copy in a test.
+pub fn nvrtc_program_of(sources: &[(&str, &str)]) -> String {
     let mut out = String::new();
     let mut seen = Vec::new();
-    for (name, _) in SOURCES.iter().filter(|(n, _)| n.ends_with(".cu")) {
-        inline(name, &mut seen, &mut out);
+    for (name, _) in sources.iter().filter(|(n, _)| n.ends_with(".cu")) {
+        inline(sources, name, &mut seen, &mut out);
     }
     out
 }
 
-fn inline(name: &'static str, seen: &mut Vec<&'static str>, out: &mut String) {
-    let Some(&(name, text)) = SOURCES.iter().find(|(n, _)| *n == name) else { return };
+fn inline<'a>(sources: &[(&'a str, &'a str)], name: &str, seen: &mut Vec<&'a str>, out: &mut String) {
+    let Some(&(name, text)) = sources.iter().find(|(n, _)| *n == name) else { return };
     if seen.contains(&name) {
         return;
     }
@@ -115,10 +121,10 @@ fn inline(name: &'static str, seen: &mut Vec<&'static str>, out: &mut String) {
             .map(str::trim)
             .and_then(|rest| rest.strip_prefix('"'))
             .and_then(|rest| rest.split('"').next())
-            .and_then(|inc| SOURCES.iter().find(|(n, _)| *n == inc).map(|(n, _)| *n));
+            .and_then(|inc| sources.iter().find(|(n, _)| *n == inc).map(|(n, _)| *n));
         match included {
             Some(inc) => {
-                inline(inc, seen, out);
+                inline(sources, inc, seen, out);
                 out.push_str(&format!("#line {} \"{name}\"\n", i + 2));
             }
             None => {

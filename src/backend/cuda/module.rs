@@ -316,13 +316,20 @@ fn include_dirs() -> Vec<String> {
 type CacheKey = (Target, Vec<String>, Vec<(String, String)>);
 
 /// Compile the translation units of `sources` (see [`Module::compile`]) with `options` for a
-/// device of compute capability `cc`, or return the result of an earlier identical compilation in
-/// this process. Include paths: `SERVE_NVRTC_INCLUDE` (`:`-separated), then `include` and
-/// `include/cccl` under `CUDA_HOME` / `CUDA_PATH` when they exist.
+/// device of compute capability `cc` (the target is [`pick_target`]'s choice among
+/// [`supported_archs`]); see [`compile_for`].
 pub fn compile(sources: &[(&str, &str)], options: &[&str], cc: (u32, u32)) -> Result<Arc<Vec<Compiled>>> {
+    let target = pick_target(cc, &supported_archs()?)?;
+    compile_for(sources, options, target)
+}
+
+/// Compile the translation units of `sources` (see [`Module::compile`]) with `options` for
+/// `target`, or return the result of an earlier identical compilation in this process. Needs
+/// NVRTC only, no device. Include paths: `SERVE_NVRTC_INCLUDE` (`:`-separated), then `include`
+/// and `include/cccl` under `CUDA_HOME` / `CUDA_PATH` when they exist.
+pub fn compile_for(sources: &[(&str, &str)], options: &[&str], target: Target) -> Result<Arc<Vec<Compiled>>> {
     static CACHE: Mutex<Option<HashMap<CacheKey, Arc<Vec<Compiled>>>>> = Mutex::new(None);
     libs::nvrtc()?;
-    let target = pick_target(cc, &supported_archs()?)?;
     if let Some(bad) = options.iter().find(|o| o.contains('\0')) {
         return Err(Error::invalid(format!("NVRTC option {bad:?} contains NUL")));
     }
