@@ -152,12 +152,13 @@ impl Hasher for IdHasher {
     }
 }
 
-/// One request in the policy.
+/// One request in the policy: one cache line, the unit every scheduling step touches per
+/// request. (Its deadline lives in `CellularPolicy::deadlines` only.)
+#[repr(align(64))]
 struct Request {
     id: RequestId,
     generation: u32,
     priority: i32,
-    deadline: Option<Time>,
     /// Set once the request is to stop at the next boundary, with the code it completes with.
     doomed: Option<Code>,
     /// A cell of it has been launched (it counts as running, no longer queued).
@@ -844,7 +845,7 @@ impl CellularPolicy {
     }
 
     /// Complete the request in `slot` if it is finished and nothing of it runs.
-    fn maybe_complete(&mut self, slot: u32, now: Time) {
+    fn maybe_complete(&mut self, slot: u32) {
         if self.is_running(slot) {
             return;
         }
@@ -853,15 +854,11 @@ impl CellularPolicy {
             Body::Graph(g) => g.done_nodes as usize == g.nodes.len(),
             Body::Chain(c) => c.state == ChainState::Idle,
         };
+        // A finished request past its deadline was doomed by `expire`, which runs first at every
+        // boundary.
         let code = match r.doomed {
             Some(code) => code,
-            None if finished => {
-                if r.deadline.is_some_and(|d| d <= now) {
-                    Code::DeadlineExceeded
-                } else {
-                    Code::Ok
-                }
-            }
+            None if finished => Code::Ok,
             None => return,
         };
         let r = self.reqs[slot as usize].take().expect("live request slot");
@@ -883,7 +880,7 @@ impl CellularPolicy {
     }
 
     /// Stop the request at the next cell boundary with `code`.
-    fn doom(&mut self, slot: u32, code: Code, now: Time) {
+    fn doom(&mut self, slot: u32, code: Code) {
         if self.req(slot).doomed.is_some() {
             return;
         }
@@ -893,7 +890,7 @@ impl CellularPolicy {
         }
         self.req_mut(slot).doomed = Some(code);
         self.alive[slot as usize] = 0;
-        self.maybe_complete(slot, now);
+        self.maybe_complete(slot);
     }
 
     /// Drop deadline entries of requests that have completed or are already stopping, so the
@@ -915,7 +912,7 @@ impl CellularPolicy {
             }
             self.deadlines.pop();
             if live {
-                self.doom(slot, Code::DeadlineExceeded, now);
+                self.doom(slot, Code::DeadlineExceeded);
             }
         }
         self.tidy_deadlines();
@@ -968,15 +965,8 @@ impl Policy for CellularPolicy {
             Body::Graph(Box::new(Req::new(&graph, self.spare_reqs.pop().unwrap_or_default())))
         };
         let chain = matches!(body, Body::Chain(_));
-        self.reqs[slot as usize] = Some(Request {
-            id: a.id,
-            generation,
-            priority: a.priority,
-            deadline: a.deadline,
-            doomed: None,
-            started: false,
-            body,
-        });
+        self.reqs[slot as usize] =
+            Some(Request { id: a.id, generation, priority: a.priority, doomed: None, started: false, body });
         self.alive[slot as usize] = generation;
         assert!(self.by_id.insert(a.id, slot).is_none(), "request {} arrived twice", a.id);
         self.queued += 1;
@@ -997,17 +987,17 @@ impl Policy for CellularPolicy {
         self.schedule();
     }
 
-    fn cancel(&mut self, now: Time, id: RequestId) {
+    fn cancel(&mut self, _now: Time, id: RequestId) {
         if let Some(&slot) = self.by_id.get(&id) {
-            self.doom(slot, Code::Cancelled, now);
+            self.doom(slot, Code::Cancelled);
             self.tidy_deadlines();
             self.schedule();
         }
     }
 
-    fn end_early(&mut self, now: Time, id: RequestId) {
+    fn end_early(&mut self, _now: Time, id: RequestId) {
         if let Some(&slot) = self.by_id.get(&id) {
-            self.doom(slot, Code::Ok, now);
+            self.doom(slot, Code::Ok);
             self.tidy_deadlines();
         }
     }
@@ -1089,7 +1079,7 @@ impl Policy for CellularPolicy {
         // was, in row order.
         for &slot in &idle {
             if self.reqs[slot as usize].is_some() {
-                self.maybe_complete(slot, now);
+                self.maybe_complete(slot);
             }
         }
         idle.clear();
