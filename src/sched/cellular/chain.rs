@@ -145,10 +145,14 @@ pub(super) fn advance(
         // whose run ends leave, their places taken by lanes from the end (the block's order is
         // not kept: it only orders a task's rows).
         debug_assert!(lanes.iter().all(|l| alive[l.slot as usize] == l.generation));
-        requests.extend(lanes.iter().map(|l| l.id));
-        nodes.extend(lanes.iter().map(|l| l.next));
-        let first = released.len();
-        for (i, lane) in lanes.iter_mut().enumerate() {
+        // One fused pass writing into zeroed space (no capacity check per row).
+        let (r0, n0, first) = (requests.len(), nodes.len(), released.len());
+        requests.resize(r0 + lanes.len(), 0);
+        nodes.resize(n0 + lanes.len(), 0);
+        let rows = requests[r0..].iter_mut().zip(&mut nodes[n0..]);
+        for (i, (lane, (request, node))) in lanes.iter_mut().zip(rows).enumerate() {
+            *request = lane.id;
+            *node = lane.next;
             lane.next += 1;
             if lane.next == lane.end {
                 released.push(i as u32);

@@ -87,6 +87,9 @@ impl CellTypeConfig {
 /// Most recycled buffers kept (request arrays, task rows).
 const MAX_SPARE: usize = 256;
 
+/// Empty per-priority queues kept for reuse, per cell type.
+const KEPT_PRIORITY_QUEUES: usize = 8;
+
 /// BatchMaker's default `MaxTasksToSubmit`.
 pub const DEFAULT_MAX_TASKS_TO_SUBMIT: usize = 5;
 
@@ -210,7 +213,7 @@ struct Forming {
     nodes: Vec<u32>,
 }
 
-/// Unpinned subgraphs of one request priority, in the order they became ready.
+/// Unpinned subgraphs of one request priority, in the order they became ready. May be empty.
 struct PrioQueue {
     priority: i32,
     q: VecDeque<SgRef>,
@@ -607,7 +610,7 @@ impl CellularPolicy {
     fn next_priority(&self, ty: usize, below: Option<i32>) -> Option<i32> {
         let t = &self.types[ty];
         let under = |p: &i32| below.is_none_or(|b| *p < b);
-        let queued = t.unpinned.iter().map(|q| q.priority).find(under);
+        let queued = t.unpinned.iter().filter(|q| !q.q.is_empty()).map(|q| q.priority).find(under);
         let lapsed =
             t.blocks.iter().filter(|b| !b.live && b.size > 0).filter_map(|b| b.priority).filter(under).max();
         queued.max(lapsed)
@@ -696,7 +699,15 @@ impl CellularPolicy {
                 }
             }
         }
-        self.types[ty].unpinned.retain(|p| !p.q.is_empty());
+        // Emptied queues are kept for the next requests of their priority (and rewound, so those
+        // land in memory still in cache), unless many priorities are in use.
+        let levels = &mut self.types[ty].unpinned;
+        if levels.len() > KEPT_PRIORITY_QUEUES {
+            levels.retain(|p| !p.q.is_empty());
+        }
+        for level in levels.iter_mut().filter(|p| p.q.is_empty()) {
+            level.q.clear();
+        }
         // Chains unpinned on this worker and not taken now join the queues: the worker's block
         // is the task's continuing chains from here on.
         if own_lapsed && !self.types[ty].blocks[worker].lanes.is_empty() {
