@@ -4,7 +4,6 @@
 //! Every event (arrival, cancel, task done, shutdown) arrives through one channel; the engine owns
 //! all request and task state, so nothing here is shared or locked.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Instant;
@@ -17,7 +16,7 @@ use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled};
 use crate::runtime::stats::Stats;
-use crate::sched::{Arrival, CellGraph, Decision, Launch, Policy, RequestId, TaskId, Time};
+use crate::sched::{Arrival, CellGraph, Decision, IdMap, Launch, Policy, RequestId, TaskId, Time};
 
 /// A request admitted by submit, on its way to the engine.
 pub(crate) struct Pending {
@@ -77,7 +76,7 @@ struct TaskEntry {
 
 struct ModelState {
     m: EngineModel,
-    tasks: HashMap<TaskId, TaskEntry>,
+    tasks: IdMap<TaskEntry>,
     /// Input and output values per row.
     io: (usize, usize),
     /// State slots of a recurrent model, and the requests waiting for them.
@@ -87,7 +86,8 @@ struct ModelState {
 pub(crate) struct Engine {
     epoch: Instant,
     models: Vec<Option<ModelState>>,
-    requests: HashMap<RequestId, Request>,
+    /// Keyed with the cheap id hash: looked up for every row of every task.
+    requests: IdMap<Request>,
     poller: Sender<PollerCmd>,
     /// Unparked after every watch, so a poller parked between a fast completion and the watch
     /// that announces it does not sleep out its park.
@@ -110,7 +110,7 @@ impl Engine {
         Engine {
             epoch,
             models: Vec::new(),
-            requests: HashMap::new(),
+            requests: IdMap::default(),
             poller,
             poller_thread,
             stats,
@@ -257,7 +257,7 @@ impl Engine {
                 }
                 let io = m.runner.io_lens();
                 let slots = SlotPool::new(m.runner.state_slots());
-                self.models[idx] = Some(ModelState { m: *m, tasks: HashMap::new(), io, slots });
+                self.models[idx] = Some(ModelState { m: *m, tasks: IdMap::default(), io, slots });
             }
             Event::Arrive(p) => {
                 let id = p.reply.id();

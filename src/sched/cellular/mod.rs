@@ -51,14 +51,13 @@ mod request;
 mod tests;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use crate::error::{Code, Error, Result};
 use crate::sched::graph::MAX_CELL_TYPES;
 use crate::sched::{
-    Arrival, CellGraph, CellType, Decision, Launch, Policy, RequestId, TaskId, Time, WorkerId,
+    Arrival, CellGraph, CellType, Decision, IdMap, Launch, Policy, RequestId, TaskId, Time, WorkerId,
 };
 
 use chain::{Block, Chain, ChainState, Lane, advance};
@@ -133,25 +132,6 @@ impl CellularConfig {
             }
         }
         Ok(())
-    }
-}
-
-/// Hashes request ids with one multiplication: `by_id` is touched at every arrival and
-/// completion, where SipHash would cost as much as the rest of the arrival.
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -248,7 +228,7 @@ pub struct CellularPolicy {
     /// lane checks before emitting a row, in a dense array rather than the request's record.
     alive: Vec<u32>,
     free: Vec<u32>,
-    by_id: HashMap<RequestId, u32, BuildHasherDefault<IdHasher>>,
+    by_id: IdMap<u32>,
     types: Vec<TypeQueues>,
     /// Per worker: its unfinished tasks in launch order.
     streams: Vec<VecDeque<TaskRec>>,
@@ -302,7 +282,7 @@ impl CellularPolicy {
             generations: Vec::new(),
             alive: Vec::new(),
             free: Vec::new(),
-            by_id: HashMap::default(),
+            by_id: IdMap::default(),
             types,
             next_task: 0,
             deadlines: BinaryHeap::new(),
