@@ -6,9 +6,11 @@
 //! stay in the system. One step of the loop is `task_done(now, oldest task)` → drain `poll()` →
 //! note each `Launch` (its task joins the stream) and answer each `Complete` with an `arrive`
 //! (whose decisions are drained too). Timed is everything the policy does — task formation,
-//! completion bookkeeping, arrivals (unfolding a request's state) — plus dropping the decisions it
-//! hands out. Cell graphs are built before timing and shared through `Arc`; the state reached after
-//! a warm-up from the cold start (all `b` requests at t = 0) is what is measured.
+//! completion bookkeeping, arrivals (unfolding a request's state) — plus taking the decisions it
+//! hands out (a launch's row vectors go back through `Policy::recycle`, as the runtime hands them
+//! back once the task has finished). Cell graphs are built before timing and shared through `Arc`;
+//! the state reached after a warm-up from the cold start (all `b` requests at t = 0) is what is
+//! measured.
 //!
 //! Workloads (DESIGN §8, `serve::workload`): `lstm` — one chain of WMT-like length (mean 24);
 //! `seq2seq` — a WMT-like encoder chain then a WMT-like decoder chain, cell types encoder (max
@@ -265,7 +267,9 @@ impl<P: Policy> Driver<P> {
                     self.stream.push_back(l.task);
                     self.tasks += 1;
                     self.rows += l.requests.len() as u64;
-                    black_box(l);
+                    let l = black_box(l);
+                    // As the runtime does once the task has finished.
+                    self.policy.recycle(l.requests, l.nodes);
                 }
                 Decision::Complete { .. } => self.arrive(),
             }

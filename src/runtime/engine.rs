@@ -376,6 +376,8 @@ impl Engine {
                     }
                 }
             }
+            drop(io);
+            state.m.policy.recycle(entry.requests, entry.nodes);
             return Some(ended);
         }
         drop(io);
@@ -393,6 +395,7 @@ impl Engine {
                 },
             });
         }
+        state.m.policy.recycle(entry.requests, entry.nodes);
         Some(Vec::new())
     }
 

@@ -195,6 +195,12 @@ pub trait Policy: Send {
     fn poll(&mut self) -> Option<Decision>;
     /// When the policy next needs a `tick` if no other event arrives first.
     fn next_wakeup(&self) -> Option<Time>;
+    /// The row vectors of a launched task (`Launch::requests`, `Launch::nodes`), handed back
+    /// once the driver is done with them, for the policy to reuse in a later task (optional;
+    /// the default drops them).
+    fn recycle(&mut self, requests: Vec<RequestId>, nodes: Vec<u32>) {
+        drop((requests, nodes));
+    }
     /// Requests admitted and not started: no cell of theirs launched yet.
     fn queued(&self) -> usize;
     /// Requests started and not complete (a recurrent request counts as running from its first

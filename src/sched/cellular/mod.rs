@@ -239,6 +239,9 @@ pub struct CellularPolicy {
     spare_rows: Vec<Vec<(u32, u32)>>,
     spare_slots: Vec<Vec<u32>>,
     spare_lanes: Vec<Vec<Lane>>,
+    /// Row vectors of launched tasks handed back by the driver (`Policy::recycle`).
+    spare_ids: Vec<Vec<RequestId>>,
+    spare_nodes: Vec<Vec<u32>>,
     /// Scratch for `task_done`: slots with nothing running any more.
     idle_slots: Vec<u32>,
     /// Scratch for `form_batched_task`: (slot, node) made ready by the task being formed.
@@ -290,6 +293,8 @@ impl CellularPolicy {
             spare_rows: Vec::new(),
             spare_slots: Vec::new(),
             spare_lanes: Vec::new(),
+            spare_ids: Vec::new(),
+            spare_nodes: Vec::new(),
             idle_slots: Vec::new(),
             ready_after: Vec::new(),
             stamp: 0,
@@ -608,9 +613,11 @@ impl CellularPolicy {
             rows: self.spare_rows.pop().unwrap_or_default(),
             releases: self.spare_slots.pop().unwrap_or_default(),
             block: Block { lanes: self.spare_lanes.pop().unwrap_or_default(), ..Block::default() },
-            requests: Vec::with_capacity(room),
-            nodes: Vec::with_capacity(room),
+            requests: self.spare_ids.pop().unwrap_or_default(),
+            nodes: self.spare_nodes.pop().unwrap_or_default(),
         };
+        f.requests.reserve(room);
+        f.nodes.reserve(room);
         // 1. Chains pinned here: all of them, in order — they were all in this worker's last
         //    task of this type, so they fit.
         let own = &mut self.types[ty].blocks[worker];
@@ -1084,6 +1091,14 @@ impl Policy for CellularPolicy {
     fn tick(&mut self, now: Time) {
         self.expire(now);
         self.schedule();
+    }
+
+    fn recycle(&mut self, requests: Vec<RequestId>, nodes: Vec<u32>) {
+        // Up to a worker's worth of tasks in flight each way is plenty.
+        if self.spare_ids.len() < self.cfg.max_tasks_to_submit * self.cfg.workers + 1 {
+            recycle(&mut self.spare_ids, requests);
+            recycle(&mut self.spare_nodes, nodes);
+        }
     }
 
     fn poll(&mut self) -> Option<Decision> {
