@@ -28,6 +28,101 @@ pub struct Run {
     pub end: u32,
 }
 
+/// The subgraph structure of a graph that is not a path, for a request processor that tracks
+/// dependencies node by node (`sched::cellular`). Found once when the graph is built — on the
+/// thread that submits the request — so that a scheduler only copies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubgraphPlan {
+    /// Per node: its subgraph ([`CellGraph::subgraphs`]) and its same-subgraph predecessors.
+    pub node_sg: Vec<u32>,
+    pub internal_preds: Vec<u32>,
+    /// Successors of node `v`, ascending: those in its subgraph at
+    /// `succ[succ_start[v]..succ_ext[v]]`, those in other subgraphs at
+    /// `succ[succ_ext[v]..succ_start[v + 1]]`.
+    pub succ_start: Vec<u32>,
+    pub succ_ext: Vec<u32>,
+    pub succ: Vec<u32>,
+    /// Per subgraph: its cell type, its predecessors outside it, and its roots (nodes with no
+    /// same-subgraph predecessor), ascending, at `roots[roots_start[s]..roots_start[s + 1]]`.
+    pub sg_type: Vec<CellType>,
+    pub external_preds: Vec<u32>,
+    pub roots_start: Vec<u32>,
+    pub roots: Vec<u32>,
+}
+
+impl SubgraphPlan {
+    fn of(g: &CellGraph) -> SubgraphPlan {
+        let n = g.len();
+        let (node_sg, count) = g.subgraphs();
+        let mut internal_preds = vec![0u32; n];
+        let mut internal_succs = vec![0u32; n];
+        let mut external_succs = vec![0u32; n];
+        let mut sg_type = vec![0; count];
+        let mut external_preds = vec![0u32; count];
+        let mut roots_count = vec![0u32; count];
+        for v in 0..n {
+            let sg = node_sg[v] as usize;
+            sg_type[sg] = g.types[v];
+            for &p in g.preds(v) {
+                if node_sg[p as usize] as usize == sg {
+                    internal_preds[v] += 1;
+                    internal_succs[p as usize] += 1;
+                } else {
+                    external_preds[sg] += 1;
+                    external_succs[p as usize] += 1;
+                }
+            }
+            if internal_preds[v] == 0 {
+                roots_count[sg] += 1;
+            }
+        }
+        // Offsets, then the lists filled in ascending node order (so each list ascends).
+        let mut succ_start = Vec::with_capacity(n + 1);
+        let mut succ_ext = Vec::with_capacity(n);
+        let mut at = 0;
+        for v in 0..n {
+            succ_start.push(at);
+            succ_ext.push(at + internal_succs[v]);
+            at += internal_succs[v] + external_succs[v];
+        }
+        succ_start.push(at);
+        let mut roots_start = Vec::with_capacity(count + 1);
+        let mut r = 0;
+        for &c in &roots_count {
+            roots_start.push(r);
+            r += c;
+        }
+        roots_start.push(r);
+        let mut succ = vec![0u32; at as usize];
+        let mut roots = vec![0u32; r as usize];
+        let (mut fill_int, mut fill_ext) = (succ_start.clone(), succ_ext.clone());
+        let mut fill_root = roots_start.clone();
+        for v in 0..n {
+            let sg = node_sg[v];
+            for &p in g.preds(v) {
+                let cursor = if node_sg[p as usize] == sg { &mut fill_int } else { &mut fill_ext };
+                succ[cursor[p as usize] as usize] = v as u32;
+                cursor[p as usize] += 1;
+            }
+            if internal_preds[v] == 0 {
+                roots[fill_root[sg as usize] as usize] = v as u32;
+                fill_root[sg as usize] += 1;
+            }
+        }
+        SubgraphPlan {
+            node_sg,
+            internal_preds,
+            succ_start,
+            succ_ext,
+            succ,
+            sg_type,
+            external_preds,
+            roots_start,
+            roots,
+        }
+    }
+}
+
 /// A request as a DAG of cells. Immutable once built.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CellGraph {
@@ -43,6 +138,8 @@ pub struct CellGraph {
     /// struct: the first run (`None` unless a path) and the highest cell type.
     first_run: Option<Run>,
     max_type: CellType,
+    /// The subgraph structure when the graph is not a path.
+    plan: Option<Box<SubgraphPlan>>,
 }
 
 impl CellGraph {
@@ -58,6 +155,7 @@ impl CellGraph {
             runs: None,
             first_run: None,
             max_type: 0,
+            plan: None,
         };
         g.pred_start.push(0);
         for &(ty, len) in chains {
@@ -90,6 +188,7 @@ impl CellGraph {
             runs: None,
             first_run: None,
             max_type: 0,
+            plan: None,
         };
         g.pred_start.push(0);
         for (i, ps) in preds.iter().enumerate() {
@@ -116,6 +215,15 @@ impl CellGraph {
         self.runs = self.find_runs();
         self.first_run = self.runs.as_ref().map(|r| r[0]);
         self.max_type = self.types.iter().copied().max().unwrap_or(0);
+        if self.runs.is_none() && !self.is_empty() {
+            self.plan = Some(Box::new(SubgraphPlan::of(self)));
+        }
+    }
+
+    /// The subgraph structure, for a graph that is not a path (`None` for a path: see
+    /// [`CellGraph::runs`]; and for an empty graph).
+    pub fn plan(&self) -> Option<&SubgraphPlan> {
+        self.plan.as_deref()
     }
 
     /// The runs of a path graph (every node but the first depends on exactly the node before it),
@@ -327,6 +435,25 @@ mod tests {
         assert!(of[2] != of[3] && of[3] != of[4] && of[2] != of[0]);
         assert_eq!(g.levels(), vec![1, 0, 0, 0, 0]);
         assert_eq!(g.topological_order().unwrap().last(), Some(&0));
+        // The plan a request processor copies: nodes 0 and 1 form subgraph 0 (root: node 1),
+        // each leaf is its own subgraph and an external predecessor of subgraph 0.
+        let plan = g.plan().expect("a tree is not a path");
+        assert_eq!(plan.node_sg, vec![0, 0, 1, 2, 3]);
+        assert_eq!(plan.internal_preds, vec![1, 0, 0, 0, 0]);
+        let succ = |v: usize| {
+            let (s, e, end) =
+                (plan.succ_start[v] as usize, plan.succ_ext[v] as usize, plan.succ_start[v + 1] as usize);
+            (plan.succ[s..e].to_vec(), plan.succ[e..end].to_vec())
+        };
+        assert_eq!(
+            (succ(0), succ(1), succ(2), succ(3)),
+            ((vec![], vec![]), (vec![0], vec![]), (vec![], vec![0]), (vec![], vec![1]))
+        );
+        assert_eq!((plan.sg_type.clone(), plan.external_preds.clone()), (vec![1, 0, 0, 0], vec![3, 0, 0, 0]));
+        let roots =
+            |s: usize| plan.roots[plan.roots_start[s] as usize..plan.roots_start[s + 1] as usize].to_vec();
+        assert_eq!((roots(0), roots(1), roots(3)), (vec![1], vec![2], vec![4]));
+        assert_eq!(CellGraph::chains(&[(0, 3)]).plan(), None, "a path has runs instead");
     }
 
     #[test]

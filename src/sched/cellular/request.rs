@@ -100,130 +100,43 @@ pub(super) struct Req {
     pub stamp: u64,
 }
 
-/// Union-find over `Node::sg` (parent links, each pointing to a lower node): the root of `x`.
-fn find(nodes: &mut [Node], mut x: u32) -> u32 {
-    while nodes[x as usize].sg != x {
-        let up = nodes[nodes[x as usize].sg as usize].sg;
-        nodes[x as usize].sg = up;
-        x = up;
-    }
-    x
-}
-
 impl Req {
-    /// The request's state, built in `bufs`. Its initially ready nodes are those with
+    /// The request's state, built in `bufs` from the graph's subgraph plan (a copy: the analysis
+    /// was done when the graph was built). Its initially ready nodes are those with
     /// `is_initially_ready`.
     pub fn new(graph: &CellGraph, bufs: Bufs) -> Req {
-        let n = graph.len();
-        let types = graph.types();
+        let plan = graph.plan().expect("a graph request's graph is not a path, so it has a plan");
         let Bufs { mut nodes, mut edges, mut sgs } = bufs;
         nodes.clear();
         edges.clear();
         sgs.clear();
-        nodes
-            .resize(n, Node { sg: 0, internal_left: 0, next_ready: NONE, succ: 0, succ_ext: 0, succ_end: 0 });
-
-        // Pass 1 — subgraphs: connected components of same-type nodes, by union-find over
-        // `sg` as parent links. The lower root is kept, so every link points to a lower node.
-        for (v, node) in nodes.iter_mut().enumerate() {
-            node.sg = v as u32;
-        }
-        for v in 0..n {
-            for &p in graph.preds(v) {
-                if types[p as usize] == types[v] {
-                    let (a, b) = (find(&mut nodes, v as u32), find(&mut nodes, p));
-                    if a != b {
-                        let (lo, hi) = if a < b { (a, b) } else { (b, a) };
-                        nodes[hi as usize].sg = lo;
-                    }
-                }
-            }
-        }
-        // Pass 2 — number the subgraphs in order of their lowest node (as `CellGraph::subgraphs`).
-        // Ascending, a node's parent is already resolved: its root is kept in `next_ready` (until
-        // pass 3), and a root's `sg` is its subgraph's number.
-        let mut count = 0u32;
-        for v in 0..n {
-            let parent = nodes[v].sg as usize;
-            let root = if parent == v { v } else { nodes[parent].next_ready as usize };
-            nodes[v].next_ready = root as u32;
-            nodes[v].sg = if root == v {
-                count += 1;
-                count - 1
-            } else {
-                nodes[root].sg
-            };
-        }
-        sgs.resize(
-            count as usize,
-            Subgraph {
-                ty: 0,
-                external_left: 0,
+        let n = graph.len();
+        nodes.extend((0..n).map(|v| Node {
+            sg: plan.node_sg[v],
+            internal_left: plan.internal_preds[v],
+            next_ready: NONE,
+            succ: plan.succ_start[v],
+            succ_ext: plan.succ_ext[v],
+            succ_end: plan.succ_start[v + 1],
+        }));
+        // Successor lists, then the roots of every subgraph.
+        edges.extend_from_slice(&plan.succ);
+        edges.extend_from_slice(&plan.roots);
+        let roots_at = plan.succ.len() as u32;
+        sgs.extend(plan.sg_type.iter().zip(&plan.external_preds).zip(&plan.roots_start).map(
+            |((&ty, &ext), &r)| Subgraph {
+                ty,
+                external_left: ext,
                 ready_head: NONE,
                 ready_tail: NONE,
                 ready_len: 0,
                 pinned: NONE,
                 outstanding: 0,
                 queued: Where::Nowhere,
-                roots: 0,
+                roots: roots_at + r,
                 stamp: 0,
             },
-        );
-        // Pass 3 — dependency counters; successors per node (`succ_ext`: same subgraph,
-        // `succ_end`: others) and roots per subgraph (`roots`) counted.
-        for v in 0..n {
-            nodes[v].next_ready = NONE;
-            let sg = nodes[v].sg;
-            sgs[sg as usize].ty = types[v];
-            for &p in graph.preds(v) {
-                if nodes[p as usize].sg == sg {
-                    nodes[v].internal_left += 1;
-                    nodes[p as usize].succ_ext += 1;
-                } else {
-                    sgs[sg as usize].external_left += 1;
-                    nodes[p as usize].succ_end += 1;
-                }
-            }
-            if nodes[v].internal_left == 0 {
-                sgs[sg as usize].roots += 1;
-            }
-        }
-        // Offsets: successor lists, then roots; `succ_ext`, `succ_end` and `ready_len` are the
-        // fill cursors of pass 4, which leaves them at their final values (`ready_len` reset).
-        let mut at = 0;
-        for node in nodes.iter_mut() {
-            let (internal, external) = (node.succ_ext, node.succ_end);
-            node.succ = at;
-            node.succ_ext = at;
-            node.succ_end = at + internal;
-            at += internal + external;
-        }
-        for s in sgs.iter_mut() {
-            let roots = s.roots;
-            s.roots = at;
-            s.ready_len = at;
-            at += roots;
-        }
-        edges.resize(at as usize, 0);
-        // Pass 4 — fill, ascending so every list is.
-        for v in 0..n {
-            let sg = nodes[v].sg;
-            for &p in graph.preds(v) {
-                let pred = &mut nodes[p as usize];
-                let cursor = if pred.sg == sg { &mut pred.succ_ext } else { &mut pred.succ_end };
-                edges[*cursor as usize] = v as u32;
-                *cursor += 1;
-            }
-            if nodes[v].internal_left == 0 {
-                let s = &mut sgs[sg as usize];
-                edges[s.ready_len as usize] = v as u32;
-                s.ready_len += 1;
-            }
-        }
-        for s in sgs.iter_mut() {
-            s.ready_len = 0;
-        }
-
+        ));
         Req { nodes, edges, sgs, done_nodes: 0, inflight: 0, stamp: 0 }
     }
 
