@@ -461,7 +461,8 @@ impl CellularPolicy {
                 &mut f.nodes,
                 &mut f.releases,
             );
-            b.lanes = f.block.lanes.split_off(kept);
+            // The lanes not reached stay in the block, in the buffer swapped in above.
+            b.lanes.extend(f.block.lanes.drain(kept..));
             kept
         } else {
             let kept = advance(
