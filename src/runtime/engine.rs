@@ -4,6 +4,7 @@
 //! Every event (arrival, cancel, task done, shutdown) arrives through one channel; the engine owns
 //! all request and task state, so nothing here is shared or locked.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Instant;
@@ -72,11 +73,17 @@ struct TaskEntry {
     /// The request and node of each real row.
     requests: Vec<RequestId>,
     nodes: Vec<u32>,
+    /// Finished: reported by the poller, or its launch failed (its error is in `data`).
+    done: bool,
 }
 
 struct ModelState {
     m: EngineModel,
     tasks: IdMap<TaskEntry>,
+    /// Per worker: its launched, unfinished tasks in launch order. The policy learns of a
+    /// worker's tasks finishing in this order (policies rely on it), so a task whose launch
+    /// failed waits for the tasks launched before it.
+    order: Vec<VecDeque<TaskId>>,
     /// Input and output values per row.
     io: (usize, usize),
     /// State slots of a recurrent model, and the requests waiting for them.
@@ -257,7 +264,8 @@ impl Engine {
                 }
                 let io = m.runner.io_lens();
                 let slots = SlotPool::new(m.runner.state_slots());
-                self.models[idx] = Some(ModelState { m: *m, tasks: IdMap::default(), io, slots });
+                self.models[idx] =
+                    Some(ModelState { m: *m, tasks: IdMap::default(), order: Vec::new(), io, slots });
             }
             Event::Arrive(p) => {
                 let id = p.reply.id();
@@ -321,17 +329,48 @@ impl Engine {
         }
     }
 
-    /// A task finished on its worker: hand out its results, then tell the policy.
+    /// The poller reports a task finished on its worker: finish it, and any task after it that
+    /// failed to launch, in launch order.
     fn task_done(&mut self, model: usize, task: TaskId) {
-        if let Some(ended) = self.collect_results(model, task) {
-            let now = self.now();
-            self.with_policy(model, |p| {
-                for id in ended {
-                    p.end_early(now, id);
+        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+        let Some(entry) = state.tasks.get_mut(&task) else { return };
+        entry.done = true;
+        let worker = entry.worker;
+        self.finish_in_order(model, vec![worker]);
+    }
+
+    /// Finish the done tasks at the front of each worker's launch order in `workers`: hand out
+    /// their results, tell the policy, carry out its decisions (a launch that fails adds its
+    /// worker). Iterative, so a worker that keeps failing does not deepen the stack.
+    fn finish_in_order(&mut self, model: usize, mut workers: Vec<usize>) {
+        while let Some(&worker) = workers.last() {
+            let Some(task) = self.pop_done(model, worker) else {
+                workers.pop();
+                continue;
+            };
+            if let Some(ended) = self.collect_results(model, task) {
+                let now = self.now();
+                if let Some(Some(state)) = self.models.get_mut(model) {
+                    for id in ended {
+                        state.m.policy.end_early(now, id);
+                    }
+                    state.m.policy.task_done(now, task);
                 }
-                p.task_done(now, task)
-            });
+            }
+            self.carry_out(model, &mut workers);
         }
+    }
+
+    /// The first task in `worker`'s launch order, taken out if it is done.
+    fn pop_done(&mut self, model: usize, worker: usize) -> Option<TaskId> {
+        let state = self.models.get_mut(model)?.as_mut()?;
+        let order = state.order.get_mut(worker)?;
+        let &task = order.front()?;
+        if !state.tasks.get(&task).is_some_and(|e| e.done) {
+            return None;
+        }
+        order.pop_front();
+        Some(task)
     }
 
     /// Split a finished task's output (or error) among its requests. `None` for an unknown task;
@@ -403,28 +442,22 @@ impl Engine {
     fn with_policy(&mut self, model: usize, f: impl FnOnce(&mut dyn Policy)) {
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
         f(&mut *state.m.policy);
-        // Tasks whose launch failed are finished right away, after the decisions in hand, in this
-        // same loop (a worker that keeps failing must not deepen the stack batch after batch).
-        let mut failed: Vec<TaskId> = Vec::new();
+        let mut failed = Vec::new();
+        self.carry_out(model, &mut failed);
+        self.finish_in_order(model, failed);
+    }
+
+    /// Carry out the policy's pending decisions. A task whose launch fails is marked done and
+    /// its worker added to `failed`, to be finished in order by the caller.
+    fn carry_out(&mut self, model: usize, failed: &mut Vec<usize>) {
         loop {
             let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-            let Some(d) = state.m.policy.poll() else {
-                let Some(task) = failed.pop() else { return };
-                if let Some(ended) = self.collect_results(model, task) {
-                    let now = self.now();
-                    if let Some(Some(state)) = self.models.get_mut(model) {
-                        for id in ended {
-                            state.m.policy.end_early(now, id);
-                        }
-                        state.m.policy.task_done(now, task);
-                    }
-                }
-                continue;
-            };
+            let Some(d) = state.m.policy.poll() else { return };
             match d {
                 Decision::Launch(l) => {
-                    if let Err(task) = self.launch(model, l) {
-                        failed.push(task);
+                    let worker = l.worker;
+                    if self.launch(model, l).is_err() {
+                        failed.push(worker);
                     }
                 }
                 Decision::Complete { id, code } => self.complete(id, code),
@@ -433,7 +466,8 @@ impl Engine {
     }
 
     /// Gather the batch input and start it on its worker; `Err(task)` if the launch failed (the
-    /// task is then recorded as failed and must be finished by the caller).
+    /// task is then recorded as done, with its error, and must be finished by the caller once it
+    /// is first in its worker's launch order).
     fn launch(&mut self, model: usize, l: Launch) -> std::result::Result<(), TaskId> {
         let state = self.models[model].as_mut().expect("model present");
         let work = if l.nodes.is_empty() {
@@ -460,26 +494,36 @@ impl Engine {
         };
         let data = TaskData::new(l.batch, work);
         self.stats.record_task(l.requests.len());
-        let entry = TaskEntry { data: data.clone(), worker: l.worker, requests: l.requests, nodes: l.nodes };
+        let entry = TaskEntry {
+            data: data.clone(),
+            worker: l.worker,
+            requests: l.requests,
+            nodes: l.nodes,
+            done: false,
+        };
         state.tasks.insert(l.task, entry);
-        match state.m.runner.launch(l.worker, data.clone()) {
+        if state.order.len() <= l.worker {
+            state.order.resize_with(l.worker + 1, VecDeque::new);
+        }
+        state.order[l.worker].push_back(l.task);
+        let error = match state.m.runner.launch(l.worker, data.clone()) {
             Ok(target) => {
                 let signal = state.m.runner.signal(l.worker);
                 let cmd = PollerCmd::Watch { model, worker: l.worker, task: l.task, target, signal };
                 let sent = self.poller.send(cmd);
                 self.poller_thread.unpark();
-                if sent.is_err() {
-                    data.io.lock().unwrap_or_else(|p| p.into_inner()).error =
-                        Some(Error::internal("the completion poller has stopped"));
-                    return Err(l.task);
+                match sent {
+                    Ok(()) => return Ok(()),
+                    Err(_) => Error::internal("the completion poller has stopped"),
                 }
-                Ok(())
             }
-            Err(e) => {
-                data.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
-                Err(l.task)
-            }
+            Err(e) => e,
+        };
+        data.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(error);
+        if let Some(entry) = state.tasks.get_mut(&l.task) {
+            entry.done = true;
         }
+        Err(l.task)
     }
 
     fn complete(&mut self, id: RequestId, code: Code) {

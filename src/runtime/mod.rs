@@ -12,6 +12,8 @@ mod poller;
 pub mod queue;
 pub mod request;
 mod stats;
+#[cfg(test)]
+mod tests;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

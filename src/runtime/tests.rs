@@ -1,0 +1,84 @@
+//! Engine behaviour that needs a backend with injected faults.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::*;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{BackendKind, CompletionSignal, Notify, Runner, RunnerShape, TaskData};
+use crate::model::{Lstm, Output};
+
+/// The CPU backend, except that the launches numbered in `fail` (counting from 0, over the
+/// runner's life) fail.
+struct Flaky {
+    cpu: CpuBackend,
+    fail: HashSet<usize>,
+}
+
+struct FlakyRunner {
+    inner: Box<dyn Runner>,
+    fail: HashSet<usize>,
+    launches: AtomicUsize,
+}
+
+impl Runner for FlakyRunner {
+    fn workers(&self) -> usize {
+        self.inner.workers()
+    }
+    fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal> {
+        self.inner.signal(worker)
+    }
+    fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
+        if self.fail.contains(&self.launches.fetch_add(1, Ordering::SeqCst)) {
+            return Err(Error::new(Code::Backend, "injected launch failure"));
+        }
+        self.inner.launch(worker, task)
+    }
+    fn collect(&self, worker: usize, task: &TaskData) {
+        self.inner.collect(worker, task)
+    }
+    fn io_lens(&self) -> (usize, usize) {
+        self.inner.io_lens()
+    }
+    fn state_slots(&self) -> usize {
+        self.inner.state_slots()
+    }
+}
+
+impl Backend for Flaky {
+    fn kind(&self) -> BackendKind {
+        self.cpu.kind()
+    }
+    fn describe(&self) -> String {
+        "CPU backend with injected launch failures".into()
+    }
+    fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
+        let inner = self.cpu.prepare(net, shape, notify)?;
+        Ok(Box::new(FlakyRunner { inner, fail: self.fail.clone(), launches: AtomicUsize::new(0) }))
+    }
+}
+
+fn wait(t: Ticket) -> Result<Output> {
+    t.wait_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("no completion within 20 s"))
+}
+
+/// Launches that fail behind a running task on the same worker (cellular batching submits a
+/// chain's cells back to back) are finished after it, in launch order — the policy relies on a
+/// worker's tasks finishing in order. The request fails BACKEND; the runtime keeps serving.
+#[test]
+fn launches_failing_behind_running_tasks_finish_in_order_and_the_runtime_keeps_serving() {
+    for fail in [vec![1], vec![1, 2], vec![0, 3]] {
+        let backend = Flaky { cpu: CpuBackend::new(1).unwrap(), fail: fail.iter().copied().collect() };
+        let rt = Runtime::start(Arc::new(backend), 64).unwrap();
+        let net = Arc::new(Network::Lstm(Lstm::random(10, 4, 8, 1, 3)));
+        let m = rt.add_network(net, "lstm".into(), ModelOptions::default()).unwrap();
+        let err = wait(m.submit(Input::Tokens(vec![1; 8]), SubmitOptions::default()).unwrap())
+            .expect_err("a cell of the request failed to launch");
+        assert_eq!(err.code(), Code::Backend, "failing launches {fail:?}: {err}");
+        assert!(err.to_string().contains("injected launch failure"), "{err}");
+        let out = wait(m.submit(Input::Tokens(vec![2; 8]), SubmitOptions::default()).unwrap())
+            .unwrap_or_else(|e| panic!("failing launches {fail:?}: the next request failed: {e}"));
+        assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
+    }
+}
