@@ -111,7 +111,8 @@ pub(super) struct Block {
     pub last_task: TaskId,
     /// The request priority of every lane that joined since the block was last empty, or
     /// `None` if they differ (a lapsed block of mixed priorities is dispersed into the priority
-    /// queues, since its lanes no longer go together).
+    /// queues, since its lanes no longer go together). Conservative: lanes that left count too,
+    /// so `None` may only cost a dispersal.
     pub priority: Option<i32>,
 }
 

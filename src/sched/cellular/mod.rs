@@ -46,6 +46,8 @@
 //! order they were launched (a worker is one stream); `task_done` panics otherwise.
 
 mod chain;
+#[cfg(test)]
+mod model_check;
 mod request;
 #[cfg(test)]
 mod tests;
@@ -619,8 +621,8 @@ impl CellularPolicy {
         };
         f.requests.reserve(room);
         f.nodes.reserve(room);
-        // 1. Chains pinned here: all of them, in order — they were all in this worker's last
-        //    task of this type, so they fit.
+        // 1. Chains pinned here: all of them, in block order — they were all in this worker's
+        //    last task of this type, so they fit.
         let own = &mut self.types[ty].blocks[worker];
         let own_lapsed = !own.live;
         if own.live {
@@ -986,10 +988,11 @@ impl Policy for CellularPolicy {
         self.schedule();
     }
 
-    fn cancel(&mut self, _now: Time, id: RequestId) {
+    fn cancel(&mut self, now: Time, id: RequestId) {
         if let Some(&slot) = self.by_id.get(&id) {
             self.doom(slot, Code::Cancelled);
-            self.tidy_deadlines();
+            // Like every event that may launch: requests past their deadline stop first.
+            self.expire(now);
             self.schedule();
         }
     }
