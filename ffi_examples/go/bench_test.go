@@ -8,9 +8,9 @@ import (
 
 // BenchmarkRoundTrip measures one request's submit → result round trip on the fixture mlp
 // (4 → 8 → 3, CPU backend, no batching wait), through the bindings (Model.Submit: tag map,
-// poller goroutine, result channel, context) and through the bare C path measured in the same
-// run (serve_submit_f32 then a blocking serve_queue_next on a private queue, called from Go),
-// each sequentially and from 4×GOMAXPROCS goroutines. The Go sub-benchmarks report
+// poller goroutine, result channel and its busy-wait, context) and through the bare C path
+// measured in the same run (serve_submit_f32 then a blocking serve_queue_next on a private
+// queue, called from Go), each sequentially and from 4×GOMAXPROCS goroutines. The Go sub-benchmarks report
 // "ns-over-C/op", the bindings' overhead over the C path, and "x-C", their time as a multiple
 // of it; a summary line follows the four results.
 //

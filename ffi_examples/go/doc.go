@@ -47,6 +47,17 @@
 // call only (libserve copies them) and outputs are copied out of the completion before it is
 // freed.
 //
+// # Waiting for results
+//
+// A Submit blocked on its channel is made runnable by the poller, and while a processor (P) is
+// idle the Go scheduler then also wakes an idle OS thread, which costs the poller microseconds
+// per result (a halted virtual CPU to wake, on a VM). So a Submit that is its runtime's only
+// waiting one (with GOMAXPROCS >= 2) first busy-waits for its result, yielding its CPU to other
+// threads between polls, for up to twice its model's recent mean wait and at most
+// RuntimeOptions.SpinWait (DefaultSpinWait, 200 µs), and only then blocks. This trades CPU for
+// latency: a lone sequential caller keeps a CPU busy while its request runs. Models whose
+// requests take longer than SpinWait never spin; a negative SpinWait turns spinning off.
+//
 // # Cancellation and deadlines
 //
 // A context deadline is handed to libserve as the request's deadline, so an expired request

@@ -56,6 +56,7 @@ func newRuntime(t testing.TB, opts *RuntimeOptions) *Runtime {
 	o := RuntimeOptions{Backend: "cpu", CPUThreads: 1}
 	if opts != nil {
 		o.AdmissionBound = opts.AdmissionBound
+		o.SpinWait = opts.SpinWait
 	}
 	rt, err := NewRuntime(&o)
 	if err != nil {
@@ -122,5 +123,8 @@ func checkExactlyOnce(t testing.TB, rt *Runtime) {
 	}
 	if u := s.unrouted.Load(); u != 0 {
 		t.Errorf("%d completions had no waiting request (duplicate or unknown tag)", u)
+	}
+	if w := s.waiting.Load(); w != 0 {
+		t.Errorf("%d Submits still counted as waiting", w)
 	}
 }

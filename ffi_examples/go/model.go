@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -201,6 +202,10 @@ type modelState struct {
 	mu     sync.RWMutex
 	closed bool
 	ptr    *C.serve_model
+
+	// meanWait is a moving average of how long this model's requests took from submit to
+	// result, in nanoseconds: it sizes the busy-wait of Submit (wait.go).
+	meanWait atomic.Int64
 }
 
 // LoadModel loads the model directory dir (model.toml + weights.safetensors) with opts (nil for
@@ -435,16 +440,14 @@ func (m *Model) submit(ctx context.Context, opts []SubmitOption, do submitC) (Ou
 		return Output{}, takeError(cerr)
 	}
 
-	var res result
-	select {
-	case res = <-ch:
+	if res, ok := rs.wait(m.s, ch, ctx.Done()); ok {
 		resultChans.Put(ch)
 		if res.err != nil {
 			return Output{}, res.err
 		}
 		return res.out, nil
-	case <-ctx.Done():
 	}
+	var res result
 	// The context ended first. libserve has the same deadline and completes the request with
 	// DEADLINE_EXCEEDED itself, so give it a moment; otherwise (or if it does not) cancel.
 	// Either way wait for the request's single completion.
