@@ -127,20 +127,28 @@ impl Block {
     }
 }
 
+/// What a task being formed has taken so far: its rows (request and node of each, the `Launch`
+/// vectors) and the slots of the chains whose run leaves with it.
+#[derive(Default)]
+pub(super) struct Taken {
+    pub requests: Vec<RequestId>,
+    pub nodes: Vec<u32>,
+    pub released: Vec<u32>,
+}
+
 /// One pass of FormBatchedTask over a block's `lanes` (holding `dead` dead lanes), in order:
-/// each live lane adds its next node as a row (`requests`, `nodes`) until `room` rows are taken;
-/// a lane whose run ends with that node goes to `released`; dead lanes are dropped (and `dead`
-/// counts those left). In place: afterwards `lanes` holds the advanced lanes that continue, then
-/// the lanes not reached for want of room; returns how many continue.
+/// each live lane adds its next node as a row to `out` until `room` rows are taken; a lane whose
+/// run ends with that node is released; dead lanes are dropped (and `dead` counts those left).
+/// In place: afterwards `lanes` holds the advanced lanes that continue, then the lanes not
+/// reached for want of room; returns how many continue.
 pub(super) fn advance(
     lanes: &mut Vec<Lane>,
     dead: &mut usize,
     alive: &[u32],
     room: usize,
-    requests: &mut Vec<RequestId>,
-    nodes: &mut Vec<u32>,
-    released: &mut Vec<u32>,
+    out: &mut Taken,
 ) -> usize {
+    let Taken { requests, nodes, released } = out;
     if *dead == 0 && lanes.len() <= room {
         // The common case, a whole block with no dead lane: every lane emits its row; those
         // whose run ends leave, their places taken by lanes from the end (the block's order is
@@ -206,8 +214,9 @@ mod tests {
         for (alive, dead) in [([1, 1, 1, 1], 0), ([1, 1, 0, 1], 1)] {
             // With and without a dead lane (slot 2 doomed): the two paths of `advance`.
             let (mut lanes, mut left) = (all.clone(), dead);
-            let (mut req, mut nodes, mut rel) = (Vec::new(), Vec::new(), Vec::new());
-            let kept = advance(&mut lanes, &mut left, &alive, 8, &mut req, &mut nodes, &mut rel);
+            let mut out = Taken::default();
+            let kept = advance(&mut lanes, &mut left, &alive, 8, &mut out);
+            let Taken { requests: req, nodes, released: rel } = out;
             // Without dead lanes the pass fills a leaver's place with the last lane.
             let mut want = (vec![10, 11, 12, 13], vec![3, 7, 0, 1], vec![1], vec![4, 2, 1]);
             if dead == 1 {
@@ -223,14 +232,14 @@ mod tests {
     fn a_pass_stops_at_the_room_left_and_keeps_the_rest_in_order() {
         let all = vec![lane(10, 0, 3, 5), lane(11, 1, 0, 1), lane(12, 2, 0, 2), lane(14, 4, 0, 2)];
         let alive = [1, 1, 1, 0, 1];
-        let (mut req, mut nodes, mut rel) = (Vec::new(), Vec::new(), Vec::new());
+        let mut out = Taken::default();
         let (mut lanes, mut dead) = (all.clone(), 0);
-        assert_eq!(advance(&mut lanes, &mut dead, &alive, 2, &mut req, &mut nodes, &mut rel), 1);
-        assert_eq!((&req[..], &rel[..]), (&[10, 11][..], &[1][..]));
+        assert_eq!(advance(&mut lanes, &mut dead, &alive, 2, &mut out), 1);
+        assert_eq!((&out.requests[..], &out.released[..]), (&[10, 11][..], &[1][..]));
         assert_eq!(lanes, vec![lane(10, 0, 4, 5), all[2], all[3]], "continuing, then not reached");
         let mut lanes = all.clone();
-        assert_eq!(advance(&mut lanes, &mut dead, &alive, 0, &mut req, &mut nodes, &mut rel), 0);
-        assert_eq!((lanes, req.len()), (all, 2));
+        assert_eq!(advance(&mut lanes, &mut dead, &alive, 0, &mut out), 0);
+        assert_eq!((lanes, out.requests.len()), (all, 2));
     }
 
     #[test]

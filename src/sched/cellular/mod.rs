@@ -62,7 +62,7 @@ use crate::sched::{
     Arrival, CellGraph, CellType, Decision, IdMap, Launch, Policy, RequestId, TaskId, Time, WorkerId,
 };
 
-use chain::{Block, Chain, ChainState, Lane, advance};
+use chain::{Block, Chain, ChainState, Lane, Taken, advance};
 use request::{Bufs, NONE, Req, SgRef, Where};
 /// One cell type's batching parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,12 +187,12 @@ struct TaskRec {
 
 /// A task being formed.
 struct Forming {
+    /// Rows of graph requests, as (request slot, node).
     rows: Vec<(u32, u32)>,
-    releases: Vec<u32>,
+    /// Every row, and the chains released.
+    out: Taken,
     /// The chains that continue after this task: the worker's block of this type once formed.
     block: Block,
-    requests: Vec<RequestId>,
-    nodes: Vec<u32>,
 }
 
 /// Unpinned subgraphs of one request priority, in the order they became ready. May be empty.
@@ -450,32 +450,16 @@ impl CellularPolicy {
         let b = &mut self.types[ty].blocks[from];
         debug_assert!(!b.live && b.priority.is_some());
         f.block.note_source(b.priority);
-        let rows = f.requests.len();
+        let rows = f.out.requests.len();
         let kept = if from == worker && f.block.lanes.is_empty() {
             // This worker's own block: advanced in place, it becomes the task's block.
             std::mem::swap(&mut f.block.lanes, &mut b.lanes);
-            let kept = advance(
-                &mut f.block.lanes,
-                &mut b.dead,
-                &self.alive,
-                max - rows,
-                &mut f.requests,
-                &mut f.nodes,
-                &mut f.releases,
-            );
+            let kept = advance(&mut f.block.lanes, &mut b.dead, &self.alive, max - rows, &mut f.out);
             // The lanes not reached stay in the block, in the buffer swapped in above.
             b.lanes.extend(f.block.lanes.drain(kept..));
             kept
         } else {
-            let kept = advance(
-                &mut b.lanes,
-                &mut b.dead,
-                &self.alive,
-                max - rows,
-                &mut f.requests,
-                &mut f.nodes,
-                &mut f.releases,
-            );
+            let kept = advance(&mut b.lanes, &mut b.dead, &self.alive, max - rows, &mut f.out);
             let start = f.block.lanes.len();
             f.block.lanes.extend(b.lanes.drain(..kept));
             if from != worker {
@@ -486,7 +470,7 @@ impl CellularPolicy {
             }
             kept
         };
-        let taken = f.requests.len() - rows;
+        let taken = f.out.requests.len() - rows;
         debug_assert!(kept <= taken);
         self.types[ty].blocks[from].size -= taken;
         self.types[ty].lapsed_ready -= taken;
@@ -507,11 +491,11 @@ impl CellularPolicy {
             return true; // stale: taken through another entry since, or dropped
         }
         let (node, end) = (c.cursor, c.end);
-        f.requests.push(id);
-        f.nodes.push(node);
+        f.out.requests.push(id);
+        f.out.nodes.push(node);
         if node + 1 == end {
             c.state = ChainState::Releasing;
-            f.releases.push(at.slot);
+            f.out.released.push(at.slot);
         } else {
             c.state = ChainState::Resident(worker as u32);
             f.block.note_source(Some(priority));
@@ -614,13 +598,15 @@ impl CellularPolicy {
         let room = max.min(self.available(ty, worker));
         let mut f = Forming {
             rows: self.spare_rows.pop().unwrap_or_default(),
-            releases: self.spare_slots.pop().unwrap_or_default(),
+            out: Taken {
+                requests: self.spare_ids.pop().unwrap_or_default(),
+                nodes: self.spare_nodes.pop().unwrap_or_default(),
+                released: self.spare_slots.pop().unwrap_or_default(),
+            },
             block: Block { lanes: self.spare_lanes.pop().unwrap_or_default(), ..Block::default() },
-            requests: self.spare_ids.pop().unwrap_or_default(),
-            nodes: self.spare_nodes.pop().unwrap_or_default(),
         };
-        f.requests.reserve(room);
-        f.nodes.reserve(room);
+        f.out.requests.reserve(room);
+        f.out.nodes.reserve(room);
         // 1. Chains pinned here: all of them, in block order — they were all in this worker's
         //    last task of this type, so they fit.
         let own = &mut self.types[ty].blocks[worker];
@@ -630,15 +616,7 @@ impl CellularPolicy {
             std::mem::swap(&mut f.block.lanes, &mut own.lanes);
             f.block.priority = own.priority;
             own.size = 0;
-            let kept = advance(
-                &mut f.block.lanes,
-                &mut own.dead,
-                &self.alive,
-                max,
-                &mut f.requests,
-                &mut f.nodes,
-                &mut f.releases,
-            );
+            let kept = advance(&mut f.block.lanes, &mut own.dead, &self.alive, max, &mut f.out);
             debug_assert!(kept == f.block.lanes.len() && own.dead == 0, "a live block fits its task");
         }
         // 2. Graph subgraphs pinned here. With no ready node pinned here, every entry of the
@@ -647,7 +625,7 @@ impl CellularPolicy {
         if self.types[ty].ready_pinned[worker] == 0 {
             self.types[ty].pinned[worker].clear();
         }
-        while f.requests.len() < max {
+        while f.out.requests.len() < max {
             let Some(&at) = self.types[ty].pinned[worker].front() else { break };
             if self.take_from(at, Where::Pinned(worker as u32), ty, worker, stamp, max, &mut f) {
                 self.types[ty].pinned[worker].pop_front();
@@ -656,7 +634,7 @@ impl CellularPolicy {
         // 3. Unpinned subgraphs, by request priority: at each priority, the chains unpinned on
         //    this worker, then those unpinned on other workers, then the queue.
         let mut below = None;
-        while f.requests.len() < max {
+        while f.out.requests.len() < max {
             let Some(p) = self.next_priority(ty, below) else { break };
             below = Some(p);
             let lapsed_at = |t: &TypeQueues, w: usize| {
@@ -667,7 +645,7 @@ impl CellularPolicy {
                 self.take_lapsed(ty, worker, worker, max, &mut f);
             }
             for from in (0..self.cfg.workers).filter(|&w| w != worker) {
-                if f.requests.len() < max && lapsed_at(&self.types[ty], from) {
+                if f.out.requests.len() < max && lapsed_at(&self.types[ty], from) {
                     self.take_lapsed(ty, from, worker, max, &mut f);
                 }
             }
@@ -675,7 +653,7 @@ impl CellularPolicy {
             let Ok(level) = levels.binary_search_by_key(&Reverse(p), |q| Reverse(q.priority)) else {
                 continue;
             };
-            while f.requests.len() < max {
+            while f.out.requests.len() < max {
                 let Some(&at) = self.types[ty].unpinned[level].q.front() else { break };
                 let used = match self.reqs.get(at.slot as usize) {
                     Some(Some(Request { body: Body::Chain(_), .. })) => {
@@ -703,8 +681,8 @@ impl CellularPolicy {
         if own_lapsed && !self.types[ty].blocks[worker].lanes.is_empty() {
             self.disperse(ty, worker);
         }
-        debug_assert!(!f.requests.is_empty(), "ChooseCellType picked a type with nothing ready");
-        for &slot in &f.releases {
+        debug_assert!(!f.out.requests.is_empty(), "ChooseCellType picked a type with nothing ready");
+        for &slot in &f.out.released {
             self.req_mut(slot).chain().state = ChainState::Releasing;
         }
         let own = &mut self.types[ty].blocks[worker];
@@ -724,21 +702,21 @@ impl CellularPolicy {
         }
         ready.clear();
         self.ready_after = ready;
-        let real = f.requests.len();
+        let real = f.out.requests.len();
         let batch = self.cfg.cell_types[ty].bsizes.iter().copied().find(|&b| b >= real).unwrap_or(real);
         self.types[ty].outstanding[worker] += 1;
         self.streams[worker].push_back(TaskRec {
             task,
             ty: ty as CellType,
             rows: f.rows,
-            releases: f.releases,
+            releases: f.out.released,
         });
         self.out.push_back(Decision::Launch(Launch {
             task,
             worker,
             cell: ty as CellType,
-            requests: f.requests,
-            nodes: f.nodes,
+            requests: f.out.requests,
+            nodes: f.out.nodes,
             batch,
         }));
     }
@@ -777,11 +755,11 @@ impl CellularPolicy {
             s.outstanding += 1;
         }
         s.pinned = worker as u32;
-        while f.requests.len() < max {
+        while f.out.requests.len() < max {
             let Some(node) = g.pop_ready(at.sg) else { break };
             f.rows.push((at.slot, node));
-            f.requests.push(id);
-            f.nodes.push(node);
+            f.out.requests.push(id);
+            f.out.nodes.push(node);
             match from {
                 Where::Pinned(w) => t.ready_pinned[w as usize] -= 1,
                 _ => t.ready_unpinned -= 1,
