@@ -38,6 +38,7 @@ use serve::backend::cuda::step_bench::LstmStepBench;
 use serve::backend::cuda::{
     self, CudaDevice, DeviceBuffer, Event, Function, LaunchConfig, PinnedMapped, SignalCounters, Stream, libs,
 };
+use serve::workload::values;
 
 /// The LSTM shapes of (a): (hidden, batch), input = hidden.
 const LSTM_SHAPES: [(usize, usize); 2] = [(1024, 64), (1024, 512)];
@@ -47,16 +48,6 @@ const EMBED: usize = 768;
 const TOKENS: usize = 384;
 /// (b): samples per method.
 const LATENCY_SAMPLES: usize = 5000;
-
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 /// Print why nothing runs; fail instead under `SERVE_REQUIRE_GPU=1`.
 fn skip<T>(why: &str) -> Option<T> {

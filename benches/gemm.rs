@@ -10,8 +10,12 @@
 //!
 //! `cargo bench --bench gemm` (SERVE_BENCH_THREADS=1 for single-threaded).
 
+mod common;
+
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::time_it;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use serve::backend::cpu::gemm::{PARALLEL_MIN_MACS, PackedWeight, Threads, matmul};
@@ -46,17 +50,6 @@ fn mm(x: &[f32], w: &[f32], transposed: bool, y: &mut [f32], rows: usize, k: usi
             1,
         )
     }
-}
-
-fn time_it(mut f: impl FnMut(), min: Duration) -> f64 {
-    f();
-    let mut reps = 0u32;
-    let t0 = Instant::now();
-    while t0.elapsed() < min || reps < 3 {
-        f();
-        reps += 1;
-    }
-    t0.elapsed().as_secs_f64() / reps as f64
 }
 
 fn main() {

@@ -10,36 +10,20 @@
 //!
 //! `cargo bench --bench lstm_step` (2 threads; SERVE_BENCH_THREADS=n overrides).
 
+mod common;
+
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::time_it;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::gemm::{PackedWeight, Threads, matmul};
 use serve::backend::cpu::lstm_cell::{LstmLayer, LstmRow, LstmScratch, lstm_layer_step, step_flops};
+use serve::workload::values;
 
 const SHAPES: [(usize, usize); 4] = [(256, 64), (256, 512), (1024, 64), (1024, 512)];
-
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
-fn time_it(mut f: impl FnMut(), min: Duration) -> f64 {
-    f();
-    let mut reps = 0u32;
-    let t0 = Instant::now();
-    while t0.elapsed() < min || reps < 3 {
-        f();
-        reps += 1;
-    }
-    t0.elapsed().as_secs_f64() / reps as f64
-}
 
 fn main() {
     let threads: usize = std::env::var("SERVE_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);

@@ -11,6 +11,8 @@
 //! * [`treebank_tree`] / [`treebank_trees`] — TreeBank-like trees: random binary parse trees
 //!   whose leaf count is log-normal with mean 19 (the Stanford Sentiment Treebank's sentence
 //!   length), clipped to [1, 100].
+//! * [`values`] — deterministic values in `[-scale, scale)`: weights and inputs of the kernels'
+//!   tests and benchmarks (one generator, so CPU and GPU checks can share data by seed).
 
 use std::time::Duration;
 
@@ -170,6 +172,18 @@ pub fn treebank_tree<R: Rng + ?Sized>(rng: &mut R) -> Vec<i32> {
 pub fn treebank_trees(n: usize, seed: u64) -> Vec<Vec<i32>> {
     let mut rng = StdRng::seed_from_u64(seed);
     (0..n).map(|_| treebank_tree(&mut rng)).collect()
+}
+
+/// `n` deterministic values in `[-scale, scale)` from `seed` (a 64-bit LCG: fast, and the same
+/// on every machine), for kernels' test and benchmark data.
+pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ use serve::backend::cuda::kernels::{self, BLOCK, KernelImage, grid};
 use serve::backend::cuda::{
     self, Blas, CudaDevice, DeviceBuffer, Function, LaunchConfig, PinnedMapped, Pod, Stream, libs,
 };
+use serve::workload::values;
 
 // ---------------------------------------------------------------------------------------------
 // Device, skips, launch helpers.
@@ -575,17 +576,6 @@ impl Gpu {
 
 // ---------------------------------------------------------------------------------------------
 // Host-side references and data.
-
-/// Deterministic values in [-scale, scale) (the CPU kernels' test generator).
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 /// A deterministic hash of two numbers.
 fn mix(a: u64, b: u64) -> u64 {

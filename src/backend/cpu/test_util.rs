@@ -3,16 +3,7 @@
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::Threads;
 
-/// Deterministic values in [-scale, scale).
-pub(crate) fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
+pub(crate) use crate::workload::values;
 
 /// Every value of `slot`.
 pub(crate) fn slot_values(arena: &StateArena, slot: u32) -> Vec<f32> {
