@@ -279,14 +279,9 @@ impl CellGraph {
         &self.preds[self.pred_start[node] as usize..self.pred_start[node + 1] as usize]
     }
 
-    /// Number of dependency edges.
-    pub fn edges(&self) -> usize {
-        self.preds.len()
-    }
-
     /// Successor lists in CSR form: `(start, succs)` with node `i`'s successors at
     /// `succs[start[i]..start[i + 1]]`.
-    pub fn successors(&self) -> (Vec<u32>, Vec<u32>) {
+    fn successors(&self) -> (Vec<u32>, Vec<u32>) {
         let n = self.len();
         let mut start = vec![0u32; n + 1];
         for &p in &self.preds {
@@ -307,7 +302,7 @@ impl CellGraph {
     }
 
     /// A topological order (predecessors first), or `None` if the graph has a cycle.
-    pub fn topological_order(&self) -> Option<Vec<u32>> {
+    fn topological_order(&self) -> Option<Vec<u32>> {
         let n = self.len();
         let (start, succs) = self.successors();
         let mut left: Vec<u32> = (0..n).map(|i| self.preds(i).len() as u32).collect();
@@ -350,7 +345,7 @@ impl CellGraph {
     /// Subgraphs (BatchMaker §4.2): the connected components of same-type nodes. Returns each
     /// node's subgraph index and the number of subgraphs; subgraphs are numbered in order of
     /// their lowest node.
-    pub fn subgraphs(&self) -> (Vec<u32>, usize) {
+    pub(crate) fn subgraphs(&self) -> (Vec<u32>, usize) {
         let n = self.len();
         let mut parent: Vec<u32> = (0..n as u32).collect();
         fn find(parent: &mut [u32], mut x: u32) -> u32 {

@@ -55,7 +55,7 @@ impl PaddingConfig {
 }
 
 enum State {
-    Queued { bucket: usize },
+    Queued,
     InBatch,
 }
 
@@ -173,11 +173,8 @@ impl PaddingPolicy {
         groups
             .into_iter()
             .map(|((cell, _), rows)| {
-                let mut per_req: HashMap<RequestId, usize> = HashMap::new();
-                for &(id, _) in &rows {
-                    *per_req.entry(id).or_default() += 1;
-                }
-                let widest = per_req.values().copied().max().unwrap_or(1);
+                // Rows are grouped per request (pushed member by member).
+                let widest = rows.chunk_by(|a, b| a.0 == b.0).map(<[_]>::len).max().unwrap_or(1);
                 Level { cell, rows, padded: members.len() * widest }
             })
             .collect()
@@ -237,7 +234,7 @@ impl PaddingPolicy {
     fn complete(&mut self, id: RequestId, now: Option<Time>) {
         let r = self.reqs.remove(&id).expect("live request");
         match r.state {
-            State::Queued { .. } => self.queued -= 1,
+            State::Queued => self.queued -= 1,
             State::InBatch => self.running -= 1,
         }
         let code = match (r.doomed, now) {
@@ -248,6 +245,11 @@ impl PaddingPolicy {
         self.out.push_back(Decision::Complete { id, code });
     }
 
+    /// The bucket of a request of this graph: its length over the bucket width.
+    fn bucket(cfg: &PaddingConfig, graph: &CellGraph) -> usize {
+        (graph.len() - 1) / cfg.bucket_width
+    }
+
     /// Stop `id` at the next boundary with `code`.
     fn doom(&mut self, id: RequestId, code: Code) {
         let Some(r) = self.reqs.get_mut(&id) else { return };
@@ -256,7 +258,8 @@ impl PaddingPolicy {
         }
         r.doomed = Some(code);
         match r.state {
-            State::Queued { bucket } => {
+            State::Queued => {
+                let bucket = Self::bucket(&self.cfg, &r.graph);
                 if let Some(q) = self.buckets.get_mut(&bucket) {
                     q.retain(|&x| x != id);
                     if q.is_empty() {
@@ -291,13 +294,13 @@ impl Policy for PaddingPolicy {
         assert!(!self.reqs.contains_key(&a.id), "request {} arrived twice", a.id);
         let graph = a.cells.unwrap_or_else(|| Arc::new(CellGraph::chains(&[(0, 1)])));
         assert!(!graph.is_empty(), "request {} has an empty cell graph", a.id);
-        let bucket = (graph.len() - 1) / self.cfg.bucket_width;
+        let bucket = Self::bucket(&self.cfg, &graph);
         self.reqs.insert(
             a.id,
             Req {
                 deadline: a.deadline,
                 graph,
-                state: State::Queued { bucket },
+                state: State::Queued,
                 inflight: 0,
                 doomed: None,
                 ended: false,

@@ -274,11 +274,11 @@ mod tests {
     }
 
     fn arrive(p: &mut TimeoutPolicy, now: Time, id: RequestId) {
-        p.arrive(now, Arrival { id, deadline: None, priority: 0, cells: None });
+        p.arrive(now, Arrival::fixed(id));
     }
 
     fn drain(p: &mut TimeoutPolicy) -> Vec<Decision> {
-        std::iter::from_fn(|| p.poll()).collect()
+        crate::sched::drain(p)
     }
 
     fn launch(task: TaskId, worker: WorkerId, requests: &[RequestId], batch: usize) -> Decision {

@@ -484,7 +484,7 @@ impl CellularPolicy {
         if r.generation != at.generation || r.doomed.is_some() {
             return true;
         }
-        let first = !std::mem::replace(&mut r.started, true);
+        let first = !r.started;
         let c = r.chain();
         if c.state != ChainState::Queued || c.run != at.sg {
             debug_assert!(!first, "a request that never started has one live queue entry");
@@ -502,7 +502,9 @@ impl CellularPolicy {
             f.block.lanes.push(Lane { id, slot: at.slot, generation: at.generation, next: node + 1, end });
         }
         self.types[ty].ready_unpinned -= 1;
+        // As `start`, without looking the request up again.
         if first {
+            r.started = true;
             self.queued -= 1;
             self.running += 1;
         }
@@ -894,7 +896,7 @@ impl CellularPolicy {
                 self.doom(slot, Code::DeadlineExceeded);
             }
         }
-        self.tidy_deadlines();
+        // The loop stopped at a live entry (or none): nothing left to tidy.
     }
 }
 
