@@ -140,6 +140,7 @@ fn kernel_image_is_complete() {
     let required = std::env::var("SERVE_REQUIRE_NVCC").as_deref() == Ok("1");
     match kernels::image() {
         KernelImage::Fatbin(f) => {
+            assert_eq!(f.as_ptr() as usize % 8, 0, "the fatbin's alignment");
             let entries = kernels::fatbin_entries(f).expect("the embedded fatbin parses");
             for (kind, arch) in [(FatbinKind::Elf, 80), (FatbinKind::Elf, 90), (FatbinKind::Ptx, 90)] {
                 assert!(

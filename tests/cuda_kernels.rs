@@ -28,7 +28,11 @@
 //! needs) a failure. Tests named `host_*` check this file's host-side references and run
 //! everywhere.
 
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::gpu::skip;
 
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::gemm::{PackedWeight, Threads, linear};
@@ -48,19 +52,6 @@ use serve::workload::values;
 
 // ---------------------------------------------------------------------------------------------
 // Device, skips, launch helpers.
-
-fn require_gpu() -> bool {
-    std::env::var("SERVE_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
-
-/// Print why the test is skipped and return `None`; under `SERVE_REQUIRE_GPU=1`, fail instead.
-fn skip<T>(why: &str) -> Option<T> {
-    if require_gpu() {
-        panic!("SERVE_REQUIRE_GPU=1 but {why}");
-    }
-    println!("skipped: {why}");
-    None
-}
 
 /// Device 0 with the crate's kernels loaded, a stream, and (when asked for) a cuBLAS handle on
 /// that stream with TF32 off.

@@ -14,26 +14,15 @@
 //! `nvidia/cu13/lib` there). Without it the tests print `skipped: no NVRTC library` and pass,
 //! unless `SERVE_REQUIRE_NVRTC=1`, which makes a missing NVRTC a failure (CI sets it).
 
+mod common;
+
 use std::time::Instant;
 
+use common::gpu::have_nvrtc;
 use serve::backend::cuda::kernels;
 use serve::backend::cuda::libs;
 use serve::backend::cuda::module::{self, Target};
 use serve::error::Code;
-
-/// Whether NVRTC can be used; prints why not. Panics instead when `SERVE_REQUIRE_NVRTC=1`.
-fn have_nvrtc() -> bool {
-    match libs::nvrtc() {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var("SERVE_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-                panic!("SERVE_REQUIRE_NVRTC=1 but NVRTC is unusable: {}", e.message());
-            }
-            println!("skipped: no NVRTC library ({})", e.message());
-            false
-        }
-    }
-}
 
 /// The sorted names of `KERNELS`.
 fn wanted() -> Vec<String> {
@@ -124,7 +113,7 @@ fn compile_and_check(options: &[&str], targets: &[Target]) {
 /// without libcu++).
 #[test]
 fn the_kernels_compile_with_nvrtc_for_sm_80_sm_90_and_compute_90() {
-    if !have_nvrtc() {
+    if !have_nvrtc(false) {
         return;
     }
     let (major, minor) = module::nvrtc_version().unwrap();
@@ -140,7 +129,7 @@ fn the_kernels_compile_with_nvrtc_for_sm_80_sm_90_and_compute_90() {
 /// `SERVE_REQUIRE_NVRTC=1` and `NVCC` is set.
 #[test]
 fn the_kernels_compile_with_nvrtc_and_the_cccl_headers() {
-    if !have_nvrtc() {
+    if !have_nvrtc(false) {
         return;
     }
     let nvcc = std::env::var_os("NVCC").map(std::path::PathBuf::from);
@@ -160,7 +149,7 @@ fn the_kernels_compile_with_nvrtc_and_the_cccl_headers() {
 
 #[test]
 fn a_broken_kernel_fails_with_the_nvrtc_log_naming_its_file_and_line() {
-    if !have_nvrtc() {
+    if !have_nvrtc(false) {
         return;
     }
     // An undeclared identifier appended to the first statement of serve_lstm_pointwise in lstm.cu:

@@ -27,14 +27,9 @@ use serve::{
 
 /// A runtime on the CUDA backend, or `None` after printing why the test is skipped.
 fn cuda_runtime() -> Option<Runtime> {
-    let require = std::env::var("SERVE_REQUIRE_GPU").is_ok_and(|v| v == "1");
     let probe = serve::backend::cuda::probe();
     if probe.devices == 0 {
-        if require {
-            panic!("SERVE_REQUIRE_GPU=1 but there is no CUDA device: {}", probe.summary());
-        }
-        println!("skipped: no CUDA device ({})", probe.summary());
-        return None;
+        return common::gpu::skip(&format!("no CUDA device ({})", probe.summary()));
     }
     let rt = Runtime::builder()
         .backend(BackendChoice::Cuda)

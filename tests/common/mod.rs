@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serve::model::Mlp;
 
+pub mod gpu;
 pub mod native;
 pub mod recurrent;
 
