@@ -136,6 +136,23 @@ impl Network {
         }
     }
 
+    /// Where a recurrent request's state slot keeps the Seq2Seq decoder's last token: after every
+    /// layer's `h` and `c` (a tree node's `h` and `c`). 0 for an mlp.
+    pub fn token_word(&self) -> usize {
+        match self {
+            Network::Mlp(_) => 0,
+            Network::Lstm(m) => m.cfg.layers * 2 * m.cfg.hidden,
+            Network::Seq2Seq(m) => m.cfg.layers * 2 * m.cfg.hidden,
+            Network::TreeLstm(m) => 2 * m.cfg.hidden,
+        }
+    }
+
+    /// Words (f32, or the token's u32) of one state slot, the layout every backend's arena uses:
+    /// the `h` and `c` words, then for Seq2Seq the token word ([`Network::token_word`]).
+    pub fn state_width(&self) -> usize {
+        self.token_word() + usize::from(matches!(self, Network::Seq2Seq(_)))
+    }
+
     /// The cell types of a recurrent model, indexed by [`CellType`]; empty for fixed-shape models.
     pub fn cell_types(&self) -> &'static [CellTypeInfo] {
         match self {
@@ -197,14 +214,17 @@ impl Network {
         }
     }
 
-    /// Unfold a validated request into its cell graph (BatchMaker §4.2); `None` for fixed-shape
-    /// models. Node numbering: lstm — step t; seq2seq — encoder step t, then decoder step j at
-    /// `len + j`; treelstm — the request's own node indices.
+    /// Validate a request (as [`Network::validate`]) and unfold it into its cell graph
+    /// (BatchMaker §4.2); `None` for fixed-shape models. Node numbering: lstm — step t; seq2seq —
+    /// encoder step t, then decoder step j at `len + j`; treelstm — the request's own node indices.
     pub fn unfold(&self, input: &Input) -> Result<Option<Arc<CellGraph>>> {
         let g = match (self, input) {
-            (Network::Mlp(_), _) => return Ok(None),
-            (Network::Lstm(_), Input::Tokens(t)) => CellGraph::chains(&[(LSTM_STEP, t.len())]),
+            (Network::Lstm(m), Input::Tokens(t)) => {
+                m.validate(t)?;
+                CellGraph::chains(&[(LSTM_STEP, t.len())])
+            }
             (Network::Seq2Seq(m), Input::Tokens(t)) => {
+                m.validate(t)?;
                 CellGraph::chains(&[(ENCODER, t.len()), (DECODER, m.cfg.max_decode)])
             }
             (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
@@ -212,6 +232,10 @@ impl Network {
                 let types =
                     tree.children.iter().map(|c| if c.is_empty() { LEAF } else { INTERNAL }).collect();
                 CellGraph::new(types, &tree.children)?
+            }
+            (Network::Mlp(_), _) => {
+                self.validate(input)?;
+                return Ok(None);
             }
             _ => {
                 self.validate(input)?;

@@ -141,7 +141,7 @@ impl Finished<'_> {
                 if t == m.cfg.eos || last {
                     rc.ended = true;
                     return Ok(RowOutcome::Result {
-                        output: Output::Tokens(rc.decoded.clone()),
+                        output: Output::Tokens(std::mem::take(&mut rc.decoded)),
                         early: !last,
                     });
                 }

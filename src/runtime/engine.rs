@@ -270,7 +270,8 @@ impl Engine {
             Event::Arrive(p) => {
                 let id = p.reply.id();
                 let model = p.model;
-                let cells = p.cells.clone().map(RequestCells::new);
+                let mut p = p;
+                let cells = p.cells.take().map(RequestCells::new);
                 self.requests.insert(id, Request { pending: *p, result: None, cells, started: false });
                 let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
                 if self.requests[&id].cells.is_some() {

@@ -232,12 +232,12 @@ const MAX_TASK_ROWS: usize = 1 << 16;
 /// State slots for a recurrent model: enough for `bound` requests within
 /// [`DEFAULT_STATE_BYTES`], and at least one request of the largest size.
 fn default_state_slots(net: &Network, bound: usize) -> usize {
-    let (per_slot, per_request, most) = match net {
+    let (per_request, most) = match net {
         Network::Mlp(_) => return 0,
-        Network::Lstm(m) => (m.cfg.layers * 2 * m.cfg.hidden * 4, 1, 1),
-        Network::Seq2Seq(m) => (m.cfg.layers * 2 * m.cfg.hidden * 4 + 4, 1, 1),
-        Network::TreeLstm(m) => (2 * m.cfg.hidden * 4, 64, m.max_nodes()),
+        Network::Lstm(_) | Network::Seq2Seq(_) => (1, 1),
+        Network::TreeLstm(m) => (64, m.max_nodes()),
     };
+    let per_slot = net.state_width() * 4;
     bound.saturating_mul(per_request).min(DEFAULT_STATE_BYTES / per_slot.max(1)).max(most)
 }
 
@@ -520,12 +520,7 @@ impl Model {
         opts: SubmitOptions,
         sink: impl FnOnce(RequestId) -> Sink,
     ) -> Result<RequestId> {
-        let cells = self
-            .m
-            .net
-            .validate(&input)
-            .and_then(|_| self.m.net.unfold(&input))
-            .map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
+        let cells = self.m.net.unfold(&input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
         if let Some(g) = &cells {
             let need = cells::slots_needed(&self.m.net, g);
             if need > self.m.state_slots {

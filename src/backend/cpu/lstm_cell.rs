@@ -17,8 +17,8 @@ use crate::backend::cpu::gemm::{PackedWeight, Threads, linear, matmul};
 use crate::error::{Code, Error, Result};
 
 /// The token id of a row without a token (a padding row, or a request not decoding this step):
-/// its embedding is a zero row.
-pub const NO_TOKEN: u32 = u32::MAX;
+/// its embedding is a zero row. The model's constant (a tree node may have none too).
+pub use crate::model::treelstm::NO_TOKEN;
 
 /// Below this many state values (`padded × hidden`) a step's gather and pointwise kernels run on
 /// the calling thread even when more threads are allowed.

@@ -173,9 +173,8 @@ impl RecurrentRunner {
             ),
             Network::Mlp(_) => return Err(Error::internal("a recurrent runner cannot run an mlp")),
         };
-        let token_offset = layers * 2 * hidden;
-        let width = token_offset + usize::from(matches!(cells, Cells::Seq2Seq { .. }));
-        let arena = StateArena::new(shape.state_slots, width)?;
+        let token_offset = net.token_word();
+        let arena = StateArena::new(shape.state_slots, net.state_width())?;
         let macs_per_row = match &*net {
             Network::TreeLstm(_) => (embed * 4 + hidden * 4) * hidden,
             _ => layers * (embed.max(hidden) + hidden) * 4 * hidden + vocab * hidden,

@@ -268,7 +268,7 @@ impl Recurrent {
         net: &Network,
         shape: RunnerShape,
     ) -> Result<Recurrent> {
-        let (cells, embed, hidden, layer_count, vocab) = match net {
+        let (cells, embed, hidden, vocab) = match net {
             Network::Lstm(m) => (
                 Cells::Lstm(Chain {
                     embedding: stream.upload(&m.embedding)?,
@@ -276,7 +276,6 @@ impl Recurrent {
                 }),
                 m.cfg.embed,
                 m.cfg.hidden,
-                m.cfg.layers,
                 m.cfg.vocab,
             ),
             Network::Seq2Seq(m) => (
@@ -295,7 +294,6 @@ impl Recurrent {
                 },
                 m.cfg.embed,
                 m.cfg.hidden,
-                m.cfg.layers,
                 m.cfg.vocab,
             ),
             Network::TreeLstm(m) => {
@@ -311,14 +309,12 @@ impl Recurrent {
                     },
                     m.cfg.embed,
                     m.cfg.hidden,
-                    1,
                     m.cfg.vocab,
                 )
             }
             Network::Mlp(_) => return Err(Error::internal("a recurrent runner cannot run an mlp")),
         };
-        let token_offset = layer_count * 2 * hidden;
-        let width = token_offset + usize::from(matches!(cells, Cells::Seq2Seq { .. }));
+        let (token_offset, width) = (net.token_word(), net.state_width());
         // Everything the kernels index with 32-bit parameters.
         let b = shape.max_batch;
         for (v, what) in [

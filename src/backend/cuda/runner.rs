@@ -420,6 +420,8 @@ pub(super) struct CudaRunner<M: DeviceModel> {
     workers: Vec<Mutex<Worker<M::Buffers>>>,
     signals: Vec<Arc<StreamSignal>>,
     max_batch: usize,
+    /// The model's typical task needs (the staging buffers' starting size), asked once.
+    typical: Needs,
 }
 
 impl<M: DeviceModel> CudaRunner<M> {
@@ -464,6 +466,7 @@ impl<M: DeviceModel> CudaRunner<M> {
             workers,
             signals,
             max_batch: shape.max_batch,
+            typical,
         })
     }
 
@@ -530,7 +533,7 @@ impl<M: DeviceModel> Runner for CudaRunner<M> {
             let io = task.io.lock().unwrap_or_else(|p| p.into_inner());
             let plan = self.model.plan(task.rows, &io.work)?;
             w.reclaim();
-            let mut staging = w.take_staging(&self.device, plan.needs, self.model.typical_needs())?;
+            let mut staging = w.take_staging(&self.device, plan.needs, self.typical)?;
             if let Err(e) = self.model.stage(&io.work, &plan, &mut staging, &mut w.scratch) {
                 w.free.push(staging);
                 return Err(e);

@@ -14,7 +14,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use super::driver::{CudaDevice, bind, check};
+use super::driver::{CudaDevice, bind, check, driver_error};
 use super::libs;
 use super::memory::{DeviceBuffer, Pod};
 use super::module::Function;
@@ -261,7 +261,8 @@ impl Stream {
             )
         }
         .result();
-        check(&format!("cuLaunchKernel({})", function.name()), r)
+        // The call's name is formatted only on failure: this runs for every kernel launch.
+        r.map_err(|e| driver_error(&format!("cuLaunchKernel({})", function.name()), e))
     }
 
     /// Launch a kernel whose single parameter is a launch-parameter struct passed by value (the
