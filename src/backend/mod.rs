@@ -203,6 +203,14 @@ pub struct RunnerShape {
 /// gets the tested CPU backend unless they ask for `cuda` explicitly.
 const AUTO_PICKS_CUDA: bool = false;
 
+/// The number of `a × b` 4-byte values, or UNAVAILABLE naming `what` when it (or its size in
+/// bytes) overflows: how both backends size their buffers.
+pub(crate) fn size(a: usize, b: usize, what: &str) -> Result<usize> {
+    a.checked_mul(b).filter(|n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize)).ok_or_else(|| {
+        Error::new(Code::Unavailable, format!("{what} of {a} × {b} values overflows the address space"))
+    })
+}
+
 /// Create the backend for `choice`. `cpu_threads` = 0 means all cores.
 ///
 /// `Cuda`: CUDA device 0, or `Unavailable` (no device, or the driver, cuBLAS or the kernels

@@ -51,12 +51,7 @@ pub(crate) fn grow(v: &mut Vec<f32>, len: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// `a · b`, or [`Code::Unavailable`] when a buffer of that many values cannot exist.
-pub(crate) fn size(a: usize, b: usize, what: &str) -> Result<usize> {
-    a.checked_mul(b).filter(|n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize)).ok_or_else(|| {
-        Error::new(Code::Unavailable, format!("{what} of {a} × {b} values overflows the address space"))
-    })
-}
+pub(crate) use crate::backend::size;
 
 /// One `torch.nn.LSTM` layer, packed for [`lstm_layer_step`]: `[W_ih | W_hh]` (`[4H, input+H]`)
 /// as a single [`PackedWeight`] and the summed bias `b_ih + b_hh`.

@@ -8,7 +8,7 @@ use super::abi;
 use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, dim, host_slice};
 use super::{CudaDevice, DeviceBuffer, Stream};
 use crate::backend::Work;
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::model::Network;
 
 struct Layer {
@@ -37,9 +37,7 @@ pub(super) struct Buffers {
 }
 
 fn size(rows: usize, width: usize) -> Result<usize> {
-    rows.checked_mul(width).ok_or_else(|| {
-        Error::new(Code::Unavailable, format!("activation buffers of {rows} × {width} values overflow"))
-    })
+    crate::backend::size(rows, width, "activation buffers")
 }
 
 impl Dense {

@@ -25,7 +25,7 @@ use super::abi::{self, DevicePtr};
 use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, dim, host_slice};
 use super::{CudaDevice, DeviceBuffer, Stream};
 use crate::backend::{CellTask, RunnerShape, Work};
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::model::lstm::LstmStack;
 use crate::model::{DECODER, NO_TOKEN, Network};
 
@@ -237,10 +237,7 @@ pub(super) struct Buffers {
 
 /// `a × b` elements of device memory, or UNAVAILABLE when the size overflows.
 fn alloc<T: super::Pod>(device: &CudaDevice, a: usize, b: usize, what: &str) -> Result<DeviceBuffer<T>> {
-    let n = a.checked_mul(b).ok_or_else(|| {
-        Error::new(Code::Unavailable, format!("{what} of {a} × {b} values overflows the address space"))
-    })?;
-    device.alloc(n)
+    device.alloc(crate::backend::size(a, b, what)?)
 }
 
 fn layers(stream: &Stream, s: &LstmStack) -> Result<Vec<Layer>> {

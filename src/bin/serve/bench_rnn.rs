@@ -238,7 +238,12 @@ fn policy_specs(a: &BenchRnnArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
     if policies.is_empty() {
         policies = vec![PolicyArg::Cellular, PolicyArg::Padding];
     }
-    policies.dedup();
+    // Each policy once, in the order first given.
+    let mut seen = Vec::new();
+    policies.retain(|p| !seen.contains(p) && {
+        seen.push(*p);
+        true
+    });
     let types = net.cell_types();
     let mut specs = Vec::new();
     for p in &policies {

@@ -395,7 +395,7 @@ fn main() -> ExitCode {
 pub(crate) fn run_args(args: &[&str]) -> CliResult<()> {
     let cli = Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
         .map_err(|e| fatal(format!("serve {}: {e}", args.join(" "))))?;
-    run(cli.command.unwrap_or(Command::Demo))
+    run(cli.command.ok_or_else(|| fatal("run_args needs a command"))?)
 }
 
 fn run(command: Command) -> CliResult<()> {
