@@ -85,14 +85,7 @@ impl Workload {
 
 /// The cell graph of a tree given as parent indices: leaves are type 0, internal nodes type 1.
 fn tree_graph(parents: &[i32]) -> CellGraph {
-    let mut children = vec![Vec::new(); parents.len()];
-    for (v, &p) in parents.iter().enumerate() {
-        if p >= 0 {
-            children[p as usize].push(v as u32);
-        }
-    }
-    let types = children.iter().map(|c| u8::from(!c.is_empty())).collect();
-    CellGraph::new(types, &children).expect("a tree is a valid cell graph")
+    CellGraph::tree_of_parents(parents).expect("a tree is a valid cell graph")
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

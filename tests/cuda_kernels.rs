@@ -37,7 +37,8 @@ use common::gpu::skip;
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::gemm::{PackedWeight, Threads, linear};
 use serve::backend::cpu::lstm_cell::{
-    LstmLayer, LstmRow, LstmScratch, NO_TOKEN, Projection, embed_rows, lstm_layer_step, project_argmax,
+    LstmLayer, LstmRow, LstmScratch, NO_TOKEN, Projection, argmax, embed_rows, lstm_layer_step,
+    project_argmax,
 };
 use serve::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
 use serve::backend::cuda::abi::{
@@ -585,17 +586,6 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
     }
 }
 
-/// The CPU's argmax rule (lstm_cell.rs): the first maximum, NaN ignored, 0 when nothing beats −∞.
-fn argmax_ref(v: &[f32]) -> u32 {
-    let mut best = (0usize, f32::NEG_INFINITY);
-    for (i, &x) in v.iter().enumerate() {
-        if x > best.1 {
-            best = (i, x);
-        }
-    }
-    best.0 as u32
-}
-
 /// Child ranges flattened for the kernels: (child_start prefix sums over `rows`, child slots in
 /// row order).
 fn flatten_children(rows: &[TreeRow], child_slots: &[u32]) -> (Vec<u32>, Vec<u32>) {
@@ -627,13 +617,13 @@ fn host_references_agree_with_the_cpu_backend() {
     let mut ties = 0;
     for r in 0..rows {
         let row = &logits[r * vocab..(r + 1) * vocab];
-        assert_eq!(tokens[r], argmax_ref(row), "row {r}");
+        assert_eq!(tokens[r], argmax(row), "row {r}");
         let max = row[tokens[r] as usize];
         ties += usize::from(row.iter().filter(|&&x| x == max).count() > 1);
     }
     assert!(ties > 0, "integer logits produce ties");
-    assert_eq!(argmax_ref(&[f32::NAN, f32::NEG_INFINITY]), 0);
-    assert_eq!(argmax_ref(&[f32::NAN, 1.0, 3.0, 3.0]), 2);
+    assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 0);
+    assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 3.0]), 2);
 
     let rows = [
         TreeRow { slot: 4, children: 1..4 },
@@ -940,7 +930,7 @@ fn argmax_of_nan_and_infinite_logits_follows_the_cpu_rule() {
     let tokens = g.s.upload(&vec![u32::MAX; rows]).unwrap();
     g.argmax(&logits_d, None, (rows, vocab), None, &tokens);
     let got = g.s.download(&tokens).unwrap();
-    let want: Vec<u32> = cases.iter().map(|c| argmax_ref(c)).collect();
+    let want: Vec<u32> = cases.iter().map(|c| argmax(c)).collect();
     assert_eq!(got, want);
 }
 

@@ -115,6 +115,8 @@ pub const DECODER: CellType = 1;
 /// `treelstm`: leaves and internal nodes.
 pub const LEAF: CellType = 0;
 pub const INTERNAL: CellType = 1;
+// The cell types `CellGraph::tree` gives leaves and internal nodes.
+const _: () = assert!(LEAF == 0 && INTERNAL == 1);
 
 impl Network {
     pub fn kind(&self) -> ModelKind {
@@ -229,9 +231,7 @@ impl Network {
             }
             (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
                 let tree = m.validate(tokens, parents)?;
-                let types =
-                    tree.children.iter().map(|c| if c.is_empty() { LEAF } else { INTERNAL }).collect();
-                CellGraph::new(types, &tree.children)?
+                CellGraph::tree(&tree.children)?
             }
             (Network::Mlp(_), _) => {
                 self.validate(input)?;

@@ -210,6 +210,26 @@ impl CellGraph {
         Ok(g)
     }
 
+    /// A tree: node `i` depends on its children `children[i]`; a leaf (no children) runs cell
+    /// type 0, an internal node type 1 (TreeLSTM's `model::LEAF` and `model::INTERNAL`).
+    pub fn tree(children: &[Vec<u32>]) -> Result<CellGraph> {
+        CellGraph::new(children.iter().map(|c| CellType::from(!c.is_empty())).collect(), children)
+    }
+
+    /// [`CellGraph::tree`] from each node's parent index (-1 for the root).
+    pub fn tree_of_parents(parents: &[i32]) -> Result<CellGraph> {
+        let mut children = vec![Vec::new(); parents.len()];
+        for (i, &p) in parents.iter().enumerate() {
+            if p >= 0 {
+                let kids = children
+                    .get_mut(p as usize)
+                    .ok_or_else(|| Error::internal(format!("node {i}'s parent {p} is out of range")))?;
+                kids.push(i as u32);
+            }
+        }
+        CellGraph::tree(&children)
+    }
+
     /// Fill in what is derived from the structure.
     fn finish(&mut self) {
         self.runs = self.find_runs();

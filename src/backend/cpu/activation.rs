@@ -59,16 +59,6 @@ pub fn tanh(x: f32) -> f32 {
     (e - 1.0) / (e + 1.0)
 }
 
-/// Apply [`sigmoid`] to every element.
-pub fn sigmoid_in_place(v: &mut [f32]) {
-    v.iter_mut().for_each(|x| *x = sigmoid(*x));
-}
-
-/// Apply [`tanh`] to every element.
-pub fn tanh_in_place(v: &mut [f32]) {
-    v.iter_mut().for_each(|x| *x = tanh(*x));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,17 +122,5 @@ mod tests {
         assert!(exp(f32::INFINITY).is_finite() && exp(f32::INFINITY) > 1e37);
         assert!(exp(f32::NEG_INFINITY) > 0.0 && exp(f32::NEG_INFINITY) < 1e-37);
         assert!(exp(f32::NAN).is_nan() && exp(-f32::NAN).is_nan());
-    }
-
-    #[test]
-    fn slice_helpers_match_scalar() {
-        let xs: Vec<f32> = (-20..20).map(|i| i as f32 * 0.37).collect();
-        let mut s = xs.clone();
-        let mut t = xs.clone();
-        sigmoid_in_place(&mut s);
-        tanh_in_place(&mut t);
-        for ((x, s), t) in xs.iter().zip(&s).zip(&t) {
-            assert_eq!((*s, *t), (sigmoid(*x), tanh(*x)));
-        }
     }
 }

@@ -92,15 +92,6 @@ impl StateArena {
         }
     }
 
-    /// Zero `len` values of `slot` starting at `offset`.
-    ///
-    /// Panics if `slot` or the range is out of bounds.
-    pub fn zero(&self, slot: u32, offset: usize, len: usize) {
-        for c in self.cells(slot, offset, len) {
-            c.store(0, Ordering::Relaxed);
-        }
-    }
-
     /// The raw 32 bits at `offset` of `slot` (for integer state such as a decoder's last token).
     ///
     /// Panics if `slot` or `offset` is out of bounds.
@@ -143,10 +134,9 @@ mod tests {
             a.read(s, 0, &mut out);
             assert_eq!(out, [0.0; 6], "slot {s} untouched");
         }
-        a.zero(2, 1, 2);
         let mut two = [9.0; 3];
         a.read(2, 1, &mut two);
-        assert_eq!(two, [0.0, 0.0, f32::INFINITY]);
+        assert_eq!(two, [1.5, -2.0, f32::INFINITY]);
         // Empty ranges at the end of a slot are fine.
         a.read(3, 6, &mut []);
         assert!(format!("{a:?}").contains("slots: 4"));

@@ -355,8 +355,9 @@ pub fn project_argmax(
     }
 }
 
-/// Index of the first maximum, ignoring NaN (0 if every value is NaN or −∞).
-fn argmax(v: &[f32]) -> u32 {
+/// Index of the first maximum, ignoring NaN (0 if every value is NaN or −∞): the decoder's
+/// greedy choice, which the CUDA kernel reproduces.
+pub fn argmax(v: &[f32]) -> u32 {
     let mut best = (0usize, f32::NEG_INFINITY);
     for (i, &x) in v.iter().enumerate() {
         if x > best.1 {

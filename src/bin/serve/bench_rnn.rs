@@ -240,9 +240,11 @@ fn policy_specs(a: &BenchRnnArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
     }
     // Each policy once, in the order first given.
     let mut seen = Vec::new();
-    policies.retain(|p| !seen.contains(p) && {
-        seen.push(*p);
-        true
+    policies.retain(|p| {
+        !seen.contains(p) && {
+            seen.push(*p);
+            true
+        }
     });
     let types = net.cell_types();
     let mut specs = Vec::new();

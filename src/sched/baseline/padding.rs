@@ -524,14 +524,7 @@ mod tests {
 
     /// A tree from parent indices: leaves are type 0, internal nodes type 1.
     fn tree(parents: &[i32]) -> Arc<CellGraph> {
-        let mut children = vec![Vec::new(); parents.len()];
-        for (i, &p) in parents.iter().enumerate() {
-            if p >= 0 {
-                children[p as usize].push(i as u32);
-            }
-        }
-        let types = children.iter().map(|c| u8::from(!c.is_empty())).collect();
-        Arc::new(CellGraph::new(types, &children).unwrap())
+        Arc::new(CellGraph::tree_of_parents(parents).unwrap())
     }
 
     /// A worker's stream in the random test: its launched, unfinished tasks in order, with their

@@ -37,15 +37,7 @@ fn seq2seq(enc: usize, dec: usize) -> Arc<CellGraph> {
 
 /// A tree from parent indices: leaves are type 0, internal nodes type 1.
 fn tree(parents: &[i32]) -> Arc<CellGraph> {
-    let n = parents.len();
-    let mut children = vec![Vec::new(); n];
-    for (i, &p) in parents.iter().enumerate() {
-        if p >= 0 {
-            children[p as usize].push(i as u32);
-        }
-    }
-    let types = children.iter().map(|c| u8::from(!c.is_empty())).collect();
-    Arc::new(CellGraph::new(types, &children).unwrap())
+    Arc::new(CellGraph::tree_of_parents(parents).unwrap())
 }
 
 fn arrive(p: &mut CellularPolicy, now: Time, id: RequestId, g: Arc<CellGraph>) {
