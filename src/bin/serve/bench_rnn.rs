@@ -36,7 +36,7 @@ use crate::bench::{
     PolicySpec, RunResult, Workload, fmt_ratio, measure_capacity, open_report, print_header, print_row,
     ratio, requests_per_run, run_open_loop, write_report,
 };
-use crate::{BenchRnnArgs, CliResult, EosBias, PolicyArg, build_runtime, fatal};
+use crate::{BenchRnnArgs, CliResult, EosBias, PolicyArg, RuntimeArgs, build_runtime, fatal};
 
 /// Distinct requests generated per benchmark (cycled).
 pub(crate) const RNN_INPUTS: usize = 4096;
@@ -340,14 +340,13 @@ fn policy_specs(a: &BenchRnnArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
 }
 
 /// Mean decode length of the first sources of `inputs` with `bias` added to `proj.bias[eos]`.
-fn mean_decode(base: &Seq2Seq, bias: f32, work: &Workload) -> CliResult<f64> {
+fn mean_decode(base: &Seq2Seq, bias: f32, rt: RuntimeArgs, inputs: &[Input]) -> CliResult<f64> {
     let mut m = base.clone();
     m.proj_bias[m.cfg.eos as usize] += bias;
-    let rt = build_runtime(work.rt)?;
+    let rt = build_runtime(rt)?;
     let model =
         rt.add_network(Arc::new(Network::Seq2Seq(m)), "eos-calibration".into(), ModelOptions::default())?;
-    let tickets = work
-        .inputs
+    let tickets = inputs
         .iter()
         .take(EOS_SAMPLE)
         .map(|x| model.submit(x.clone(), SubmitOptions::default()))
@@ -365,22 +364,27 @@ fn mean_decode(base: &Seq2Seq, bias: f32, work: &Workload) -> CliResult<f64> {
 
 /// The bias on `proj.bias[eos]` for which the mean decode is about `target` tokens: doubling
 /// then bisection on [`mean_decode`] (which falls as the bias grows).
-fn calibrate_eos_bias(base: &Seq2Seq, work: &Workload, target: f64) -> CliResult<(f32, f64)> {
+fn calibrate_eos_bias(
+    base: &Seq2Seq,
+    rt: RuntimeArgs,
+    inputs: &[Input],
+    target: f64,
+) -> CliResult<(f32, f64)> {
     let mut lo = 0.0f32;
-    let mut lo_len = mean_decode(base, lo, work)?;
+    let mut lo_len = mean_decode(base, lo, rt, inputs)?;
     if lo_len <= target {
         return Ok((0.0, lo_len));
     }
     let mut hi = 0.25f32;
-    let mut hi_len = mean_decode(base, hi, work)?;
+    let mut hi_len = mean_decode(base, hi, rt, inputs)?;
     while hi_len > target && hi < 64.0 {
         (lo, lo_len) = (hi, hi_len);
         hi *= 2.0;
-        hi_len = mean_decode(base, hi, work)?;
+        hi_len = mean_decode(base, hi, rt, inputs)?;
     }
     for _ in 0..5 {
         let mid = (lo + hi) / 2.0;
-        let len = mean_decode(base, mid, work)?;
+        let len = mean_decode(base, mid, rt, inputs)?;
         if len > target {
             (lo, lo_len) = (mid, len);
         } else {
@@ -441,14 +445,6 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             );
         }
     }
-    let mut work = Workload {
-        rt: a.rt,
-        net: Arc::new(net.clone()),
-        name: name.clone(),
-        inputs,
-        qos: a.qos_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
-    };
-
     // Seq2seq: make decodes end at eos now and then (see the module comment).
     if let Network::Seq2Seq(m) = &mut net {
         let bias = match (a.eos_bias, a.model_dir.is_some()) {
@@ -456,7 +452,7 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             (_, true) => None,
             (None | Some(EosBias::Auto), false) => {
                 let target = EOS_TARGET_FRACTION * m.cfg.max_decode as f64;
-                let (b, len) = calibrate_eos_bias(m, &work, target)?;
+                let (b, len) = calibrate_eos_bias(m, a.rt, &inputs, target)?;
                 Some((b, Some(len)))
             }
         };
@@ -484,9 +480,15 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
         model_json["bos"] = json!(m.cfg.bos);
         model_json["eos"] = json!(m.cfg.eos);
         model_json["max_decode"] = json!(m.cfg.max_decode);
-        work.net = Arc::new(net.clone());
     }
-    let cost = match &net {
+    let work = Workload {
+        rt: a.rt,
+        net: Arc::new(net),
+        name: name.clone(),
+        inputs,
+        qos: a.qos_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
+    };
+    let cost = match &*work.net {
         Network::Lstm(_) => format!(" layers {} (LSTM step {step_mflop:.2} MFLOP/row)", sizes.layers),
         Network::Seq2Seq(m) => format!(
             " layers {} (LSTM step {step_mflop:.2} MFLOP/row; a decode step adds the {:.2} MFLOP/row projection)",
