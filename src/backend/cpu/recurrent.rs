@@ -205,33 +205,21 @@ fn run_chain(
     let (e, h) = (p.embed, p.hidden);
     embed_rows(embedding, e, &s.ids[..padded], &mut s.x[..padded * e]);
     for (k, layer) in layers.iter().enumerate() {
-        let offset = k * 2 * h;
-        if k == 0 {
-            lstm_layer_step(
-                layer,
-                &s.x,
-                &s.lstm_rows,
-                padded,
-                &p.arena,
-                offset,
-                &mut s.lstm,
-                &mut s.h_a,
-                threads,
-            );
-        } else {
-            lstm_layer_step(
-                layer,
-                &s.h_a,
-                &s.lstm_rows,
-                padded,
-                &p.arena,
-                offset,
-                &mut s.lstm,
-                &mut s.h_b,
-                threads,
-            );
-            std::mem::swap(&mut s.h_a, &mut s.h_b);
-        }
+        // Layer 0 reads the embeddings, the others the layer below; each writes `h_b`, which
+        // becomes the next layer's input.
+        let input = if k == 0 { &s.x } else { &s.h_a };
+        lstm_layer_step(
+            layer,
+            input,
+            &s.lstm_rows,
+            padded,
+            &p.arena,
+            k * 2 * h,
+            &mut s.lstm,
+            &mut s.h_b,
+            threads,
+        );
+        std::mem::swap(&mut s.h_a, &mut s.h_b);
     }
 }
 
