@@ -279,23 +279,36 @@ fn padded_tree_levels_larger_than_the_preallocated_buffers_are_served() {
     // Stars: a root with 40 leaves, so one leaf level of 64 trees pads to 64 × 40 = 2560 rows.
     let parents: Vec<i32> = std::iter::once(-1).chain(std::iter::repeat_n(0, 40)).collect();
     let inputs: Vec<Vec<u32>> = (0..64).map(|k| (0..41).map(|i| (k + i) % 50).collect()).collect();
-    let tickets: Vec<_> = inputs
-        .iter()
-        .map(|t| {
-            model
-                .submit(Input::Tree { tokens: t.clone(), parents: parents.clone() }, SubmitOptions::default())
-                .unwrap()
-        })
-        .collect();
-    for (k, t) in tickets.into_iter().enumerate() {
-        let Output::F32(y) = t.wait().unwrap() else { panic!("f32 output") };
-        common::assert_close(&y, &net.forward_reference(&inputs[k], &parents));
+    // Normally the first tree starts alone and the other 63 batch together: two batches, two
+    // levels each, so 2624 rows in 4 tasks with roots ≤ 64 rows, and a leaf level had more than
+    // 1024 rows. A slow submitting thread (a loaded machine) can split the 63; then the round is
+    // run again, until one shows the large level.
+    let mut large_level = false;
+    for _round in 0..10 {
+        let before = rt.stats();
+        let tickets: Vec<_> = inputs
+            .iter()
+            .map(|t| {
+                model
+                    .submit(
+                        Input::Tree { tokens: t.clone(), parents: parents.clone() },
+                        SubmitOptions::default(),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        for (k, t) in tickets.into_iter().enumerate() {
+            let Output::F32(y) = t.wait().unwrap() else { panic!("f32 output") };
+            common::assert_close(&y, &net.forward_reference(&inputs[k], &parents));
+        }
+        let s = rt.stats();
+        assert_eq!(s.batched_requests - before.batched_requests, 64 * 41);
+        if s.tasks_launched - before.tasks_launched <= 4 {
+            large_level = true;
+            break;
+        }
     }
-    // Two batches (the first tree starts alone, the other 63 together), two levels each: with 2624
-    // rows in 4 tasks and roots ≤ 64 rows, a leaf level had more than 1024 rows.
-    let s = rt.stats();
-    assert_eq!(s.batched_requests, 64 * 41);
-    assert!(s.tasks_launched <= 4, "{} tasks", s.tasks_launched);
+    assert!(large_level, "no round of 64 trees ran in two batches");
 }
 
 /// A request waiting for a state slot (the arena is full) still expires at its deadline, without
