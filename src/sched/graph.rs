@@ -48,6 +48,62 @@ pub struct SubgraphPlan {
     pub external_preds: Vec<u32>,
     pub roots_start: Vec<u32>,
     pub roots: Vec<u32>,
+    /// The tree shape, when the graph has one (see [`TreeShape`]).
+    pub tree: Option<TreeShape>,
+}
+
+/// The shape of a TreeLSTM request, and of any graph like it: every node with no predecessor (a
+/// *leaf*) is a subgraph of its own, all leaves have one cell type and at least one successor,
+/// and all other nodes form one subgraph, the *inner* subgraph. A scheduler can then treat the
+/// leaves as one list, ready on arrival, and the inner subgraph level by level: it becomes
+/// schedulable once every leaf has finished, and a node of it at level `k` (one more than its
+/// highest inner predecessor, 0 with none) is ready once levels `0..k` are submitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeShape {
+    pub leaf_type: CellType,
+    pub inner_type: CellType,
+    /// The leaves, ascending.
+    pub leaves: Vec<u32>,
+    /// The inner nodes by level, ascending within a level: level `k` is
+    /// `order[level_end[k - 1]..level_end[k]]` (from 0 for `k = 0`).
+    pub order: Vec<u32>,
+    pub level_end: Vec<u32>,
+}
+
+impl TreeShape {
+    /// The tree shape of `g`, whose subgraphs are `node_sg`, if it has one.
+    fn of(g: &CellGraph, node_sg: &[u32]) -> Option<TreeShape> {
+        let n = g.len();
+        let (start, _) = g.successors();
+        let has_succ = |v: usize| start[v + 1] > start[v];
+        let leaves: Vec<u32> = (0..n as u32).filter(|&v| g.preds(v as usize).is_empty()).collect();
+        let &first_inner = (0..n as u32).find(|&v| !g.preds(v as usize).is_empty()).as_ref()?;
+        let leaf_type = g.types[leaves[0] as usize];
+        let inner_sg = node_sg[first_inner as usize];
+        let leaves_ok = leaves.iter().all(|&v| {
+            g.types[v as usize] == leaf_type && has_succ(v as usize) && node_sg[v as usize] != inner_sg
+        });
+        // Every inner node in one subgraph; a leaf is then a subgraph of its own, since a leaf
+        // next to a node of its type would share that node's subgraph.
+        let inner_ok = (0..n).all(|v| g.preds(v).is_empty() || node_sg[v] == inner_sg);
+        if !(leaves_ok && inner_ok) {
+            return None;
+        }
+        let level = g.levels();
+        let mut order: Vec<u32> = (0..n as u32).filter(|&v| !g.preds(v as usize).is_empty()).collect();
+        order.sort_by_key(|&v| (level[v as usize], v));
+        let mut level_end: Vec<u32> = Vec::new();
+        for (i, &v) in order.iter().enumerate() {
+            let k = level[v as usize] as usize;
+            if k == level_end.len() {
+                level_end.push(i as u32);
+            }
+            debug_assert_eq!(k + 1, level_end.len(), "levels have no gaps");
+        }
+        level_end.remove(0);
+        level_end.push(order.len() as u32);
+        Some(TreeShape { leaf_type, inner_type: g.types[first_inner as usize], leaves, order, level_end })
+    }
 }
 
 impl SubgraphPlan {
@@ -109,7 +165,9 @@ impl SubgraphPlan {
                 fill_root[sg as usize] += 1;
             }
         }
+        let tree = TreeShape::of(g, &node_sg);
         SubgraphPlan {
+            tree,
             node_sg,
             internal_preds,
             succ_start,
@@ -469,6 +527,43 @@ mod tests {
             |s: usize| plan.roots[plan.roots_start[s] as usize..plan.roots_start[s + 1] as usize].to_vec();
         assert_eq!((roots(0), roots(1), roots(3)), (vec![1], vec![2], vec![4]));
         assert_eq!(CellGraph::chains(&[(0, 3)]).plan(), None, "a path has runs instead");
+    }
+
+    #[test]
+    fn tree_shape_lists_leaves_and_inner_levels() {
+        // 0 = root over 1 (internal) and 2 (leaf); 1 over 3 (internal) and 4 (leaf); 3 over
+        // leaves 5, 6. Inner levels: 3, then 1, then 0.
+        let g = CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 3, 3]).unwrap();
+        let shape = g.plan().unwrap().tree.clone().expect("a tree has a tree shape");
+        assert_eq!(
+            shape,
+            TreeShape {
+                leaf_type: 0,
+                inner_type: 1,
+                leaves: vec![2, 4, 5, 6],
+                order: vec![3, 1, 0],
+                level_end: vec![1, 2, 3]
+            }
+        );
+        // A bushy tree: levels hold several nodes, ascending.
+        let g = CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 2, 2, 0]).unwrap();
+        let shape = g.plan().unwrap().tree.clone().unwrap();
+        assert_eq!(
+            (shape.order, shape.level_end, shape.leaves),
+            (vec![1, 2, 0], vec![2, 3], vec![3, 4, 5, 6, 7])
+        );
+        // Not tree-shaped: a node with no predecessor of the inner type (it joins the inner
+        // subgraph) …
+        let g = CellGraph::new(vec![0, 1, 1], &[vec![], vec![], vec![0, 1]]).unwrap();
+        assert_eq!(g.plan().unwrap().tree, None);
+        // … two inner subgraphs …
+        let g = CellGraph::new(vec![0, 1, 1], &[vec![], vec![0], vec![0]]).unwrap();
+        assert_eq!(g.plan().unwrap().tree, None);
+        // … leaves of two types, or a leaf nothing depends on.
+        let g = CellGraph::new(vec![0, 1, 2], &[vec![], vec![], vec![0, 1]]).unwrap();
+        assert_eq!(g.plan().unwrap().tree, None);
+        let g = CellGraph::new(vec![0, 0, 1], &[vec![], vec![], vec![0]]).unwrap();
+        assert_eq!(g.plan().unwrap().tree, None);
     }
 
     #[test]

@@ -38,12 +38,18 @@
 //! dropped, and it completes once none of its cells is running (its state slots may then be
 //! reused). Per-request priorities order the unpinned subgraphs; BatchMaker itself has none.
 //!
-//! Two request processors share the queues. *Chain* requests (`lstm`, `seq2seq`, fixed-shape:
-//! one path of cells, see [`chain`]) keep a cursor per request and, while pinned, a lane in a
-//! dense per-(worker, type) block, so forming a task costs one pass over its rows plus work per
-//! request joining or leaving. *Graph* requests (`treelstm`, see [`request`]) keep per-node
-//! dependency counters and ready lists. The policy relies on a worker's tasks finishing in the
-//! order they were launched (a worker is one stream); `task_done` panics otherwise.
+//! Three request processors share the queues, each exact for the graphs it takes:
+//! * *Chain* requests (`lstm`, `seq2seq`, fixed-shape: one path of cells, see [`chain`]) keep a
+//!   cursor per request and, while pinned, a lane in a dense per-(worker, type) block, so forming
+//!   a task costs one pass over its rows plus work per request joining or leaving.
+//! * *Tree* requests (`treelstm`, and any graph with a [`TreeShape`](crate::sched::graph::TreeShape),
+//!   see [`tree`]) keep one queue entry for all their leaves and a cursor into the inner
+//!   subgraph's levels, so a task costs work per (request, task) run of rows, not per row.
+//! * *Graph* requests (any other shape, see [`request`]) keep per-node dependency counters and
+//!   ready lists.
+//!
+//! The policy relies on a worker's tasks finishing in the order they were launched (a worker is
+//! one stream); `task_done` panics otherwise.
 
 mod chain;
 #[cfg(test)]
@@ -51,6 +57,7 @@ mod model_check;
 mod request;
 #[cfg(test)]
 mod tests;
+mod tree;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -64,6 +71,7 @@ use crate::sched::{
 
 use chain::{Block, Chain, ChainState, Lane, Taken, advance};
 use request::{Bufs, NONE, Req, SgRef, Where};
+use tree::{INNER, Inner, LEAVES, Tree};
 /// One cell type's batching parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CellTypeConfig {
@@ -156,20 +164,23 @@ enum Body {
     /// Boxed: a graph request's state is large, and keeping `Request` small keeps the chain
     /// requests' records dense.
     Graph(Box<Req>),
+    /// Its state is `CellularPolicy::trees[slot]`: dense by slot, so the records the scheduling
+    /// steps touch per tree stay close together and are reused with the slot.
+    Tree,
 }
 
 impl Request {
     fn chain(&mut self) -> &mut Chain {
         match &mut self.body {
             Body::Chain(c) => c,
-            Body::Graph(_) => panic!("request {} is a graph request, not a chain", self.id),
+            _ => panic!("request {} is not a chain request", self.id),
         }
     }
 
     fn graph(&mut self) -> &mut Req {
         match &mut self.body {
             Body::Graph(g) => g,
-            Body::Chain(_) => panic!("request {} is a chain request, not a graph", self.id),
+            _ => panic!("request {} is not a graph request", self.id),
         }
     }
 }
@@ -183,12 +194,16 @@ struct TaskRec {
     /// Slots of the chain requests whose current run leaves with this task (its last node is in
     /// it, or the request was doomed while its lane was in it).
     releases: Vec<u32>,
+    /// Tree requests in this task, as (request slot, rows): each has one run of rows.
+    trees: Vec<(u32, u32)>,
 }
 
 /// A task being formed.
 struct Forming {
     /// Rows of graph requests, as (request slot, node).
     rows: Vec<(u32, u32)>,
+    /// Tree requests taken from, as (request slot, rows).
+    trees: Vec<(u32, u32)>,
     /// Every row, and the chains released.
     out: Taken,
     /// The chains that continue after this task: the worker's block of this type once formed.
@@ -210,6 +225,10 @@ struct TypeQueues {
     ready_unpinned: usize,
     /// Graph subgraphs pinned to each worker.
     pinned: Vec<VecDeque<SgRef>>,
+    /// Inner subgraphs of tree requests pinned to each worker (`sg` is the request's pin number;
+    /// an entry whose request has been unpinned or pinned again since is stale).
+    pinned_trees: Vec<Vec<SgRef>>,
+    /// Ready nodes of graph subgraphs and tree inner subgraphs pinned to each worker.
     ready_pinned: Vec<usize>,
     /// Chains pinned to each worker (a live block) or unpinned together (a lapsed one).
     blocks: Vec<Block>,
@@ -223,6 +242,8 @@ struct TypeQueues {
 pub struct CellularPolicy {
     cfg: CellularConfig,
     reqs: Vec<Option<Request>>,
+    /// The state of each slot's tree request (`Body::Tree`).
+    trees: Vec<Option<Tree>>,
     /// Generation of each request slot, bumped on reuse (never 0) so stale queue entries are
     /// recognised.
     generations: Vec<u32>,
@@ -274,6 +295,7 @@ impl CellularPolicy {
                 unpinned: Vec::new(),
                 ready_unpinned: 0,
                 pinned: (0..cfg.workers).map(|_| VecDeque::new()).collect(),
+                pinned_trees: (0..cfg.workers).map(|_| Vec::new()).collect(),
                 ready_pinned: vec![0; cfg.workers],
                 blocks: (0..cfg.workers).map(|_| Block::default()).collect(),
                 lapsed_ready: 0,
@@ -284,6 +306,7 @@ impl CellularPolicy {
             streams: (0..cfg.workers).map(|_| VecDeque::new()).collect(),
             cfg,
             reqs: Vec::new(),
+            trees: Vec::new(),
             generations: Vec::new(),
             alive: Vec::new(),
             free: Vec::new(),
@@ -394,6 +417,35 @@ impl CellularPolicy {
             s.ready_head = request::NONE;
             s.ready_len = 0;
         }
+    }
+
+    // ---- tree requests ----------------------------------------------------------------------
+
+    /// Drop every ready node of a tree request (cancel, deadline, early end).
+    fn drop_tree(&mut self, slot: u32) {
+        let t = self.trees[slot as usize].as_mut().expect("live tree request");
+        let was = t.inner;
+        let (leaf_type, inner_type) = (t.leaf_type as usize, t.inner_type as usize);
+        let (leaves, inner) = t.drop_ready();
+        self.types[leaf_type].ready_unpinned -= leaves;
+        let q = &mut self.types[inner_type];
+        match was {
+            Inner::Queued => q.ready_unpinned -= inner,
+            Inner::Pinned(w) => q.ready_pinned[w as usize] -= inner,
+            Inner::Waiting | Inner::Drained => debug_assert_eq!(inner, 0),
+        }
+    }
+
+    /// Queue tree request `slot`'s inner subgraph as unpinned, at the back of its priority (it
+    /// became schedulable now) or at the front (it was unpinned).
+    fn queue_inner(&mut self, slot: u32, front: bool) {
+        let r = self.reqs[slot as usize].as_ref().expect("live request slot");
+        let (priority, generation) = (r.priority, r.generation);
+        let t = self.trees[slot as usize].as_mut().expect("live tree request");
+        t.inner = Inner::Queued;
+        let q = &mut self.types[t.inner_type as usize];
+        q.ready_unpinned += t.inner_ready();
+        push_unpinned(&mut q.unpinned, priority, SgRef { slot, generation, sg: INNER }, front);
     }
 
     // ---- chain requests ---------------------------------------------------------------------
@@ -600,6 +652,7 @@ impl CellularPolicy {
         let room = max.min(self.available(ty, worker));
         let mut f = Forming {
             rows: self.spare_rows.pop().unwrap_or_default(),
+            trees: self.spare_rows.pop().unwrap_or_default(),
             out: Taken {
                 requests: self.spare_ids.pop().unwrap_or_default(),
                 nodes: self.spare_nodes.pop().unwrap_or_default(),
@@ -633,6 +686,22 @@ impl CellularPolicy {
                 self.types[ty].pinned[worker].pop_front();
             }
         }
+        //    Then tree inner subgraphs pinned here, in the order they were pinned; stale entries
+        //    met are dropped.
+        let mut list = std::mem::take(&mut self.types[ty].pinned_trees[worker]);
+        let mut kept = 0;
+        for i in 0..list.len() {
+            let at = list[i];
+            if f.out.requests.len() < max
+                && self.take_tree(at, Where::Pinned(worker as u32), worker, task, max, &mut f)
+            {
+                continue;
+            }
+            list[kept] = at;
+            kept += 1;
+        }
+        list.truncate(kept);
+        self.types[ty].pinned_trees[worker] = list;
         // 3. Unpinned subgraphs, by request priority: at each priority, the chains unpinned on
         //    this worker, then those unpinned on other workers, then the queue.
         let mut below = None;
@@ -660,6 +729,9 @@ impl CellularPolicy {
                 let used = match self.reqs.get(at.slot as usize) {
                     Some(Some(Request { body: Body::Chain(_), .. })) => {
                         self.take_chain(at, ty, worker, &mut f)
+                    }
+                    Some(Some(Request { body: Body::Tree, .. })) => {
+                        self.take_tree(at, Where::Unpinned, worker, task, max, &mut f)
                     }
                     Some(Some(_)) => self.take_from(at, Where::Unpinned, ty, worker, stamp, max, &mut f),
                     _ => true, // the request has completed
@@ -712,6 +784,7 @@ impl CellularPolicy {
             ty: ty as CellType,
             rows: f.rows,
             releases: f.out.released,
+            trees: f.trees,
         });
         self.out.push_back(Decision::Launch(Launch {
             task,
@@ -796,6 +869,76 @@ impl CellularPolicy {
         used
     }
 
+    /// Take from the tree request of entry `at` (found in queue `from`: its leaves or its inner
+    /// subgraph, unpinned, or its inner subgraph pinned to `worker`) into `task` on `worker`. An
+    /// inner subgraph with nodes left ready (the task is full) or made ready is pinned to
+    /// `worker`. True when the entry is used up (stale, or nothing of it left where it was).
+    fn take_tree(
+        &mut self,
+        at: SgRef,
+        from: Where,
+        worker: WorkerId,
+        task: TaskId,
+        max: usize,
+        f: &mut Forming,
+    ) -> bool {
+        // Only a live request that is not doomed is alive with the entry's generation.
+        if self.alive.get(at.slot as usize) != Some(&at.generation) {
+            return true;
+        }
+        let t = self.trees[at.slot as usize].as_mut().expect("live tree request");
+        let (id, first) = (t.id, t.last_task == TaskId::MAX);
+        let room = max - f.out.requests.len();
+        let (taken, used) = if from == Where::Unpinned && at.sg == LEAVES {
+            if t.leaves_ready() == 0 {
+                return true; // stale: dropped
+            }
+            let k = t.take_leaves(id, room, &mut f.out.requests, &mut f.out.nodes);
+            self.types[t.leaf_type as usize].ready_unpinned -= k;
+            (k, t.leaves_ready() == 0)
+        } else {
+            let live = match from {
+                Where::Pinned(w) => t.inner == Inner::Pinned(w) && t.pin == at.sg,
+                _ => t.inner == Inner::Queued,
+            };
+            if !live {
+                return true; // stale: unpinned, pinned again, drained or dropped since
+            }
+            let before = t.inner_ready();
+            let (k, made) = t.take_inner(id, room, &mut f.out.requests, &mut f.out.nodes);
+            let left = before - k + made;
+            let q = &mut self.types[t.inner_type as usize];
+            match from {
+                Where::Pinned(w) => q.ready_pinned[w as usize] -= before,
+                _ => q.ready_unpinned -= before,
+            }
+            q.ready_pinned[worker] += left;
+            if left == 0 {
+                // Every node is submitted (a node none of whose predecessors is left unsubmitted
+                // would be ready).
+                debug_assert!(t.inner_submitted());
+                t.inner = Inner::Drained;
+                (k, true)
+            } else if from == Where::Unpinned {
+                t.pin = t.pin.wrapping_add(1);
+                t.inner = Inner::Pinned(worker as u32);
+                q.pinned_trees[worker].push(SgRef { slot: at.slot, generation: at.generation, sg: t.pin });
+                (k, true)
+            } else {
+                (k, false)
+            }
+        };
+        // One run of rows per request and task: a tree's entries are never live twice at once.
+        debug_assert_ne!(t.last_task, task);
+        t.last_task = task;
+        t.inflight += 1;
+        f.trees.push((at.slot, taken as u32));
+        if first {
+            self.start(at.slot);
+        }
+        used
+    }
+
     /// Schedule (Algorithm 1) on every worker with room, least loaded first.
     fn schedule(&mut self) {
         loop {
@@ -817,6 +960,7 @@ impl CellularPolicy {
     fn is_running(&self, slot: u32) -> bool {
         match &self.req(slot).body {
             Body::Graph(g) => g.inflight > 0,
+            Body::Tree => self.trees[slot as usize].as_ref().is_some_and(|t| t.inflight > 0),
             Body::Chain(c) => match c.state {
                 ChainState::Releasing => true,
                 ChainState::Resident(w) => self.types[c.ty as usize].blocks[w as usize].live,
@@ -833,6 +977,9 @@ impl CellularPolicy {
         let r = self.req(slot);
         let finished = match &r.body {
             Body::Graph(g) => g.done_nodes as usize == g.nodes.len(),
+            Body::Tree => self.trees[slot as usize]
+                .as_ref()
+                .is_some_and(|t| t.leaves_left == 0 && t.inner == Inner::Drained),
             Body::Chain(c) => c.state == ChainState::Idle,
         };
         // A finished request past its deadline was doomed by `expire`, which runs first at every
@@ -852,11 +999,18 @@ impl CellularPolicy {
             self.queued -= 1;
         }
         self.out.push_back(Decision::Complete { id: r.id, code });
-        if let Body::Graph(g) = r.body {
-            let bufs = g.into_bufs();
-            if bufs.worth_keeping() && self.spare_reqs.len() < MAX_SPARE {
-                self.spare_reqs.push(bufs);
+        match r.body {
+            Body::Graph(g) => {
+                let bufs = g.into_bufs();
+                if bufs.worth_keeping() && self.spare_reqs.len() < MAX_SPARE {
+                    self.spare_reqs.push(bufs);
+                }
             }
+            Body::Tree => {
+                let t = self.trees[slot as usize].take().expect("live tree request");
+                recycle(&mut self.spare_slots, t.into_lists());
+            }
+            Body::Chain(_) => {}
         }
     }
 
@@ -867,6 +1021,7 @@ impl CellularPolicy {
         }
         match self.req(slot).body {
             Body::Graph(_) => self.drop_ready(slot),
+            Body::Tree => self.drop_tree(slot),
             Body::Chain(_) => self.drop_chain(slot),
         }
         self.req_mut(slot).doomed = Some(code);
@@ -931,6 +1086,7 @@ impl Policy for CellularPolicy {
         );
         let slot = self.free.pop().unwrap_or_else(|| {
             self.reqs.push(None);
+            self.trees.push(None);
             self.generations.push(0);
             self.alive.push(0);
             (self.reqs.len() - 1) as u32
@@ -942,10 +1098,18 @@ impl Policy for CellularPolicy {
         self.generations[slot as usize] = generation;
         let body = if graph.first_run().is_some() {
             Body::Chain(Chain::new(graph))
+        } else if graph.plan().is_some_and(|p| p.tree.is_some()) {
+            self.trees[slot as usize] =
+                Some(Tree::new(a.id, graph, self.spare_slots.pop().unwrap_or_default()));
+            Body::Tree
         } else {
             Body::Graph(Box::new(Req::new(&graph, self.spare_reqs.pop().unwrap_or_default())))
         };
-        let chain = matches!(body, Body::Chain(_));
+        let kind = match &body {
+            Body::Chain(_) => 0,
+            Body::Tree => 1,
+            Body::Graph(_) => 2,
+        };
         self.reqs[slot as usize] =
             Some(Request { id: a.id, generation, priority: a.priority, doomed: None, started: false, body });
         self.alive[slot as usize] = generation;
@@ -954,8 +1118,15 @@ impl Policy for CellularPolicy {
         if let Some(d) = a.deadline {
             self.deadlines.push(Reverse((d, slot, generation)));
         }
-        if chain {
+        if kind == 0 {
             self.queue_chain(slot, false);
+        } else if kind == 1 {
+            // Its leaves, ready now, as one entry.
+            let t = self.trees[slot as usize].as_mut().expect("live tree request");
+            let (n, leaf_type) = (t.leaves_ready(), t.leaf_type as usize);
+            let q = &mut self.types[leaf_type];
+            q.ready_unpinned += n;
+            push_unpinned(&mut q.unpinned, a.priority, SgRef { slot, generation, sg: LEAVES }, false);
         } else {
             let n = self.req_mut(slot).graph().nodes.len();
             for node in 0..n {
@@ -1040,6 +1211,32 @@ impl Policy for CellularPolicy {
                 }
             }
         }
+        // Tree requests: finished leaves count towards opening the inner subgraph; an inner
+        // subgraph whose last task this was is unpinned.
+        for &(slot, rows) in &rec.trees {
+            // Doomed requests are not alive.
+            let doomed = self.alive[slot as usize] == 0;
+            let t = self.trees[slot as usize].as_mut().expect("live tree request");
+            t.inflight -= 1;
+            if t.inflight == 0 {
+                idle.push(slot);
+            }
+            if rec.ty == t.leaf_type {
+                t.leaves_left -= rows;
+                if t.leaves_left == 0 && !doomed {
+                    // The inner subgraph's external dependencies have all finished.
+                    t.open_inner();
+                    self.queue_inner(slot, false);
+                }
+            } else if t.last_task == task
+                && let Inner::Pinned(w) = t.inner
+            {
+                // Its pin counter is 0: its ready nodes were ready before anything queued since,
+                // so they go first among their priority.
+                self.types[ty].ready_pinned[w as usize] -= t.inner_ready();
+                self.queue_inner(slot, true);
+            }
+        }
         // Chains whose run left with this task: the next run (its external dependency is this
         // run's last node) is ready now, or the request is finished.
         for &slot in &rec.releases {
@@ -1067,6 +1264,7 @@ impl Policy for CellularPolicy {
         idle.clear();
         self.idle_slots = idle;
         recycle(&mut self.spare_rows, rec.rows);
+        recycle(&mut self.spare_rows, rec.trees);
         recycle(&mut self.spare_slots, rec.releases);
         self.tidy_deadlines();
         self.schedule();

@@ -381,6 +381,71 @@ impl Harness {
                     }
                     ChainState::Idle => self.fail(format!("chain {} idle between events", r.id)),
                 },
+                Body::Tree => {
+                    let t = p.trees[slot as usize].as_ref().unwrap();
+                    let shape = t.graph.plan().and_then(|p| p.tree.as_ref()).unwrap();
+                    let (lt, it) = (shape.leaf_type as usize, shape.inner_type as usize);
+                    if t.inflight as usize != h.inflight {
+                        self.fail(format!("tree {} inflight {} want {}", r.id, t.inflight, h.inflight));
+                    }
+                    let generation = r.generation;
+                    let entries = |q: &mut dyn Iterator<Item = &SgRef>, sg: u32| {
+                        q.filter(|e| e.slot == slot && e.generation == generation && e.sg == sg).count()
+                    };
+                    let in_queues = |ty: usize, sg: u32| {
+                        p.types[ty]
+                            .unpinned
+                            .iter()
+                            .map(|l| {
+                                let n = entries(&mut l.q.iter(), sg);
+                                if n > 0 && l.priority != r.priority {
+                                    self.fail(format!("entry of tree {} at wrong priority", r.id));
+                                }
+                                n
+                            })
+                            .sum::<usize>()
+                    };
+                    if t.leaves_ready() > 0 {
+                        unp_graph[lt] += t.leaves_ready();
+                        if in_queues(lt, tree::LEAVES) != 1 {
+                            self.fail(format!("tree {} with leaves ready has no single entry", r.id));
+                        }
+                    }
+                    let submitted_leaves =
+                        shape.leaves.iter().filter(|&&v| self.submitted.contains_key(&(r.id, v)));
+                    if r.doomed.is_none() && submitted_leaves.count() != t.leaf_next as usize {
+                        self.fail(format!("tree {} leaf cursor {}", r.id, t.leaf_next));
+                    }
+                    let ready = t.inner_ready();
+                    match t.inner {
+                        Inner::Waiting => {
+                            if t.leaves_left == 0 || ready != 0 {
+                                self.fail(format!("tree {} waiting with leaves done or ready nodes", r.id));
+                            }
+                        }
+                        Inner::Queued => {
+                            unp_graph[it] += ready;
+                            if ready == 0 || in_queues(it, tree::INNER) != 1 {
+                                self.fail(format!("queued tree {} has {ready} ready, not one entry", r.id));
+                            }
+                        }
+                        Inner::Pinned(w) => {
+                            pin_graph[it][w as usize] += ready;
+                            let n = entries(&mut p.types[it].pinned_trees[w as usize].iter(), t.pin);
+                            if ready == 0 || n != 1 {
+                                self.fail(format!(
+                                    "tree {} pinned to {w} with {ready} ready, {n} entries",
+                                    r.id
+                                ));
+                            }
+                        }
+                        Inner::Drained => {
+                            if ready != 0 || (r.doomed.is_none() && !t.inner_submitted()) {
+                                self.fail(format!("tree {} drained with nodes left", r.id));
+                            }
+                        }
+                    }
+                }
                 Body::Graph(g) => {
                     for s in &g.sgs {
                         match s.queued {
@@ -498,10 +563,65 @@ impl Harness {
     }
 }
 
+/// A random tree, of any fan-out, as parent indices (the root's is -1).
+fn random_parents(rng: &mut StdRng) -> Vec<i32> {
+    let most = if rng.random_bool(0.2) { 40 } else { 12 };
+    let n: usize = rng.random_range(2..most);
+    let bushy = rng.random_bool(0.3);
+    let mut parents = vec![-1];
+    for i in 1..n {
+        // Bushy trees hang most nodes off a few; the others grow deep.
+        let p = if bushy { rng.random_range(0..i.min(3)) } else { rng.random_range(i.saturating_sub(3)..i) };
+        parents.push(p as i32);
+    }
+    parents
+}
+
 fn random_graph(rng: &mut StdRng, nt: usize) -> Option<Arc<CellGraph>> {
-    match rng.random_range(0..6) {
+    match rng.random_range(0..9) {
         0 => None,
-        1 | 2 => {
+        6 | 7 if nt >= 2 => {
+            // A tree (leaves type 0, internal nodes type 1): the tree request processor.
+            Some(Arc::new(CellGraph::tree_of_parents(&random_parents(rng)).unwrap()))
+        }
+        6..=8 if nt >= 2 => {
+            // A tree-shaped DAG: leaves of one type under inner nodes of a higher one that may have
+            // several inner predecessors, so that more nodes can become ready than were submitted.
+            let leaf = rng.random_range(0..nt - 1);
+            let inner = rng.random_range(leaf + 1..nt);
+            let n_inner = rng.random_range(1..10);
+            let n_leaves = rng.random_range(1..12);
+            let n = n_inner + n_leaves;
+            // Leaves first (lower ids), then inner nodes; each inner node depends on earlier inner
+            // nodes and on leaves; every leaf feeds some inner node.
+            let mut types = vec![leaf as CellType; n_leaves];
+            types.extend(vec![inner as CellType; n_inner]);
+            let mut preds = vec![Vec::new(); n];
+            for l in 0..n_leaves {
+                let v = n_leaves + rng.random_range(0..n_inner);
+                preds[v].push(l as u32);
+            }
+            for i in 1..n_inner {
+                let v = n_leaves + i;
+                for _ in 0..rng.random_range(1..3) {
+                    let j = (n_leaves + rng.random_range(0..i)) as u32;
+                    if !preds[v].contains(&j) {
+                        preds[v].push(j);
+                    }
+                }
+            }
+            // An inner node with no predecessor would be a leaf of the inner type.
+            if preds[n_leaves].is_empty() {
+                preds[n_leaves].push(0);
+            }
+            let g = CellGraph::new(types, &preds).unwrap();
+            assert!(
+                g.plan().is_none_or(|p| p.tree.is_some()),
+                "a tree-shaped DAG (not a path) has a tree shape"
+            );
+            Some(Arc::new(g))
+        }
+        1 | 2 | 6 => {
             // a path of runs
             let mut runs = Vec::new();
             let mut ty = rng.random_range(0..nt);
