@@ -57,7 +57,9 @@ pub struct SubgraphPlan {
 /// and all other nodes form one subgraph, the *inner* subgraph. A scheduler can then treat the
 /// leaves as one list, ready on arrival, and the inner subgraph level by level: it becomes
 /// schedulable once every leaf has finished, and a node of it at level `k` (one more than its
-/// highest inner predecessor, 0 with none) is ready once levels `0..k` are submitted.
+/// highest inner predecessor, 0 with none) is ready once levels `0..k` are submitted. The leaf
+/// type is below the inner type (edges never go from a higher type to a lower one), so a task's
+/// cell type says which part of a tree request it holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeShape {
     pub leaf_type: CellType,

@@ -218,15 +218,16 @@ struct PrioQueue {
 
 /// Per cell type: ready subgraphs and ready-node counts.
 struct TypeQueues {
-    /// Unpinned subgraphs (queued chain runs and graph subgraphs), highest request priority
-    /// first.
+    /// Unpinned subgraphs (queued chain runs, graph subgraphs, tree leaves and inner
+    /// subgraphs), highest request priority first.
     unpinned: Vec<PrioQueue>,
     /// Ready nodes in `unpinned`.
     ready_unpinned: usize,
     /// Graph subgraphs pinned to each worker.
     pinned: Vec<VecDeque<SgRef>>,
-    /// Inner subgraphs of tree requests pinned to each worker (`sg` is the request's pin number;
-    /// an entry whose request has been unpinned or pinned again since is stale).
+    /// Inner subgraphs of tree requests pinned to each worker, in the order they were pinned
+    /// (`sg` is the request's pin number). An entry whose request was unpinned since is stale,
+    /// and dropped when a pass meets it.
     pinned_trees: Vec<Vec<SgRef>>,
     /// Ready nodes of graph subgraphs and tree inner subgraphs pinned to each worker.
     ready_pinned: Vec<usize>,
@@ -1213,6 +1214,7 @@ impl Policy for CellularPolicy {
         }
         // Tree requests: finished leaves count towards opening the inner subgraph; an inner
         // subgraph whose last task this was is unpinned.
+        let mut unpinned = self.spare_slots.pop().unwrap_or_default();
         for &(slot, rows) in &rec.trees {
             // Doomed requests are not alive.
             let doomed = self.alive[slot as usize] == 0;
@@ -1232,11 +1234,15 @@ impl Policy for CellularPolicy {
                 && let Inner::Pinned(w) = t.inner
             {
                 // Its pin counter is 0: its ready nodes were ready before anything queued since,
-                // so they go first among their priority.
+                // so they go first among their priority (in row order: queued below).
                 self.types[ty].ready_pinned[w as usize] -= t.inner_ready();
-                self.queue_inner(slot, true);
+                unpinned.push(slot);
             }
         }
+        for &slot in unpinned.iter().rev() {
+            self.queue_inner(slot, true);
+        }
+        recycle(&mut self.spare_slots, unpinned);
         // Chains whose run left with this task: the next run (its external dependency is this
         // run's last node) is ready now, or the request is finished.
         for &slot in &rec.releases {

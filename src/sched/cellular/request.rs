@@ -1,5 +1,6 @@
-//! The request processor of cellular batching (BatchMaker §4.2) for graph requests (`treelstm`,
-//! and any cell graph that is not one path — paths are `chain` requests): per-request dependency
+//! The request processor of cellular batching (BatchMaker §4.2) for graph requests (any cell
+//! graph that is neither one path — a `chain` request — nor tree-shaped — a `tree` request, such
+//! as `treelstm`'s): per-request dependency
 //! and subgraph tracking, with no allocation per scheduling step.
 //!
 //! A request's state lives in three arrays (nodes, edges, subgraphs) whose buffers are recycled
@@ -21,8 +22,10 @@ pub(super) enum Where {
     Pinned(u32),
 }
 
-/// A queue entry naming one subgraph of one request. Entries go stale when the subgraph moves
-/// queue or the request leaves; they are skipped when met.
+/// A queue entry naming one subgraph of one request: for a chain its run, for a graph request
+/// its subgraph, for a tree request `tree::LEAVES` (all its ready leaves), `tree::INNER` (its
+/// unpinned inner subgraph) or, in a pinned tree list, the request's pin number. Entries go stale
+/// when the subgraph moves queue or the request leaves; they are skipped when met.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct SgRef {
     pub slot: u32,

@@ -545,3 +545,44 @@ fn a_chain_cancelled_while_unpinned_completes_at_once_though_its_worker_is_busy(
     assert_eq!(drain(&mut p), vec![done(2, Code::Ok)]);
     assert_eq!((p.queued(), p.running()), (0, 0));
 }
+
+#[test]
+fn tree_inner_subgraphs_queue_in_the_order_they_become_schedulable() {
+    // Leaves (max 2) outrank internal nodes (max 1), so leaf tasks go first while leaves fill one.
+    let mut p = CellularPolicy::new(cfg(&[("leaf", 2, 2), ("internal", 1, 1)], 1, 1)).unwrap();
+    arrive(&mut p, us(0), 1, tree(&[-1, 0, 0]));
+    arrive(&mut p, us(0), 2, tree(&[-1, 0, 0]));
+    arrive(&mut p, us(0), 3, tree(&[-1, 0, 0, 0, 0, 0, 0]));
+    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 1), (1, 2)])]);
+    p.task_done(us(1), 0); // 1's inner subgraph is schedulable
+    assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(2, 1), (2, 2)])]);
+    p.task_done(us(2), 1); // then 2's
+    assert_eq!(drain(&mut p), vec![launch(2, 0, 0, &[(3, 1), (3, 2)])]);
+    p.task_done(us(3), 2);
+    assert_eq!(drain(&mut p), vec![launch(3, 0, 0, &[(3, 3), (3, 4)])]);
+    p.task_done(us(4), 3);
+    assert_eq!(drain(&mut p), vec![launch(4, 0, 0, &[(3, 5), (3, 6)])]);
+    p.task_done(us(5), 4);
+    // Three roots ready, room for one: the first to become ready.
+    assert_eq!(drain(&mut p), vec![launch(5, 0, 1, &[(1, 0)])]);
+}
+
+#[test]
+fn an_unpinned_tree_inner_subgraph_goes_before_those_queued_since() {
+    let mut p = CellularPolicy::new(cfg(&[("leaf", 2, 2), ("internal", 1, 1)], 2, 1)).unwrap();
+    // 1: 0 ← 1 ← {2, 3}: inner levels {1}, {0}.
+    arrive(&mut p, us(0), 1, tree(&[-1, 0, 1, 1]));
+    arrive(&mut p, us(0), 2, tree(&[-1, 0, 0]));
+    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 2), (1, 3)]), launch(1, 1, 0, &[(2, 1), (2, 2)])]);
+    p.task_done(us(1), 0);
+    assert_eq!(drain(&mut p), vec![launch(2, 0, 1, &[(1, 1)])], "1's node 0 is now pinned to worker 0");
+    arrive(&mut p, us(2), 3, tree(&[-1, 0, 0, 0, 0, 0, 0]));
+    p.task_done(us(3), 1); // 2's root is queued; worker 1 prefers a full leaf task
+    assert_eq!(drain(&mut p), vec![launch(3, 1, 0, &[(3, 1), (3, 2)])]);
+    p.task_done(us(4), 2); // 1 is unpinned: it was ready before 2's root
+    assert_eq!(drain(&mut p), vec![launch(4, 0, 0, &[(3, 3), (3, 4)])]);
+    p.task_done(us(5), 3);
+    assert_eq!(drain(&mut p), vec![launch(5, 1, 0, &[(3, 5), (3, 6)])]);
+    p.task_done(us(6), 4);
+    assert_eq!(drain(&mut p), vec![launch(6, 0, 1, &[(1, 0)])]);
+}

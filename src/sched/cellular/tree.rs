@@ -69,8 +69,10 @@ pub(super) struct Tree {
     /// While aligned (`general` is `None`): the level ending at `tail`.
     pub level: u32,
     pub general: Option<Box<General>>,
-    /// Numbers the request's pins, so that an entry left in a pinned list by an earlier pin is
-    /// recognised as stale.
+    /// Numbers the request's pins; a pinned list's entry must carry the current one. A safeguard:
+    /// an entry of an earlier pin to the same worker cannot be met, since re-pinning to a worker
+    /// happens only after a pass over that worker's whole list (a task with room for unpinned
+    /// subgraphs) has dropped every stale entry in it.
     pub pin: u32,
     /// Unfinished tasks holding nodes of it.
     pub inflight: u32,
