@@ -990,19 +990,12 @@ impl CellularPolicy {
             None if finished => Code::Ok,
             None => return,
         };
-        let r = self.reqs[slot as usize].take().expect("live request slot");
-        self.by_id.remove(&r.id);
-        self.free.push(slot);
-        self.alive[slot as usize] = 0;
-        if r.started {
-            self.running -= 1;
-        } else {
-            self.queued -= 1;
-        }
-        self.out.push_back(Decision::Complete { id: r.id, code });
-        match r.body {
+        // Read in place and dropped in place: moving the record out costs a copy per request.
+        let r = self.reqs[slot as usize].as_mut().expect("live request slot");
+        let (id, started) = (r.id, r.started);
+        match &mut r.body {
             Body::Graph(g) => {
-                let bufs = g.into_bufs();
+                let bufs = std::mem::take(&mut **g).into_bufs();
                 if bufs.worth_keeping() && self.spare_reqs.len() < MAX_SPARE {
                     self.spare_reqs.push(bufs);
                 }
@@ -1013,6 +1006,16 @@ impl CellularPolicy {
             }
             Body::Chain(_) => {}
         }
+        self.reqs[slot as usize] = None;
+        self.by_id.remove(&id);
+        self.free.push(slot);
+        self.alive[slot as usize] = 0;
+        if started {
+            self.running -= 1;
+        } else {
+            self.queued -= 1;
+        }
+        self.out.push_back(Decision::Complete { id, code });
     }
 
     /// Stop the request at the next cell boundary with `code`.
@@ -1214,7 +1217,8 @@ impl Policy for CellularPolicy {
         }
         // Tree requests: finished leaves count towards opening the inner subgraph; an inner
         // subgraph whose last task this was is unpinned.
-        let mut unpinned = self.spare_slots.pop().unwrap_or_default();
+        let mut unpinned =
+            if rec.trees.is_empty() { Vec::new() } else { self.spare_slots.pop().unwrap_or_default() };
         for &(slot, rows) in &rec.trees {
             // Doomed requests are not alive.
             let doomed = self.alive[slot as usize] == 0;
@@ -1242,7 +1246,9 @@ impl Policy for CellularPolicy {
         for &slot in unpinned.iter().rev() {
             self.queue_inner(slot, true);
         }
-        recycle(&mut self.spare_slots, unpinned);
+        if unpinned.capacity() > 0 {
+            recycle(&mut self.spare_slots, unpinned);
+        }
         // Chains whose run left with this task: the next run (its external dependency is this
         // run's last node) is ready now, or the request is finished.
         for &slot in &rec.releases {

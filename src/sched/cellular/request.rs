@@ -91,6 +91,7 @@ impl Bufs {
 }
 
 /// The dependency state of one graph request.
+#[derive(Default)]
 pub(super) struct Req {
     pub nodes: Vec<Node>,
     /// Successor lists of every node (CSR, see [`Node`]), then the roots of every subgraph.
