@@ -888,13 +888,13 @@ impl CellularPolicy {
             return true;
         }
         let t = self.trees[at.slot as usize].as_mut().expect("live tree request");
-        let (id, first) = (t.id, t.last_task == TaskId::MAX);
+        let first = t.last_task == TaskId::MAX;
         let room = max - f.out.requests.len();
         let (taken, used) = if from == Where::Unpinned && at.sg == LEAVES {
             if t.leaves_ready() == 0 {
                 return true; // stale: dropped
             }
-            let k = t.take_leaves(id, room, &mut f.out.requests, &mut f.out.nodes);
+            let k = t.take_leaves(room, &mut f.out.requests, &mut f.out.nodes);
             self.types[t.leaf_type as usize].ready_unpinned -= k;
             (k, t.leaves_ready() == 0)
         } else {
@@ -906,7 +906,7 @@ impl CellularPolicy {
                 return true; // stale: unpinned, pinned again, drained or dropped since
             }
             let before = t.inner_ready();
-            let (k, made) = t.take_inner(id, room, &mut f.out.requests, &mut f.out.nodes);
+            let (k, made) = t.take_inner(room, &mut f.out.requests, &mut f.out.nodes);
             let left = before - k + made;
             let q = &mut self.types[t.inner_type as usize];
             match from {

@@ -138,17 +138,11 @@ impl Tree {
         (self.tail - self.head) as usize
     }
 
-    /// Up to `room` leaves as rows of request `id`, in order; returns how many.
-    pub fn take_leaves(
-        &mut self,
-        id: RequestId,
-        room: usize,
-        requests: &mut Vec<RequestId>,
-        nodes: &mut Vec<u32>,
-    ) -> usize {
+    /// Up to `room` leaves as rows, in order; returns how many.
+    pub fn take_leaves(&mut self, room: usize, requests: &mut Vec<RequestId>, nodes: &mut Vec<u32>) -> usize {
         let from = self.leaf_next as usize;
         let k = room.min(self.leaves_ready());
-        requests.extend(std::iter::repeat_n(id, k));
+        requests.extend(std::iter::repeat_n(self.id, k));
         push_all(nodes, &self.lists[from..from + k]);
         self.leaf_next += k as u32;
         k
@@ -162,12 +156,11 @@ impl Tree {
         self.inner_ready()
     }
 
-    /// Up to `room` ready inner nodes as rows of request `id`, in ready order. The nodes this
+    /// Up to `room` ready inner nodes as rows, in ready order. The nodes this
     /// makes ready (their inner predecessors all submitted now) are ready from the next task on.
     /// Returns (rows taken, nodes made ready).
     pub fn take_inner(
         &mut self,
-        id: RequestId,
         room: usize,
         requests: &mut Vec<RequestId>,
         nodes: &mut Vec<u32>,
@@ -177,7 +170,7 @@ impl Tree {
         if k == 0 {
             return (0, 0);
         }
-        requests.extend(std::iter::repeat_n(id, k));
+        requests.extend(std::iter::repeat_n(self.id, k));
         self.head += k as u32;
         let plan = || self.graph.plan().expect("a tree request has a plan");
         let Some(g) = &mut self.general else {
@@ -258,7 +251,7 @@ mod tests {
 
     fn take(t: &mut Tree, room: usize) -> (Vec<u32>, usize) {
         let (mut requests, mut nodes) = (Vec::new(), Vec::new());
-        let (k, made) = t.take_inner(t.id, room, &mut requests, &mut nodes);
+        let (k, made) = t.take_inner(room, &mut requests, &mut nodes);
         assert_eq!((requests, k), (vec![t.id; nodes.len()], nodes.len()));
         (nodes, made)
     }
@@ -270,8 +263,8 @@ mod tests {
         let mut t = Tree::new(7, g, vec![99; 3]);
         assert_eq!((t.leaves_ready(), t.inner_ready(), t.inner), (4, 0, Inner::Waiting));
         let (mut requests, mut nodes) = (Vec::new(), Vec::new());
-        assert_eq!(t.take_leaves(7, 3, &mut requests, &mut nodes), 3);
-        assert_eq!(t.take_leaves(7, 3, &mut requests, &mut nodes), 1);
+        assert_eq!(t.take_leaves(3, &mut requests, &mut nodes), 3);
+        assert_eq!(t.take_leaves(3, &mut requests, &mut nodes), 1);
         assert_eq!((requests, nodes, t.leaves_ready()), (vec![7; 4], vec![3, 4, 5, 6], 0));
         assert_eq!(t.open_inner(), 2);
         assert_eq!(take(&mut t, 8), (vec![1, 2], 1), "the whole level: the next one is ready");
@@ -287,7 +280,7 @@ mod tests {
         let parents = [-1, 4, 4, 5, 0, 0, 1, 1, 2, 2, 3, 3];
         let g = Arc::new(CellGraph::tree_of_parents(&parents).unwrap());
         let mut t = Tree::new(1, g, Vec::new());
-        t.take_leaves(1, 6, &mut Vec::new(), &mut Vec::new());
+        t.take_leaves(6, &mut Vec::new(), &mut Vec::new());
         assert_eq!(t.open_inner(), 3);
         // Room for two of three: 1 and 2 go, which makes 4 ready; 5 waits for 3.
         assert_eq!(take(&mut t, 2), (vec![1, 2], 1));
@@ -305,7 +298,7 @@ mod tests {
         let preds = [vec![], vec![], vec![0], vec![1], vec![2, 3], vec![2]];
         let g = Arc::new(CellGraph::new(vec![0, 0, 1, 1, 1, 1], &preds).unwrap());
         let mut t = Tree::new(1, g, Vec::new());
-        t.take_leaves(1, 2, &mut Vec::new(), &mut Vec::new());
+        t.take_leaves(2, &mut Vec::new(), &mut Vec::new());
         assert_eq!(t.open_inner(), 2);
         // Only 2 goes: 5 is ready (its one predecessor is submitted), 4 is not (3 is not).
         assert_eq!(take(&mut t, 1), (vec![2], 1));
@@ -318,7 +311,7 @@ mod tests {
     fn dropping_drops_every_ready_node() {
         let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0]).unwrap());
         let mut t = Tree::new(1, g, Vec::new());
-        t.take_leaves(1, 1, &mut Vec::new(), &mut Vec::new());
+        t.take_leaves(1, &mut Vec::new(), &mut Vec::new());
         assert_eq!(t.drop_ready(), (1, 0));
         assert_eq!((t.leaves_ready(), t.inner), (0, Inner::Drained));
     }
