@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use common::{assert_close, input, mlp_dir, tempdir};
+use common::{assert_close, input, mlp_dir, stress_submit, tempdir};
 use serve::model::weights::{Tensor, write_safetensors};
 use serve::{
     BackendChoice, Code, CompletionQueue, Input, ModelOptions, Output, PolicyConfig, Runtime, SubmitOptions,
@@ -385,27 +385,11 @@ fn every_request_completes_exactly_once_under_stress() {
                     } else {
                         SubmitOptions::default()
                     };
-                    let mut result = model.submit_to(Input::F32(vec![0.25; 16]), opts, &q, tag);
-                    // BUSY is admission control doing its job: back off and retry.
-                    while result.as_ref().is_err_and(|e| e.code() == Code::Busy) {
-                        std::thread::yield_now();
-                        result = model.submit_to(Input::F32(vec![0.25; 16]), opts, &q, tag);
-                    }
-                    match result {
-                        Ok(id) => {
-                            accepted.push(tag);
-                            submitted.fetch_add(1, Ordering::Relaxed);
-                            if rng.random_bool(0.05) {
-                                rt.cancel(id).unwrap();
-                            }
-                        }
-                        Err(e) => {
-                            assert!(
-                                matches!(e.code(), Code::Shutdown | Code::DeadlineExceeded),
-                                "unexpected refusal {e}"
-                            );
-                            refused.push(tag);
-                        }
+                    if stress_submit(&rt, &model, || Input::F32(vec![0.25; 16]), opts, &q, tag, &mut rng) {
+                        accepted.push(tag);
+                        submitted.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        refused.push(tag);
                     }
                 }
                 (accepted, refused)

@@ -457,7 +457,7 @@ impl Engine {
             match d {
                 Decision::Launch(l) => {
                     let worker = l.worker;
-                    if self.launch(model, l).is_err() {
+                    if !self.launch(model, l) {
                         failed.push(worker);
                     }
                 }
@@ -466,10 +466,10 @@ impl Engine {
         }
     }
 
-    /// Gather the batch input and start it on its worker; `Err(task)` if the launch failed (the
-    /// task is then recorded as done, with its error, and must be finished by the caller once it
-    /// is first in its worker's launch order).
-    fn launch(&mut self, model: usize, l: Launch) -> std::result::Result<(), TaskId> {
+    /// Gather the batch input and start it on its worker; false if the launch failed (the task is
+    /// then recorded as done, with its error, and must be finished by the caller once it is first
+    /// in its worker's launch order).
+    fn launch(&mut self, model: usize, l: Launch) -> bool {
         let state = self.models[model].as_mut().expect("model present");
         let work = if l.nodes.is_empty() {
             let in_len = state.io.0;
@@ -514,7 +514,7 @@ impl Engine {
                 let sent = self.poller.send(cmd);
                 self.poller_thread.unpark();
                 match sent {
-                    Ok(()) => return Ok(()),
+                    Ok(()) => return true,
                     Err(_) => Error::internal("the completion poller has stopped"),
                 }
             }
@@ -524,7 +524,7 @@ impl Engine {
         if let Some(entry) = state.tasks.get_mut(&l.task) {
             entry.done = true;
         }
-        Err(l.task)
+        false
     }
 
     fn complete(&mut self, id: RequestId, code: Code) {

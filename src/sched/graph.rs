@@ -73,38 +73,49 @@ pub struct TreeShape {
 }
 
 impl TreeShape {
-    /// The tree shape of `g`, whose subgraphs are `node_sg`, if it has one.
-    fn of(g: &CellGraph, node_sg: &[u32]) -> Option<TreeShape> {
+    /// The tree shape of `g`, whose subgraph structure is `plan` (all but its `tree`), if it has
+    /// one. Levels come from the plan's inner successor lists: no second pass over the graph.
+    fn of(g: &CellGraph, plan: &SubgraphPlan) -> Option<TreeShape> {
         let n = g.len();
-        let (start, _) = g.successors();
-        let has_succ = |v: usize| start[v + 1] > start[v];
-        let leaves: Vec<u32> = (0..n as u32).filter(|&v| g.preds(v as usize).is_empty()).collect();
-        let &first_inner = (0..n as u32).find(|&v| !g.preds(v as usize).is_empty()).as_ref()?;
+        let is_leaf = |v: usize| g.preds(v).is_empty();
+        let first_inner = (0..n).find(|&v| !is_leaf(v))?;
+        let inner_sg = plan.node_sg[first_inner];
+        let leaves: Vec<u32> = (0..n as u32).filter(|&v| is_leaf(v as usize)).collect();
         let leaf_type = g.types[leaves[0] as usize];
-        let inner_sg = node_sg[first_inner as usize];
-        let leaves_ok = leaves.iter().all(|&v| {
-            g.types[v as usize] == leaf_type && has_succ(v as usize) && node_sg[v as usize] != inner_sg
+        let leaves_ok = leaves.iter().map(|&v| v as usize).all(|v| {
+            g.types[v] == leaf_type
+                && plan.succ_start[v + 1] > plan.succ_start[v]
+                && plan.node_sg[v] != inner_sg
         });
         // Every inner node in one subgraph; a leaf is then a subgraph of its own, since a leaf
         // next to a node of its type would share that node's subgraph.
-        let inner_ok = (0..n).all(|v| g.preds(v).is_empty() || node_sg[v] == inner_sg);
+        let inner_ok = (0..n).all(|v| is_leaf(v) || plan.node_sg[v] == inner_sg);
         if !(leaves_ok && inner_ok) {
             return None;
         }
-        let level = g.levels();
-        let mut order: Vec<u32> = (0..n as u32).filter(|&v| !g.preds(v as usize).is_empty()).collect();
-        order.sort_by_key(|&v| (level[v as usize], v));
-        let mut level_end: Vec<u32> = Vec::new();
-        for (i, &v) in order.iter().enumerate() {
-            let k = level[v as usize] as usize;
-            if k == level_end.len() {
-                level_end.push(i as u32);
+        // Levels, in a topological pass from the inner subgraph's roots (level 0).
+        let sg = inner_sg as usize;
+        let mut order = plan.roots[plan.roots_start[sg] as usize..plan.roots_start[sg + 1] as usize].to_vec();
+        let (mut level, mut left) = (vec![0u32; n], plan.internal_preds.clone());
+        let mut next = 0;
+        while let Some(&v) = order.get(next) {
+            next += 1;
+            for &s in plan.internal_successors(v) {
+                level[s as usize] = level[s as usize].max(level[v as usize] + 1);
+                left[s as usize] -= 1;
+                if left[s as usize] == 0 {
+                    order.push(s);
+                }
             }
-            debug_assert_eq!(k + 1, level_end.len(), "levels have no gaps");
         }
-        level_end.remove(0);
+        order.sort_by_key(|&v| (level[v as usize], v));
+        // Each level's end: where the next level starts, then the end of `order`.
+        let mut level_end: Vec<u32> = (1..order.len())
+            .filter(|&i| level[order[i] as usize] != level[order[i - 1] as usize])
+            .map(|i| i as u32)
+            .collect();
         level_end.push(order.len() as u32);
-        Some(TreeShape { leaf_type, inner_type: g.types[first_inner as usize], leaves, order, level_end })
+        Some(TreeShape { leaf_type, inner_type: g.types[first_inner], leaves, order, level_end })
     }
 }
 
@@ -167,9 +178,8 @@ impl SubgraphPlan {
                 fill_root[sg as usize] += 1;
             }
         }
-        let tree = TreeShape::of(g, &node_sg);
-        SubgraphPlan {
-            tree,
+        let mut plan = SubgraphPlan {
+            tree: None,
             node_sg,
             internal_preds,
             succ_start,
@@ -179,7 +189,14 @@ impl SubgraphPlan {
             external_preds,
             roots_start,
             roots,
-        }
+        };
+        plan.tree = TreeShape::of(g, &plan);
+        plan
+    }
+
+    /// The successors of node `v` in its own subgraph, ascending.
+    pub fn internal_successors(&self, v: u32) -> &[u32] {
+        &self.succ[self.succ_start[v as usize] as usize..self.succ_ext[v as usize] as usize]
     }
 }
 
@@ -566,6 +583,23 @@ mod tests {
         assert_eq!(g.plan().unwrap().tree, None);
         let g = CellGraph::new(vec![0, 0, 1], &[vec![], vec![], vec![0]]).unwrap();
         assert_eq!(g.plan().unwrap().tree, None);
+        // The shape's levels are `levels()`'s, on TreeBank-like trees (those of one or two nodes
+        // are paths, with runs instead).
+        for parents in crate::workload::treebank_trees(300, 7) {
+            let g = CellGraph::tree_of_parents(&parents).unwrap();
+            let Some(shape) = g.plan().map(|p| p.tree.clone().expect("a tree has a tree shape")) else {
+                continue;
+            };
+            let level = g.levels();
+            let mut k = 0;
+            for (i, &v) in shape.order.iter().enumerate() {
+                if i == shape.level_end[k] as usize {
+                    k += 1;
+                }
+                assert_eq!(level[v as usize], k as u32, "node {v} of {parents:?}");
+            }
+            assert_eq!(shape.level_end.len(), k + 1);
+        }
     }
 
     #[test]

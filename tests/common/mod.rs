@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rand::Rng;
 use serve::model::Mlp;
+use serve::{Code, CompletionQueue, Input, Model, Runtime, SubmitOptions};
 
 pub mod gpu;
 pub mod native;
@@ -40,5 +42,36 @@ pub fn assert_close(got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "element {i}: got {g}, want {w}");
+    }
+}
+
+/// One submission of a stress test, through `q` with `tag`: retried while admission control
+/// answers BUSY (it is doing its job: back off and retry), and once admitted cancelled at random
+/// one time in 20. True if admitted; a refusal must be SHUTDOWN or DEADLINE_EXCEEDED.
+pub fn stress_submit(
+    rt: &Runtime,
+    model: &Model,
+    input: impl Fn() -> Input,
+    opts: SubmitOptions,
+    q: &CompletionQueue,
+    tag: u64,
+    rng: &mut impl Rng,
+) -> bool {
+    let mut result = model.submit_to(input(), opts, q, tag);
+    while result.as_ref().is_err_and(|e| e.code() == Code::Busy) {
+        std::thread::yield_now();
+        result = model.submit_to(input(), opts, q, tag);
+    }
+    match result {
+        Ok(id) => {
+            if rng.random_bool(0.05) {
+                rt.cancel(id).unwrap();
+            }
+            true
+        }
+        Err(e) => {
+            assert!(matches!(e.code(), Code::Shutdown | Code::DeadlineExceeded), "unexpected refusal {e}");
+            false
+        }
     }
 }

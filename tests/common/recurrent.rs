@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serve::model::{Lstm, Network, Seq2Seq, TreeLstm};
+
+use super::stress_submit;
 use serve::{
     CellularOptions, Code, CompletionQueue, Input, ModelOptions, Output, PaddingConfig, PolicyConfig,
     Runtime, SubmitOptions,
@@ -227,24 +229,11 @@ pub fn stress(rt: Arc<Runtime>, s: Stress) {
                         SubmitOptions::default()
                     };
                     let model = &models[(tag % 3) as usize];
-                    let mut result = model.submit_to(input_of(tag), opts, &q, tag);
-                    // BUSY is admission control doing its job: back off and retry.
-                    while result.as_ref().is_err_and(|e| e.code() == Code::Busy) {
-                        std::thread::yield_now();
-                        result = model.submit_to(input_of(tag), opts, &q, tag);
-                    }
-                    match result {
-                        Ok(id) => {
-                            accepted.push(tag);
-                            submitted.fetch_add(1, Ordering::Relaxed);
-                            if rng.random_bool(0.05) {
-                                rt.cancel(id).unwrap();
-                            }
-                        }
-                        Err(e) => {
-                            assert!(matches!(e.code(), Code::Shutdown | Code::DeadlineExceeded), "{e}");
-                            refused.push(tag);
-                        }
+                    if stress_submit(&rt, model, || input_of(tag), opts, &q, tag, &mut rng) {
+                        accepted.push(tag);
+                        submitted.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        refused.push(tag);
                     }
                 }
                 (accepted, refused)

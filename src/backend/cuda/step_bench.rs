@@ -7,14 +7,12 @@
 //! Every row continues a sequence (state read from and written back to the arena), in every other
 //! slot of an arena twice the batch, in reverse order, as the CPU benchmark lays it out.
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
 use crate::backend::cpu::lstm_cell::step_flops;
 use crate::backend::cuda::abi::{LstmGatherParams, LstmPointwiseParams};
 use crate::backend::cuda::kernels::{self, BLOCK, grid};
 use crate::backend::cuda::{Blas, CudaDevice, DeviceBuffer, Function, LaunchConfig, Stream};
 use crate::error::{Error, Result};
+use crate::workload::values;
 
 /// The device buffers and kernels of one LSTM layer step.
 pub struct LstmStepBench {
@@ -31,10 +29,6 @@ pub struct LstmStepBench {
     bias: DeviceBuffer<f32>,
     gates: DeviceBuffer<f32>,
     h_out: DeviceBuffer<f32>,
-}
-
-fn values(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
 }
 
 impl LstmStepBench {
@@ -58,11 +52,15 @@ impl LstmStepBench {
             }
         }
         let m = dev.kernels()?;
-        let mut rng = StdRng::seed_from_u64(seed);
+        // `workload::values`, one seed per buffer.
+        let mut next = seed.wrapping_mul(16);
+        let mut data = |n: usize, scale: f32| {
+            next += 1;
+            values(n, next, scale)
+        };
         let sc = 1.0 / (hidden as f32).sqrt();
         let (n, k) = (4 * hidden, input + hidden);
-        let bias: Vec<f32> =
-            values(&mut rng, n, sc).iter().zip(values(&mut rng, n, sc)).map(|(a, b)| a + b).collect();
+        let bias: Vec<f32> = data(n, sc).iter().zip(data(n, sc)).map(|(a, b)| a + b).collect();
         let words: Vec<u32> = (0..batch).map(|r| (2 * (batch - 1 - r)) as u32).collect();
         Ok(LstmStepBench {
             batch,
@@ -70,12 +68,12 @@ impl LstmStepBench {
             hidden,
             gather: m.function(kernels::LSTM_GATHER)?,
             pointwise: m.function(kernels::LSTM_POINTWISE)?,
-            x: s.upload(&values(&mut rng, batch * input, 1.0))?,
+            x: s.upload(&data(batch * input, 1.0))?,
             slots: s.upload(&words)?,
-            arena: s.upload(&values(&mut rng, 2 * batch * 2 * hidden, 0.5))?,
-            xh: s.upload(&values(&mut rng, batch * k, 1.0))?,
+            arena: s.upload(&data(2 * batch * 2 * hidden, 0.5))?,
+            xh: s.upload(&data(batch * k, 1.0))?,
             // `[W_ih | W_hh]` as one [4H, input + H] matrix, the operand the runner packs.
-            w: s.upload(&values(&mut rng, n * k, sc))?,
+            w: s.upload(&data(n * k, sc))?,
             bias: s.upload(&bias)?,
             gates: dev.alloc::<f32>(batch * n)?,
             h_out: dev.alloc::<f32>(batch * hidden)?,

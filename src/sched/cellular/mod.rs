@@ -225,9 +225,8 @@ struct TypeQueues {
     ready_unpinned: usize,
     /// Graph subgraphs pinned to each worker.
     pinned: Vec<VecDeque<SgRef>>,
-    /// Inner subgraphs of tree requests pinned to each worker, in the order they were pinned
-    /// (`sg` is the request's pin number). An entry whose request was unpinned since is stale,
-    /// and dropped when a pass meets it.
+    /// Inner subgraphs of tree requests pinned to each worker, in the order they were pinned. An
+    /// entry whose request was unpinned since is stale, and dropped when a pass meets it.
     pinned_trees: Vec<Vec<SgRef>>,
     /// Ready nodes of graph subgraphs and tree inner subgraphs pinned to each worker.
     ready_pinned: Vec<usize>,
@@ -435,6 +434,16 @@ impl CellularPolicy {
             Inner::Pinned(w) => q.ready_pinned[w as usize] -= inner,
             Inner::Waiting | Inner::Drained => debug_assert_eq!(inner, 0),
         }
+    }
+
+    /// Queue tree request `slot`'s leaves, ready on arrival, as one entry.
+    fn queue_leaves(&mut self, slot: u32) {
+        let r = self.reqs[slot as usize].as_ref().expect("live request slot");
+        let (priority, generation) = (r.priority, r.generation);
+        let t = self.trees[slot as usize].as_ref().expect("live tree request");
+        let q = &mut self.types[t.leaf_type as usize];
+        q.ready_unpinned += t.leaves_ready();
+        push_unpinned(&mut q.unpinned, priority, SgRef { slot, generation, sg: LEAVES }, false);
     }
 
     /// Queue tree request `slot`'s inner subgraph as unpinned, at the back of its priority (it
@@ -899,7 +908,7 @@ impl CellularPolicy {
             (k, t.leaves_ready() == 0)
         } else {
             let live = match from {
-                Where::Pinned(w) => t.inner == Inner::Pinned(w) && t.pin == at.sg,
+                Where::Pinned(w) => t.inner == Inner::Pinned(w),
                 _ => t.inner == Inner::Queued,
             };
             if !live {
@@ -921,9 +930,8 @@ impl CellularPolicy {
                 t.inner = Inner::Drained;
                 (k, true)
             } else if from == Where::Unpinned {
-                t.pin = t.pin.wrapping_add(1);
                 t.inner = Inner::Pinned(worker as u32);
-                q.pinned_trees[worker].push(SgRef { slot: at.slot, generation: at.generation, sg: t.pin });
+                q.pinned_trees[worker].push(at);
                 (k, true)
             } else {
                 (k, false)
@@ -1109,11 +1117,6 @@ impl Policy for CellularPolicy {
         } else {
             Body::Graph(Box::new(Req::new(&graph, self.spare_reqs.pop().unwrap_or_default())))
         };
-        let kind = match &body {
-            Body::Chain(_) => 0,
-            Body::Tree => 1,
-            Body::Graph(_) => 2,
-        };
         self.reqs[slot as usize] =
             Some(Request { id: a.id, generation, priority: a.priority, doomed: None, started: false, body });
         self.alive[slot as usize] = generation;
@@ -1122,20 +1125,15 @@ impl Policy for CellularPolicy {
         if let Some(d) = a.deadline {
             self.deadlines.push(Reverse((d, slot, generation)));
         }
-        if kind == 0 {
-            self.queue_chain(slot, false);
-        } else if kind == 1 {
-            // Its leaves, ready now, as one entry.
-            let t = self.trees[slot as usize].as_mut().expect("live tree request");
-            let (n, leaf_type) = (t.leaves_ready(), t.leaf_type as usize);
-            let q = &mut self.types[leaf_type];
-            q.ready_unpinned += n;
-            push_unpinned(&mut q.unpinned, a.priority, SgRef { slot, generation, sg: LEAVES }, false);
-        } else {
-            let n = self.req_mut(slot).graph().nodes.len();
-            for node in 0..n {
-                if self.req_mut(slot).graph().is_initially_ready(node) {
-                    self.push_ready(slot, node as u32);
+        match self.req(slot).body {
+            Body::Chain(_) => self.queue_chain(slot, false),
+            Body::Tree => self.queue_leaves(slot),
+            Body::Graph(_) => {
+                let n = self.req_mut(slot).graph().nodes.len();
+                for node in 0..n {
+                    if self.req_mut(slot).graph().is_initially_ready(node) {
+                        self.push_ready(slot, node as u32);
+                    }
                 }
             }
         }
@@ -1215,10 +1213,7 @@ impl Policy for CellularPolicy {
                 }
             }
         }
-        // Tree requests: finished leaves count towards opening the inner subgraph; an inner
-        // subgraph whose last task this was is unpinned.
-        let mut unpinned =
-            if rec.trees.is_empty() { Vec::new() } else { self.spare_slots.pop().unwrap_or_default() };
+        // Tree requests: finished leaves count towards opening the inner subgraph …
         for &(slot, rows) in &rec.trees {
             // Doomed requests are not alive.
             let doomed = self.alive[slot as usize] == 0;
@@ -1234,20 +1229,19 @@ impl Policy for CellularPolicy {
                     t.open_inner();
                     self.queue_inner(slot, false);
                 }
-            } else if t.last_task == task
-                && let Inner::Pinned(w) = t.inner
-            {
-                // Its pin counter is 0: its ready nodes were ready before anything queued since,
-                // so they go first among their priority (in row order: queued below).
-                self.types[ty].ready_pinned[w as usize] -= t.inner_ready();
-                unpinned.push(slot);
             }
         }
-        for &slot in unpinned.iter().rev() {
-            self.queue_inner(slot, true);
-        }
-        if unpinned.capacity() > 0 {
-            recycle(&mut self.spare_slots, unpinned);
+        // … and an inner subgraph whose last task this was is unpinned: its pin counter is 0. Its
+        // ready nodes were ready before anything queued since, so they go first among their
+        // priority, in row order (hence queued back to front).
+        for &(slot, _) in rec.trees.iter().rev() {
+            let t = self.trees[slot as usize].as_mut().expect("live tree request");
+            if let Inner::Pinned(w) = t.inner
+                && t.last_task == task
+            {
+                self.types[ty].ready_pinned[w as usize] -= t.inner_ready();
+                self.queue_inner(slot, true);
+            }
         }
         // Chains whose run left with this task: the next run (its external dependency is this
         // run's last node) is ready now, or the request is finished.

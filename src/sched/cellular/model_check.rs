@@ -431,7 +431,7 @@ impl Harness {
                         }
                         Inner::Pinned(w) => {
                             pin_graph[it][w as usize] += ready;
-                            let n = entries(&mut p.types[it].pinned_trees[w as usize].iter(), t.pin);
+                            let n = entries(&mut p.types[it].pinned_trees[w as usize].iter(), tree::INNER);
                             if ready == 0 || n != 1 {
                                 self.fail(format!(
                                     "tree {} pinned to {w} with {ready} ready, {n} entries",

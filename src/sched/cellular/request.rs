@@ -1,7 +1,7 @@
 //! The request processor of cellular batching (BatchMaker §4.2) for graph requests (any cell
 //! graph that is neither one path — a `chain` request — nor tree-shaped — a `tree` request, such
-//! as `treelstm`'s): per-request dependency
-//! and subgraph tracking, with no allocation per scheduling step.
+//! as `treelstm`'s): per-request dependency and subgraph tracking, with no allocation per
+//! scheduling step.
 //!
 //! A request's state lives in three arrays (nodes, edges, subgraphs) whose buffers are recycled
 //! from completed requests ([`Bufs`]), so an arrival in steady state allocates nothing either.
@@ -23,8 +23,8 @@ pub(super) enum Where {
 }
 
 /// A queue entry naming one subgraph of one request: for a chain its run, for a graph request
-/// its subgraph, for a tree request `tree::LEAVES` (all its ready leaves), `tree::INNER` (its
-/// unpinned inner subgraph) or, in a pinned tree list, the request's pin number. Entries go stale
+/// its subgraph, for a tree request `tree::LEAVES` (all its ready leaves) or `tree::INNER` (its
+/// inner subgraph). Entries go stale
 /// when the subgraph moves queue or the request leaves; they are skipped when met.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct SgRef {

@@ -16,12 +16,12 @@
 
 use std::sync::Arc;
 
-use crate::sched::graph::TreeShape;
+use crate::sched::graph::{SubgraphPlan, TreeShape};
 use crate::sched::{CellGraph, CellType, RequestId, TaskId};
 
 /// The queue entry (`SgRef::sg`) of a tree request's leaves …
 pub(super) const LEAVES: u32 = 0;
-/// … and of its inner subgraph while it is unpinned.
+/// … and of its inner subgraph (in an unpinned queue or a pinned tree list).
 pub(super) const INNER: u32 = 1;
 
 /// Where a tree request's inner subgraph is between events.
@@ -31,8 +31,10 @@ pub(super) enum Inner {
     Waiting,
     /// Ready nodes, unpinned: an entry in its cell type's unpinned queue.
     Queued,
-    /// Pinned to this worker, with ready nodes: an entry in that worker's pinned tree list whose
-    /// `sg` is the request's `pin`.
+    /// Pinned to this worker, with ready nodes: an entry in that worker's pinned tree list. That
+    /// list holds no other live entry of the request: re-pinning to a worker happens only in a
+    /// task with room for unpinned subgraphs, after a pass over the worker's whole list has
+    /// dropped its stale entries (those of requests no longer pinned there).
     Pinned(u32),
     /// Every node submitted, or the request doomed: nothing more to schedule.
     Drained,
@@ -69,11 +71,6 @@ pub(super) struct Tree {
     /// While aligned (`general` is `None`): the level ending at `tail`.
     pub level: u32,
     pub general: Option<Box<General>>,
-    /// Numbers the request's pins; a pinned list's entry must carry the current one. A safeguard:
-    /// an entry of an earlier pin to the same worker cannot be met, since re-pinning to a worker
-    /// happens only after a pass over that worker's whole list (a task with room for unpinned
-    /// subgraphs) has dropped every stale entry in it.
-    pub pin: u32,
     /// Unfinished tasks holding nodes of it.
     pub inflight: u32,
     /// The latest task holding nodes of it (`TaskId::MAX`: none yet, the request has not
@@ -108,7 +105,6 @@ impl Tree {
             tail: 0,
             level: 0,
             general: None,
-            pin: 0,
             inflight: 0,
             last_task: TaskId::MAX,
         }
@@ -117,6 +113,10 @@ impl Tree {
     /// The buffer, for the next request.
     pub fn into_lists(self) -> Vec<u32> {
         self.lists
+    }
+
+    fn plan(&self) -> &SubgraphPlan {
+        self.graph.plan().expect("a tree request has a plan")
     }
 
     fn order(&self) -> &[u32] {
@@ -143,7 +143,7 @@ impl Tree {
         let from = self.leaf_next as usize;
         let k = room.min(self.leaves_ready());
         requests.extend(std::iter::repeat_n(self.id, k));
-        push_all(nodes, &self.lists[from..from + k]);
+        nodes.extend_from_slice(&self.lists[from..from + k]);
         self.leaf_next += k as u32;
         k
     }
@@ -172,9 +172,8 @@ impl Tree {
         }
         requests.extend(std::iter::repeat_n(self.id, k));
         self.head += k as u32;
-        let plan = || self.graph.plan().expect("a tree request has a plan");
         let Some(g) = &mut self.general else {
-            push_all(nodes, &self.order()[head..head + k]);
+            nodes.extend_from_slice(&self.order()[head..head + k]);
             if head + k == tail {
                 // The whole level: the next one is ready.
                 self.level += 1;
@@ -183,10 +182,10 @@ impl Tree {
                 return (k, self.inner_ready());
             }
             // Part of a level: from here on, node by node. Submitted are `order[..head + k]`.
-            let (plan, order) = (plan(), self.order());
+            let (plan, order) = (self.plan(), self.order());
             let mut left = plan.internal_preds.clone();
             for &v in &order[..head + k] {
-                for &s in internal_successors(plan, v) {
+                for &s in plan.internal_successors(v) {
                     left[s as usize] -= 1;
                 }
             }
@@ -201,10 +200,10 @@ impl Tree {
             self.general = Some(Box::new(General { queue, left }));
             return (k, made);
         };
-        push_all(nodes, &g.queue[head..head + k]);
+        nodes.extend_from_slice(&g.queue[head..head + k]);
         let plan = self.graph.plan().expect("a tree request has a plan");
         for i in head..head + k {
-            for &s in internal_successors(plan, g.queue[i]) {
+            for &s in plan.internal_successors(g.queue[i]) {
                 g.left[s as usize] -= 1;
                 if g.left[s as usize] == 0 {
                     g.queue.push(s);
@@ -233,16 +232,6 @@ impl Tree {
 
 fn shape(graph: &CellGraph) -> &TreeShape {
     graph.plan().and_then(|p| p.tree.as_ref()).expect("a tree request has a tree shape")
-}
-
-/// `v.extend_from_slice(xs)` for the few nodes of a tree's level: a copying loop (the iterator
-/// knows its length, so capacity is checked once) beats a call to `memcpy` there.
-fn push_all(v: &mut Vec<u32>, xs: &[u32]) {
-    v.extend(xs.iter().copied());
-}
-
-fn internal_successors(plan: &crate::sched::graph::SubgraphPlan, v: u32) -> &[u32] {
-    &plan.succ[plan.succ_start[v as usize] as usize..plan.succ_ext[v as usize] as usize]
 }
 
 #[cfg(test)]
