@@ -352,6 +352,16 @@ impl CellularPolicy {
         }
     }
 
+    /// Queue entry `sg` of request `slot`, standing for `ready` ready nodes of cell type `ty`,
+    /// among the unpinned subgraphs of the request's priority: at the back, or at the front.
+    fn queue_unpinned(&mut self, slot: u32, sg: u32, ty: usize, ready: usize, front: bool) {
+        let r = self.req(slot);
+        let (at, priority) = (SgRef { slot, generation: r.generation, sg }, r.priority);
+        let q = &mut self.types[ty];
+        q.ready_unpinned += ready;
+        push_unpinned(&mut q.unpinned, priority, at, front);
+    }
+
     // ---- graph requests: ready-node bookkeeping --------------------------------------------
 
     /// Make `node` of graph request `slot` ready: append it to its subgraph's ready list and
@@ -438,24 +448,18 @@ impl CellularPolicy {
 
     /// Queue tree request `slot`'s leaves, ready on arrival, as one entry.
     fn queue_leaves(&mut self, slot: u32) {
-        let r = self.reqs[slot as usize].as_ref().expect("live request slot");
-        let (priority, generation) = (r.priority, r.generation);
         let t = self.trees[slot as usize].as_ref().expect("live tree request");
-        let q = &mut self.types[t.leaf_type as usize];
-        q.ready_unpinned += t.leaves_ready();
-        push_unpinned(&mut q.unpinned, priority, SgRef { slot, generation, sg: LEAVES }, false);
+        let (ty, ready) = (t.leaf_type as usize, t.leaves_ready());
+        self.queue_unpinned(slot, LEAVES, ty, ready, false);
     }
 
     /// Queue tree request `slot`'s inner subgraph as unpinned, at the back of its priority (it
     /// became schedulable now) or at the front (it was unpinned).
     fn queue_inner(&mut self, slot: u32, front: bool) {
-        let r = self.reqs[slot as usize].as_ref().expect("live request slot");
-        let (priority, generation) = (r.priority, r.generation);
         let t = self.trees[slot as usize].as_mut().expect("live tree request");
         t.inner = Inner::Queued;
-        let q = &mut self.types[t.inner_type as usize];
-        q.ready_unpinned += t.inner_ready();
-        push_unpinned(&mut q.unpinned, priority, SgRef { slot, generation, sg: INNER }, front);
+        let (ty, ready) = (t.inner_type as usize, t.inner_ready());
+        self.queue_unpinned(slot, INNER, ty, ready, front);
     }
 
     // ---- chain requests ---------------------------------------------------------------------
@@ -463,14 +467,10 @@ impl CellularPolicy {
     /// Queue chain request `slot`'s current run as an unpinned subgraph, at the back of its
     /// priority (it became ready now) or at the front (it was unpinned).
     fn queue_chain(&mut self, slot: u32, front: bool) {
-        let r = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let (priority, generation) = (r.priority, r.generation);
-        let c = r.chain();
+        let c = self.req_mut(slot).chain();
         c.state = ChainState::Queued;
-        let at = SgRef { slot, generation, sg: c.run };
-        let t = &mut self.types[c.ty as usize];
-        t.ready_unpinned += 1;
-        push_unpinned(&mut t.unpinned, priority, at, front);
+        let (run, ty) = (c.run, c.ty as usize);
+        self.queue_unpinned(slot, run, ty, 1, front);
     }
 
     /// The worker's last unfinished task of `ty` finished: its chains' pin counters are all 0.
