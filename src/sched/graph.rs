@@ -585,7 +585,8 @@ mod tests {
         assert_eq!(g.plan().unwrap().tree, None);
         // The shape's levels are `levels()`'s, on TreeBank-like trees (those of one or two nodes
         // are paths, with runs instead).
-        for parents in crate::workload::treebank_trees(300, 7) {
+        // (Miri interprets slowly: a few trees there.)
+        for parents in crate::workload::treebank_trees(if cfg!(miri) { 4 } else { 300 }, 7) {
             let g = CellGraph::tree_of_parents(&parents).unwrap();
             let Some(shape) = g.plan().map(|p| p.tree.clone().expect("a tree has a tree shape")) else {
                 continue;
