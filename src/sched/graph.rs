@@ -48,8 +48,6 @@ pub struct SubgraphPlan {
     pub external_preds: Vec<u32>,
     pub roots_start: Vec<u32>,
     pub roots: Vec<u32>,
-    /// The tree shape, when the graph has one (see [`TreeShape`]).
-    pub tree: Option<TreeShape>,
 }
 
 /// The shape of a TreeLSTM request, and of any graph like it: every node with no predecessor (a
@@ -60,16 +58,17 @@ pub struct SubgraphPlan {
 /// highest inner predecessor, 0 with none) is ready once levels `0..k` are submitted. The leaf
 /// type is below the inner type (edges never go from a higher type to a lower one), so a task's
 /// cell type says which part of a tree request it holds.
+///
+/// The lists are one allocation, which the graph holds directly: a scheduler copies it when a
+/// request arrives, and the graph is cold then (a cache miss per pointer followed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeShape {
     pub leaf_type: CellType,
     pub inner_type: CellType,
-    /// The leaves, ascending.
-    pub leaves: Vec<u32>,
-    /// The inner nodes by level, ascending within a level: level `k` is
-    /// `order[level_end[k - 1]..level_end[k]]` (from 0 for `k = 0`).
-    pub order: Vec<u32>,
-    pub level_end: Vec<u32>,
+    leaves: u32,
+    inner: u32,
+    /// [`TreeShape::leaves`], then [`TreeShape::order`], then [`TreeShape::level_end`].
+    lists: Box<[u32]>,
 }
 
 impl TreeShape {
@@ -115,7 +114,30 @@ impl TreeShape {
             .map(|i| i as u32)
             .collect();
         level_end.push(order.len() as u32);
-        Some(TreeShape { leaf_type, inner_type: g.types[first_inner], leaves, order, level_end })
+        let (n_leaves, inner) = (leaves.len() as u32, order.len() as u32);
+        let lists = [leaves, order, level_end].concat().into_boxed_slice();
+        Some(TreeShape { leaf_type, inner_type: g.types[first_inner], leaves: n_leaves, inner, lists })
+    }
+
+    /// The leaves, ascending.
+    pub fn leaves(&self) -> &[u32] {
+        &self.lists[..self.leaves as usize]
+    }
+
+    /// The inner nodes by level, ascending within a level: level `k` is
+    /// `order()[level_end()[k - 1]..level_end()[k]]` (from 0 for `k = 0`).
+    pub fn order(&self) -> &[u32] {
+        &self.lists[self.leaves as usize..(self.leaves + self.inner) as usize]
+    }
+
+    /// Each level's end in [`TreeShape::order`].
+    pub fn level_end(&self) -> &[u32] {
+        &self.lists[(self.leaves + self.inner) as usize..]
+    }
+
+    /// The three lists, one after another.
+    pub fn lists(&self) -> &[u32] {
+        &self.lists
     }
 }
 
@@ -178,8 +200,7 @@ impl SubgraphPlan {
                 fill_root[sg as usize] += 1;
             }
         }
-        let mut plan = SubgraphPlan {
-            tree: None,
+        SubgraphPlan {
             node_sg,
             internal_preds,
             succ_start,
@@ -189,9 +210,7 @@ impl SubgraphPlan {
             external_preds,
             roots_start,
             roots,
-        };
-        plan.tree = TreeShape::of(g, &plan);
-        plan
+        }
     }
 
     /// The successors of node `v` in its own subgraph, ascending.
@@ -217,6 +236,8 @@ pub struct CellGraph {
     max_type: CellType,
     /// The subgraph structure when the graph is not a path.
     plan: Option<Box<SubgraphPlan>>,
+    /// The tree shape, when the graph has one (see [`TreeShape`]).
+    tree: Option<TreeShape>,
 }
 
 impl CellGraph {
@@ -233,6 +254,7 @@ impl CellGraph {
             first_run: None,
             max_type: 0,
             plan: None,
+            tree: None,
         };
         g.pred_start.push(0);
         for &(ty, len) in chains {
@@ -266,6 +288,7 @@ impl CellGraph {
             first_run: None,
             max_type: 0,
             plan: None,
+            tree: None,
         };
         g.pred_start.push(0);
         for (i, ps) in preds.iter().enumerate() {
@@ -313,7 +336,9 @@ impl CellGraph {
         self.first_run = self.runs.as_ref().map(|r| r[0]);
         self.max_type = self.types.iter().copied().max().unwrap_or(0);
         if self.runs.is_none() && !self.is_empty() {
-            self.plan = Some(Box::new(SubgraphPlan::of(self)));
+            let plan = SubgraphPlan::of(self);
+            self.tree = TreeShape::of(self, &plan);
+            self.plan = Some(Box::new(plan));
         }
     }
 
@@ -321,6 +346,11 @@ impl CellGraph {
     /// [`CellGraph::runs`]; and for an empty graph).
     pub fn plan(&self) -> Option<&SubgraphPlan> {
         self.plan.as_deref()
+    }
+
+    /// The tree shape, for a graph that has one.
+    pub fn tree_shape(&self) -> Option<&TreeShape> {
+        self.tree.as_ref()
     }
 
     /// The runs of a path graph (every node but the first depends on exactly the node before it),
@@ -553,53 +583,49 @@ mod tests {
         // 0 = root over 1 (internal) and 2 (leaf); 1 over 3 (internal) and 4 (leaf); 3 over
         // leaves 5, 6. Inner levels: 3, then 1, then 0.
         let g = CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 3, 3]).unwrap();
-        let shape = g.plan().unwrap().tree.clone().expect("a tree has a tree shape");
+        let shape = g.tree_shape().expect("a tree has a tree shape");
+        assert_eq!((shape.leaf_type, shape.inner_type), (0, 1));
         assert_eq!(
-            shape,
-            TreeShape {
-                leaf_type: 0,
-                inner_type: 1,
-                leaves: vec![2, 4, 5, 6],
-                order: vec![3, 1, 0],
-                level_end: vec![1, 2, 3]
-            }
+            (shape.leaves(), shape.order(), shape.level_end()),
+            (&[2, 4, 5, 6][..], &[3, 1, 0][..], &[1, 2, 3][..])
         );
+        assert_eq!(shape.lists(), [2, 4, 5, 6, 3, 1, 0, 1, 2, 3]);
         // A bushy tree: levels hold several nodes, ascending.
         let g = CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 2, 2, 0]).unwrap();
-        let shape = g.plan().unwrap().tree.clone().unwrap();
+        let shape = g.tree_shape().unwrap();
         assert_eq!(
-            (shape.order, shape.level_end, shape.leaves),
-            (vec![1, 2, 0], vec![2, 3], vec![3, 4, 5, 6, 7])
+            (shape.order(), shape.level_end(), shape.leaves()),
+            (&[1, 2, 0][..], &[2, 3][..], &[3, 4, 5, 6, 7][..])
         );
         // Not tree-shaped: a node with no predecessor of the inner type (it joins the inner
         // subgraph) …
         let g = CellGraph::new(vec![0, 1, 1], &[vec![], vec![], vec![0, 1]]).unwrap();
-        assert_eq!(g.plan().unwrap().tree, None);
+        assert_eq!((g.plan().is_some(), g.tree_shape()), (true, None));
         // … two inner subgraphs …
         let g = CellGraph::new(vec![0, 1, 1], &[vec![], vec![0], vec![0]]).unwrap();
-        assert_eq!(g.plan().unwrap().tree, None);
+        assert_eq!((g.plan().is_some(), g.tree_shape()), (true, None));
         // … leaves of two types, or a leaf nothing depends on.
         let g = CellGraph::new(vec![0, 1, 2], &[vec![], vec![], vec![0, 1]]).unwrap();
-        assert_eq!(g.plan().unwrap().tree, None);
+        assert_eq!((g.plan().is_some(), g.tree_shape()), (true, None));
         let g = CellGraph::new(vec![0, 0, 1], &[vec![], vec![], vec![0]]).unwrap();
-        assert_eq!(g.plan().unwrap().tree, None);
+        assert_eq!((g.plan().is_some(), g.tree_shape()), (true, None));
         // The shape's levels are `levels()`'s, on TreeBank-like trees (those of one or two nodes
         // are paths, with runs instead).
         // (Miri interprets slowly: a few trees there.)
         for parents in crate::workload::treebank_trees(if cfg!(miri) { 4 } else { 300 }, 7) {
             let g = CellGraph::tree_of_parents(&parents).unwrap();
-            let Some(shape) = g.plan().map(|p| p.tree.clone().expect("a tree has a tree shape")) else {
+            let Some(shape) = g.plan().map(|_| g.tree_shape().expect("a tree has a tree shape")) else {
                 continue;
             };
             let level = g.levels();
             let mut k = 0;
-            for (i, &v) in shape.order.iter().enumerate() {
-                if i == shape.level_end[k] as usize {
+            for (i, &v) in shape.order().iter().enumerate() {
+                if i == shape.level_end()[k] as usize {
                     k += 1;
                 }
                 assert_eq!(level[v as usize], k as u32, "node {v} of {parents:?}");
             }
-            assert_eq!(shape.level_end.len(), k + 1);
+            assert_eq!(shape.level_end().len(), k + 1);
         }
     }
 

@@ -1110,7 +1110,7 @@ impl Policy for CellularPolicy {
         self.generations[slot as usize] = generation;
         let body = if graph.first_run().is_some() {
             Body::Chain(Chain::new(graph))
-        } else if graph.plan().is_some_and(|p| p.tree.is_some()) {
+        } else if graph.tree_shape().is_some() {
             self.trees[slot as usize] =
                 Some(Tree::new(a.id, graph, self.spare_slots.pop().unwrap_or_default()));
             Body::Tree

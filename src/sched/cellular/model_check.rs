@@ -383,7 +383,7 @@ impl Harness {
                 },
                 Body::Tree => {
                     let t = p.trees[slot as usize].as_ref().unwrap();
-                    let shape = t.graph.plan().and_then(|p| p.tree.as_ref()).unwrap();
+                    let shape = t.graph.tree_shape().unwrap();
                     let (lt, it) = (shape.leaf_type as usize, shape.inner_type as usize);
                     if t.inflight as usize != h.inflight {
                         self.fail(format!("tree {} inflight {} want {}", r.id, t.inflight, h.inflight));
@@ -412,7 +412,7 @@ impl Harness {
                         }
                     }
                     let submitted_leaves =
-                        shape.leaves.iter().filter(|&&v| self.submitted.contains_key(&(r.id, v)));
+                        shape.leaves().iter().filter(|&&v| self.submitted.contains_key(&(r.id, v)));
                     if r.doomed.is_none() && submitted_leaves.count() != t.leaf_next as usize {
                         self.fail(format!("tree {} leaf cursor {}", r.id, t.leaf_next));
                     }
@@ -616,7 +616,7 @@ fn random_graph(rng: &mut StdRng, nt: usize) -> Option<Arc<CellGraph>> {
             }
             let g = CellGraph::new(types, &preds).unwrap();
             assert!(
-                g.plan().is_none_or(|p| p.tree.is_some()),
+                g.plan().is_none() || g.tree_shape().is_some(),
                 "a tree-shaped DAG (not a path) has a tree shape"
             );
             Some(Arc::new(g))

@@ -1,4 +1,4 @@
-//! Tree requests (`treelstm`, and any graph with a [`TreeShape`]): leaves that are subgraphs of
+//! Tree requests (`treelstm`, and any graph with a [`TreeShape`](crate::sched::graph::TreeShape)): leaves that are subgraphs of
 //! their own, ready on arrival, under one inner subgraph. Per-node state is not needed for
 //! either part in the common case:
 //!
@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use crate::sched::graph::{SubgraphPlan, TreeShape};
+use crate::sched::graph::SubgraphPlan;
 use crate::sched::{CellGraph, CellType, RequestId, TaskId};
 
 /// The queue entry (`SgRef::sg`) of a tree request's leaves …
@@ -83,12 +83,10 @@ pub(super) struct Tree {
 impl Tree {
     /// The state of a request with graph `graph`, built in `lists` (a recycled buffer).
     pub fn new(id: RequestId, graph: Arc<CellGraph>, mut lists: Vec<u32>) -> Tree {
-        let shape = shape(&graph);
+        let shape = graph.tree_shape().expect("a tree request has a tree shape");
         lists.clear();
-        lists.extend_from_slice(&shape.leaves);
-        lists.extend_from_slice(&shape.order);
-        lists.extend_from_slice(&shape.level_end);
-        let (leaves, inner_nodes) = (shape.leaves.len() as u32, shape.order.len() as u32);
+        lists.extend_from_slice(shape.lists());
+        let (leaves, inner_nodes) = (shape.leaves().len() as u32, shape.order().len() as u32);
         let (leaf_type, inner_type) = (shape.leaf_type, shape.inner_type);
         Tree {
             id,
@@ -228,10 +226,6 @@ impl Tree {
         self.inner = Inner::Drained;
         dropped
     }
-}
-
-fn shape(graph: &CellGraph) -> &TreeShape {
-    graph.plan().and_then(|p| p.tree.as_ref()).expect("a tree request has a tree shape")
 }
 
 #[cfg(test)]
