@@ -72,8 +72,7 @@ pub struct TreeShape {
 }
 
 impl TreeShape {
-    /// The tree shape of `g`, whose subgraph structure is `plan` (all but its `tree`), if it has
-    /// one. Levels come from the plan's inner successor lists: no second pass over the graph.
+    /// The tree shape of `g`, whose subgraph structure is `plan`, if it has one. Levels come from the plan's inner successor lists: no second pass over the graph.
     fn of(g: &CellGraph, plan: &SubgraphPlan) -> Option<TreeShape> {
         let n = g.len();
         let is_leaf = |v: usize| g.preds(v).is_empty();

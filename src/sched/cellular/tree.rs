@@ -1,6 +1,7 @@
-//! Tree requests (`treelstm`, and any graph with a [`TreeShape`](crate::sched::graph::TreeShape)): leaves that are subgraphs of
-//! their own, ready on arrival, under one inner subgraph. Per-node state is not needed for
-//! either part in the common case:
+//! Tree requests (`treelstm`, and any graph with a
+//! [`TreeShape`](crate::sched::graph::TreeShape)): leaves that are subgraphs of their own, ready
+//! on arrival, under one inner subgraph. Per-node state is not needed for either part in the
+//! common case:
 //!
 //! * A leaf subgraph is one node: once that node is submitted the subgraph has nothing ready, so
 //!   pinning it changes nothing. The leaves that became ready on arrival sit next to each other
