@@ -4,7 +4,6 @@
 //! Every event (arrival, cancel, task done, shutdown) arrives through one channel; the engine owns
 //! all request and task state, so nothing here is shared or locked.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Instant;
@@ -73,17 +72,11 @@ struct TaskEntry {
     /// The request and node of each real row.
     requests: Vec<RequestId>,
     nodes: Vec<u32>,
-    /// Finished: reported by the poller, or its launch failed (its error is in `data`).
-    done: bool,
 }
 
 struct ModelState {
     m: EngineModel,
     tasks: IdMap<TaskEntry>,
-    /// Per worker: its launched, unfinished tasks in launch order. The policy learns of a
-    /// worker's tasks finishing in this order (policies rely on it), so a task whose launch
-    /// failed waits for the tasks launched before it.
-    order: Vec<VecDeque<TaskId>>,
     /// Input and output values per row.
     io: (usize, usize),
     /// State slots of a recurrent model, and the requests waiting for them.
@@ -264,17 +257,16 @@ impl Engine {
                 }
                 let io = m.runner.io_lens();
                 let slots = SlotPool::new(m.runner.state_slots());
-                self.models[idx] =
-                    Some(ModelState { m: *m, tasks: IdMap::default(), order: Vec::new(), io, slots });
+                self.models[idx] = Some(ModelState { m: *m, tasks: IdMap::default(), io, slots });
             }
-            Event::Arrive(p) => {
+            Event::Arrive(mut p) => {
                 let id = p.reply.id();
                 let model = p.model;
-                let mut p = p;
                 let cells = p.cells.take().map(RequestCells::new);
+                let recurrent = cells.is_some();
                 self.requests.insert(id, Request { pending: *p, result: None, cells, started: false });
                 let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-                if self.requests[&id].cells.is_some() {
+                if recurrent {
                     // Requests take their state slots in arrival order.
                     state.slots.waiting.push_back(id);
                     self.admit_waiting(model);
@@ -330,48 +322,18 @@ impl Engine {
         }
     }
 
-    /// The poller reports a task finished on its worker: finish it, and any task after it that
-    /// failed to launch, in launch order.
+    /// A task finished on its worker (the poller reports a worker's tasks in launch order, those
+    /// whose launch failed included): hand out its results, then tell the policy.
     fn task_done(&mut self, model: usize, task: TaskId) {
-        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        let Some(entry) = state.tasks.get_mut(&task) else { return };
-        entry.done = true;
-        let worker = entry.worker;
-        self.finish_in_order(model, vec![worker]);
-    }
-
-    /// Finish the done tasks at the front of each worker's launch order in `workers`: hand out
-    /// their results, tell the policy, carry out its decisions (a launch that fails adds its
-    /// worker). Iterative, so a worker that keeps failing does not deepen the stack.
-    fn finish_in_order(&mut self, model: usize, mut workers: Vec<usize>) {
-        while let Some(&worker) = workers.last() {
-            let Some(task) = self.pop_done(model, worker) else {
-                workers.pop();
-                continue;
-            };
-            if let Some(ended) = self.collect_results(model, task) {
-                let now = self.now();
-                if let Some(Some(state)) = self.models.get_mut(model) {
-                    for id in ended {
-                        state.m.policy.end_early(now, id);
-                    }
-                    state.m.policy.task_done(now, task);
+        if let Some(ended) = self.collect_results(model, task) {
+            let now = self.now();
+            self.with_policy(model, |p| {
+                for id in ended {
+                    p.end_early(now, id);
                 }
-            }
-            self.carry_out(model, &mut workers);
+                p.task_done(now, task)
+            });
         }
-    }
-
-    /// The first task in `worker`'s launch order, taken out if it is done.
-    fn pop_done(&mut self, model: usize, worker: usize) -> Option<TaskId> {
-        let state = self.models.get_mut(model)?.as_mut()?;
-        let order = state.order.get_mut(worker)?;
-        let &task = order.front()?;
-        if !state.tasks.get(&task).is_some_and(|e| e.done) {
-            return None;
-        }
-        order.pop_front();
-        Some(task)
     }
 
     /// Split a finished task's output (or error) among its requests. `None` for an unknown task;
@@ -385,9 +347,9 @@ impl Engine {
         let mut io = entry.data.io.lock().unwrap_or_else(|p| p.into_inner());
         let error = io.error.take();
         let output = std::mem::take(&mut io.output);
+        let mut ended = Vec::new();
         if let Work::Cells(cells) = &io.work {
-            let net = state.m.net.clone();
-            let mut ended = Vec::new();
+            let net = &*state.m.net;
             let mut finished =
                 Finished { task: cells, tokens: &io.tokens, outputs: output.chunks_exact(out_len.max(1)) };
             for (i, (id, &node)) in entry.requests.iter().zip(&entry.nodes).enumerate() {
@@ -396,7 +358,7 @@ impl Engine {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
                     None => {
                         let rc = r.cells.as_mut().expect("cell rows belong to recurrent requests");
-                        finished.row_outcome(&net, &r.pending.input, rc, i, node)
+                        finished.row_outcome(net, &r.pending.input, rc, i, node)
                     }
                 };
                 match outcome {
@@ -416,60 +378,46 @@ impl Engine {
                     }
                 }
             }
-            drop(io);
-            state.m.policy.recycle(entry.requests, entry.nodes);
-            return Some(ended);
+        } else {
+            for (row, id) in entry.requests.iter().enumerate() {
+                let Some(r) = self.requests.get_mut(id) else { continue };
+                r.result = Some(match &error {
+                    Some(e) => Err(Error::new(Code::Backend, e.message())),
+                    None => match output.get(row * out_len..(row + 1) * out_len) {
+                        Some(v) => Ok(Output::F32(v.to_vec())),
+                        None => Err(Error::internal(format!(
+                            "task {task} produced {} values for {} rows of {out_len}",
+                            output.len(),
+                            entry.data.rows
+                        ))),
+                    },
+                });
+            }
         }
         drop(io);
-        for (row, id) in entry.requests.iter().enumerate() {
-            let Some(r) = self.requests.get_mut(id) else { continue };
-            r.result = Some(match &error {
-                Some(e) => Err(Error::new(Code::Backend, e.message())),
-                None => match output.get(row * out_len..(row + 1) * out_len) {
-                    Some(v) => Ok(Output::F32(v.to_vec())),
-                    None => Err(Error::internal(format!(
-                        "task {task} produced {} values for {} rows of {out_len}",
-                        output.len(),
-                        entry.data.rows
-                    ))),
-                },
-            });
-        }
         state.m.policy.recycle(entry.requests, entry.nodes);
-        Some(Vec::new())
+        Some(ended)
     }
 
     /// Feed one event to a model's policy and carry out every decision it makes.
     fn with_policy(&mut self, model: usize, f: impl FnOnce(&mut dyn Policy)) {
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
         f(&mut *state.m.policy);
-        let mut failed = Vec::new();
-        self.carry_out(model, &mut failed);
-        self.finish_in_order(model, failed);
-    }
-
-    /// Carry out the policy's pending decisions. A task whose launch fails is marked done and
-    /// its worker added to `failed`, to be finished in order by the caller.
-    fn carry_out(&mut self, model: usize, failed: &mut Vec<usize>) {
         loop {
             let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
             let Some(d) = state.m.policy.poll() else { return };
             match d {
-                Decision::Launch(l) => {
-                    let worker = l.worker;
-                    if !self.launch(model, l) {
-                        failed.push(worker);
-                    }
-                }
+                Decision::Launch(l) => self.launch(model, l),
                 Decision::Complete { id, code } => self.complete(id, code),
             }
         }
     }
 
-    /// Gather the batch input and start it on its worker; false if the launch failed (the task is
-    /// then recorded as done, with its error, and must be finished by the caller once it is first
-    /// in its worker's launch order).
-    fn launch(&mut self, model: usize, l: Launch) -> bool {
+    /// Gather the batch input and start it on its worker. A task whose launch fails carries the
+    /// error and is watched like any other, with a target reached at once: the poller reports it
+    /// after the tasks launched before it on its worker, and policies rely on a worker's tasks
+    /// finishing in launch order.
+    fn launch(&mut self, model: usize, l: Launch) {
         let state = self.models[model].as_mut().expect("model present");
         let work = if l.nodes.is_empty() {
             let in_len = state.io.0;
@@ -495,36 +443,23 @@ impl Engine {
         };
         let data = TaskData::new(l.batch, work);
         self.stats.record_task(l.requests.len());
-        let entry = TaskEntry {
-            data: data.clone(),
-            worker: l.worker,
-            requests: l.requests,
-            nodes: l.nodes,
-            done: false,
-        };
+        let entry = TaskEntry { data: data.clone(), worker: l.worker, requests: l.requests, nodes: l.nodes };
         state.tasks.insert(l.task, entry);
-        if state.order.len() <= l.worker {
-            state.order.resize_with(l.worker + 1, VecDeque::new);
-        }
-        state.order[l.worker].push_back(l.task);
-        let error = match state.m.runner.launch(l.worker, data.clone()) {
-            Ok(target) => {
-                let signal = state.m.runner.signal(l.worker);
-                let cmd = PollerCmd::Watch { model, worker: l.worker, task: l.task, target, signal };
-                let sent = self.poller.send(cmd);
-                self.poller_thread.unpark();
-                match sent {
-                    Ok(()) => return true,
-                    Err(_) => Error::internal("the completion poller has stopped"),
-                }
+        let target = match state.m.runner.launch(l.worker, data.clone()) {
+            Ok(target) => target,
+            Err(e) => {
+                data.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
+                0
             }
-            Err(e) => e,
         };
-        data.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(error);
-        if let Some(entry) = state.tasks.get_mut(&l.task) {
-            entry.done = true;
+        let signal = state.m.runner.signal(l.worker);
+        let cmd = PollerCmd::Watch { model, worker: l.worker, task: l.task, target, signal };
+        if self.poller.send(cmd).is_err() {
+            // The poller has stopped (the engine is going away, or the poller thread died): the
+            // task is never reported, and its requests complete `Cancelled` with the engine.
+            return;
         }
-        false
+        self.poller_thread.unpark();
     }
 
     fn complete(&mut self, id: RequestId, code: Code) {

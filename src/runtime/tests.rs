@@ -72,7 +72,10 @@ fn launches_failing_behind_running_tasks_finish_in_order_and_the_runtime_keeps_s
         let backend = Flaky { cpu: CpuBackend::new(1).unwrap(), fail: fail.iter().copied().collect() };
         let rt = Runtime::start(Arc::new(backend), 64).unwrap();
         let net = Arc::new(Network::Lstm(Lstm::random(10, 4, 8, 1, 3)));
-        let m = rt.add_network(net, "lstm".into(), ModelOptions::default()).unwrap();
+        // MaxTasksToSubmit 5: a chain's cells go back to back, so a failing launch has running
+        // tasks ahead of it (`[0, 3]` needs four: launch 3 is still the first request's).
+        let policy = PolicyConfig::Cellular(CellularOptions { max_tasks_to_submit: 5, ..Default::default() });
+        let m = rt.add_network(net, "lstm".into(), ModelOptions { policy, ..Default::default() }).unwrap();
         let err = wait(m.submit(Input::Tokens(vec![1; 8]), SubmitOptions::default()).unwrap())
             .expect_err("a cell of the request failed to launch");
         assert_eq!(err.code(), Code::Backend, "failing launches {fail:?}: {err}");
