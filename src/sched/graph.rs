@@ -10,6 +10,8 @@
 //! are numbered so that dependencies never go from a lower type to a higher one (encoder 0 before
 //! decoder 1, leaf 0 before internal 1): running the types in index order is always possible.
 
+use std::sync::{Arc, LazyLock};
+
 use crate::error::{Error, Result};
 
 /// Index of a cell type within a model (seq2seq: 0 = encoder, 1 = decoder; treelstm: 0 = leaf,
@@ -240,6 +242,13 @@ pub struct CellGraph {
 }
 
 impl CellGraph {
+    /// The graph of a fixed-shape request (an arrival without cells): one cell of type 0. Built
+    /// once, shared.
+    pub fn single() -> Arc<CellGraph> {
+        static SINGLE: LazyLock<Arc<CellGraph>> = LazyLock::new(|| Arc::new(CellGraph::chains(&[(0, 1)])));
+        SINGLE.clone()
+    }
+
     /// Chains run one after another: chain `k` has `len` nodes of cell type `ty`, each depending on
     /// its predecessor, and its first node depends on the last node of chain `k − 1`. An `lstm`
     /// request is one chain; a `seq2seq` request is the encoder chain then the decoder chain.
@@ -315,18 +324,12 @@ impl CellGraph {
         CellGraph::new(children.iter().map(|c| CellType::from(!c.is_empty())).collect(), children)
     }
 
-    /// [`CellGraph::tree`] from each node's parent index (-1 for the root).
+    /// [`CellGraph::tree`] of a tree given as each node's parent index (-1 for the root), checked
+    /// as a `treelstm` request's tree is
+    /// ([`validate_tree`](crate::model::treelstm::validate_tree)).
     pub fn tree_of_parents(parents: &[i32]) -> Result<CellGraph> {
-        let mut children = vec![Vec::new(); parents.len()];
-        for (i, &p) in parents.iter().enumerate() {
-            if p >= 0 {
-                let kids = children
-                    .get_mut(p as usize)
-                    .ok_or_else(|| Error::internal(format!("node {i}'s parent {p} is out of range")))?;
-                kids.push(i as u32);
-            }
-        }
-        CellGraph::tree(&children)
+        let tree = crate::model::treelstm::validate_tree(parents, usize::MAX)?;
+        CellGraph::tree(&tree.children)
     }
 
     /// Fill in what is derived from the structure.

@@ -292,7 +292,7 @@ impl PaddingPolicy {
 impl Policy for PaddingPolicy {
     fn arrive(&mut self, now: Time, a: Arrival) {
         assert!(!self.reqs.contains_key(&a.id), "request {} arrived twice", a.id);
-        let graph = a.cells.unwrap_or_else(|| Arc::new(CellGraph::chains(&[(0, 1)])));
+        let graph = a.cells.unwrap_or_else(CellGraph::single);
         assert!(!graph.is_empty(), "request {} has an empty cell graph", a.id);
         let bucket = Self::bucket(&self.cfg, &graph);
         self.reqs.insert(

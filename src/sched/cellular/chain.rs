@@ -101,8 +101,6 @@ pub(super) struct Block {
     /// In block order: a joining lane is appended, and in a whole-block pass a lane that leaves
     /// is replaced by the last one. May hold dead lanes, dropped at the next pass.
     pub lanes: Vec<Lane>,
-    /// Live lanes (each has one ready node).
-    pub size: usize,
     /// Dead lanes in `lanes`: while there are none, a pass need not check each lane.
     pub dead: usize,
     /// Pinned: the worker has an unfinished task of this type, `last_task` the latest, and every
@@ -117,6 +115,11 @@ pub(super) struct Block {
 }
 
 impl Block {
+    /// Live lanes (each has one ready node).
+    pub fn size(&self) -> usize {
+        self.lanes.len() - self.dead
+    }
+
     /// Record the priority of lanes about to join (`None`: mixed), before they are pushed.
     pub fn note_source(&mut self, priority: Option<i32>) {
         if self.lanes.is_empty() {

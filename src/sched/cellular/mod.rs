@@ -61,7 +61,6 @@ mod tree;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::sync::Arc;
 
 use crate::error::{Code, Error, Result};
 use crate::sched::graph::MAX_CELL_TYPES;
@@ -70,7 +69,7 @@ use crate::sched::{
 };
 
 use chain::{Block, Chain, ChainState, Lane, Taken, advance};
-use request::{Bufs, NONE, Req, SgRef, Where};
+use request::{NONE, Req, SgRef, Where};
 use tree::{INNER, Inner, LEAVES, Tree};
 /// One cell type's batching parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -234,8 +233,6 @@ struct TypeQueues {
     blocks: Vec<Block>,
     /// Ready nodes in lapsed blocks (one per live lane).
     lapsed_ready: usize,
-    /// Unfinished tasks of this type per worker.
-    outstanding: Vec<usize>,
 }
 
 /// BatchMaker's cellular batching policy.
@@ -257,8 +254,10 @@ pub struct CellularPolicy {
     streams: Vec<VecDeque<TaskRec>>,
     next_task: TaskId,
     deadlines: BinaryHeap<Reverse<(Time, u32, u32)>>,
-    /// Buffers of completed requests and of done tasks, for reuse.
-    spare_reqs: Vec<Bufs>,
+    /// Records of completed graph requests (boxed as in `Body::Graph`, so reusing one allocates
+    /// nothing) and buffers of done tasks, for reuse.
+    #[allow(clippy::vec_box)]
+    spare_reqs: Vec<Box<Req>>,
     spare_rows: Vec<Vec<(u32, u32)>>,
     spare_slots: Vec<Vec<u32>>,
     spare_lanes: Vec<Vec<Lane>>,
@@ -272,8 +271,6 @@ pub struct CellularPolicy {
     /// Numbers each task formation and completion, so per-task counters count a request or a
     /// subgraph once per task however many of its nodes the task holds.
     stamp: u64,
-    /// The graph of a fixed-shape request: one cell of type 0.
-    single: Arc<CellGraph>,
     out: VecDeque<Decision>,
     queued: usize,
     running: usize,
@@ -299,7 +296,6 @@ impl CellularPolicy {
                 ready_pinned: vec![0; cfg.workers],
                 blocks: (0..cfg.workers).map(|_| Block::default()).collect(),
                 lapsed_ready: 0,
-                outstanding: vec![0; cfg.workers],
             })
             .collect();
         Ok(CellularPolicy {
@@ -323,7 +319,6 @@ impl CellularPolicy {
             idle_slots: Vec::new(),
             ready_after: Vec::new(),
             stamp: 0,
-            single: Arc::new(CellGraph::chains(&[(0, 1)])),
             out: VecDeque::new(),
             queued: 0,
             running: 0,
@@ -483,8 +478,8 @@ impl CellularPolicy {
             return;
         }
         b.live = false;
-        t.lapsed_ready += b.size;
-        if b.size == 0 || b.priority.is_none() {
+        t.lapsed_ready += b.size();
+        if b.size() == 0 || b.priority.is_none() {
             self.disperse(ty, worker);
         }
     }
@@ -494,9 +489,10 @@ impl CellularPolicy {
     fn disperse(&mut self, ty: usize, worker: WorkerId) {
         let b = &mut self.types[ty].blocks[worker];
         debug_assert!(!b.live);
+        let size = b.size();
         let lanes = std::mem::take(&mut b.lanes);
         b.dead = 0;
-        self.types[ty].lapsed_ready -= std::mem::take(&mut b.size);
+        self.types[ty].lapsed_ready -= size;
         for lane in lanes.iter().rev() {
             if self.alive[lane.slot as usize] == lane.generation {
                 self.req_mut(lane.slot).chain().cursor = lane.next;
@@ -534,7 +530,6 @@ impl CellularPolicy {
         };
         let taken = f.out.requests.len() - rows;
         debug_assert!(kept <= taken);
-        self.types[ty].blocks[from].size -= taken;
         self.types[ty].lapsed_ready -= taken;
     }
 
@@ -586,7 +581,6 @@ impl CellularPolicy {
             ChainState::Resident(w) => {
                 // Its lane stays in the block, dead, until the next pass drops it.
                 let b = &mut self.types[ty].blocks[w as usize];
-                b.size -= 1;
                 b.dead += 1;
                 if b.live {
                     c.state = ChainState::Releasing;
@@ -612,7 +606,7 @@ impl CellularPolicy {
     fn pinned_ready(&self, ty: usize, worker: WorkerId) -> usize {
         let t = &self.types[ty];
         let b = &t.blocks[worker];
-        t.ready_pinned[worker] + if b.live { b.size } else { 0 }
+        t.ready_pinned[worker] + if b.live { b.size() } else { 0 }
     }
 
     /// Ready nodes of `ty` that a task on `worker` may take.
@@ -647,8 +641,13 @@ impl CellularPolicy {
         let t = &self.types[ty];
         let under = |p: &i32| below.is_none_or(|b| *p < b);
         let queued = t.unpinned.iter().filter(|q| !q.q.is_empty()).map(|q| q.priority).find(under);
-        let lapsed =
-            t.blocks.iter().filter(|b| !b.live && b.size > 0).filter_map(|b| b.priority).filter(under).max();
+        let lapsed = t
+            .blocks
+            .iter()
+            .filter(|b| !b.live && b.size() > 0)
+            .filter_map(|b| b.priority)
+            .filter(under)
+            .max();
         queued.max(lapsed)
     }
 
@@ -680,7 +679,6 @@ impl CellularPolicy {
             // Advanced in place, the block's lanes become the task's block.
             std::mem::swap(&mut f.block.lanes, &mut own.lanes);
             f.block.priority = own.priority;
-            own.size = 0;
             let kept = advance(&mut f.block.lanes, &mut own.dead, &self.alive, max, &mut f.out);
             debug_assert!(kept == f.block.lanes.len() && own.dead == 0, "a live block fits its task");
         }
@@ -720,7 +718,7 @@ impl CellularPolicy {
             below = Some(p);
             let lapsed_at = |t: &TypeQueues, w: usize| {
                 let b = &t.blocks[w];
-                !b.live && b.size > 0 && b.priority == Some(p)
+                !b.live && b.size() > 0 && b.priority == Some(p)
             };
             if own_lapsed && lapsed_at(&self.types[ty], worker) {
                 self.take_lapsed(ty, worker, worker, max, &mut f);
@@ -774,7 +772,6 @@ impl CellularPolicy {
         recycle(&mut self.spare_lanes, emptied);
         own.priority = f.block.priority;
         debug_assert_eq!(own.dead, 0);
-        own.size = own.lanes.len();
         own.live = !own.lanes.is_empty();
         own.last_task = task;
         // Same-subgraph successors of the submitted graph nodes become ready now, in row order:
@@ -788,7 +785,6 @@ impl CellularPolicy {
         self.ready_after = ready;
         let real = f.out.requests.len();
         let batch = self.cfg.cell_types[ty].bsizes.iter().copied().find(|&b| b >= real).unwrap_or(real);
-        self.types[ty].outstanding[worker] += 1;
         self.streams[worker].push_back(TaskRec {
             task,
             ty: ty as CellType,
@@ -1002,10 +998,14 @@ impl CellularPolicy {
         let r = self.reqs[slot as usize].as_mut().expect("live request slot");
         let (id, started) = (r.id, r.started);
         match &mut r.body {
-            Body::Graph(g) => {
-                let bufs = std::mem::take(&mut **g).into_bufs();
-                if bufs.worth_keeping() && self.spare_reqs.len() < MAX_SPARE {
-                    self.spare_reqs.push(bufs);
+            Body::Graph(_) => {
+                // Moved out whole, box and buffers, for the next graph request (the record is
+                // dropped just below).
+                if let Body::Graph(g) = std::mem::replace(&mut r.body, Body::Tree)
+                    && g.worth_keeping()
+                    && self.spare_reqs.len() < MAX_SPARE
+                {
+                    self.spare_reqs.push(g);
                 }
             }
             Body::Tree => {
@@ -1089,7 +1089,7 @@ fn push_unpinned(levels: &mut Vec<PrioQueue>, priority: i32, at: SgRef, front: b
 
 impl Policy for CellularPolicy {
     fn arrive(&mut self, now: Time, a: Arrival) {
-        let graph = a.cells.unwrap_or_else(|| self.single.clone());
+        let graph = a.cells.unwrap_or_else(CellGraph::single);
         assert!(!graph.is_empty(), "request {} has an empty cell graph", a.id);
         assert!(
             (graph.max_type() as usize) < self.cfg.cell_types.len(),
@@ -1115,7 +1115,9 @@ impl Policy for CellularPolicy {
                 Some(Tree::new(a.id, graph, self.spare_slots.pop().unwrap_or_default()));
             Body::Tree
         } else {
-            Body::Graph(Box::new(Req::new(&graph, self.spare_reqs.pop().unwrap_or_default())))
+            let mut req = self.spare_reqs.pop().unwrap_or_default();
+            req.reset(&graph);
+            Body::Graph(req)
         };
         self.reqs[slot as usize] =
             Some(Request { id: a.id, generation, priority: a.priority, doomed: None, started: false, body });
@@ -1165,8 +1167,9 @@ impl Policy for CellularPolicy {
             });
         let rec = self.streams[worker].pop_front().expect("found above");
         let ty = rec.ty as usize;
-        self.types[ty].outstanding[worker] -= 1;
-        if self.types[ty].outstanding[worker] == 0 {
+        // The worker's last unfinished task of this type (every task of the type on the worker
+        // becomes its block's `last_task`, and they finish in order): its chains are unpinned.
+        if self.types[ty].blocks[worker].last_task == task {
             self.lapse(ty, worker);
         }
         self.stamp += 1;

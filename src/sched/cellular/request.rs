@@ -3,8 +3,9 @@
 //! as `treelstm`'s): per-request dependency and subgraph tracking, with no allocation per
 //! scheduling step.
 //!
-//! A request's state lives in three arrays (nodes, edges, subgraphs) whose buffers are recycled
-//! from completed requests ([`Bufs`]), so an arrival in steady state allocates nothing either.
+//! A request's state ([`Req`]: three arrays, nodes, edges and subgraphs) is recycled whole, box
+//! and buffers, from completed requests ([`Req::reset`]), so an arrival in steady state allocates
+//! nothing either.
 //! Everything a task touches per row (a node's subgraph, dependency counter, ready link and
 //! successor range) sits in one [`Node`] record: one cache line serves several rows.
 
@@ -71,25 +72,6 @@ pub(super) struct Subgraph {
     pub stamp: u64,
 }
 
-/// Buffers of a request's arrays, recycled from completed requests.
-#[derive(Default)]
-pub(super) struct Bufs {
-    nodes: Vec<Node>,
-    edges: Vec<u32>,
-    sgs: Vec<Subgraph>,
-}
-
-impl Bufs {
-    /// Buffers this large are freed rather than kept for reuse.
-    const KEEP_MAX: usize = 4096;
-
-    pub fn worth_keeping(&self) -> bool {
-        self.nodes.capacity() <= Self::KEEP_MAX
-            && self.edges.capacity() <= 2 * Self::KEEP_MAX
-            && self.sgs.capacity() <= Self::KEEP_MAX
-    }
-}
-
 /// The dependency state of one graph request.
 #[derive(Default)]
 pub(super) struct Req {
@@ -105,12 +87,15 @@ pub(super) struct Req {
 }
 
 impl Req {
-    /// The request's state, built in `bufs` from the graph's subgraph plan (a copy: the analysis
-    /// was done when the graph was built). Its initially ready nodes are those with
-    /// `is_initially_ready`.
-    pub fn new(graph: &CellGraph, bufs: Bufs) -> Req {
+    /// Buffers this large are freed rather than kept for reuse.
+    const KEEP_MAX: usize = 4096;
+
+    /// Make this (a new or recycled record) the state of a request with graph `graph`, built from
+    /// the graph's subgraph plan (a copy: the analysis was done when the graph was built). Its
+    /// initially ready nodes are those with `is_initially_ready`.
+    pub fn reset(&mut self, graph: &CellGraph) {
         let plan = graph.plan().expect("a graph request's graph is not a path, so it has a plan");
-        let Bufs { mut nodes, mut edges, mut sgs } = bufs;
+        let Req { nodes, edges, sgs, .. } = self;
         nodes.clear();
         edges.clear();
         sgs.clear();
@@ -141,12 +126,14 @@ impl Req {
                 stamp: 0,
             },
         ));
-        Req { nodes, edges, sgs, done_nodes: 0, inflight: 0, stamp: 0 }
+        (self.done_nodes, self.inflight, self.stamp) = (0, 0, 0);
     }
 
-    /// The buffers, for the next request.
-    pub fn into_bufs(self) -> Bufs {
-        Bufs { nodes: self.nodes, edges: self.edges, sgs: self.sgs }
+    /// Whether to keep this record for the next request, rather than free it.
+    pub fn worth_keeping(&self) -> bool {
+        self.nodes.capacity() <= Self::KEEP_MAX
+            && self.edges.capacity() <= 2 * Self::KEEP_MAX
+            && self.sgs.capacity() <= Self::KEEP_MAX
     }
 
     /// Whether `node` is ready on arrival: no same-subgraph predecessor and no external

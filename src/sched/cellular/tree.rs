@@ -147,12 +147,10 @@ impl Tree {
         k
     }
 
-    /// Every leaf has finished: the inner subgraph's first level is ready. Returns its size.
-    pub fn open_inner(&mut self) -> usize {
+    /// Every leaf has finished: the inner subgraph's first level is ready (the caller queues it).
+    pub fn open_inner(&mut self) {
         debug_assert_eq!(self.inner, Inner::Waiting);
-        self.inner = Inner::Queued;
         self.tail = self.level_end(0).expect("a tree request has inner nodes");
-        self.inner_ready()
     }
 
     /// Up to `room` ready inner nodes as rows, in ready order. The nodes this
@@ -250,7 +248,8 @@ mod tests {
         assert_eq!(t.take_leaves(3, &mut requests, &mut nodes), 3);
         assert_eq!(t.take_leaves(3, &mut requests, &mut nodes), 1);
         assert_eq!((requests, nodes, t.leaves_ready()), (vec![7; 4], vec![3, 4, 5, 6], 0));
-        assert_eq!(t.open_inner(), 2);
+        t.open_inner();
+        assert_eq!(t.inner_ready(), 2);
         assert_eq!(take(&mut t, 8), (vec![1, 2], 1), "the whole level: the next one is ready");
         assert!(t.general.is_none());
         assert_eq!(take(&mut t, 8), (vec![0], 0));
@@ -265,7 +264,8 @@ mod tests {
         let g = Arc::new(CellGraph::tree_of_parents(&parents).unwrap());
         let mut t = Tree::new(1, g, Vec::new());
         t.take_leaves(6, &mut Vec::new(), &mut Vec::new());
-        assert_eq!(t.open_inner(), 3);
+        t.open_inner();
+        assert_eq!(t.inner_ready(), 3);
         // Room for two of three: 1 and 2 go, which makes 4 ready; 5 waits for 3.
         assert_eq!(take(&mut t, 2), (vec![1, 2], 1));
         assert!(t.general.is_some());
@@ -283,7 +283,8 @@ mod tests {
         let g = Arc::new(CellGraph::new(vec![0, 0, 1, 1, 1, 1], &preds).unwrap());
         let mut t = Tree::new(1, g, Vec::new());
         t.take_leaves(2, &mut Vec::new(), &mut Vec::new());
-        assert_eq!(t.open_inner(), 2);
+        t.open_inner();
+        assert_eq!(t.inner_ready(), 2);
         // Only 2 goes: 5 is ready (its one predecessor is submitted), 4 is not (3 is not).
         assert_eq!(take(&mut t, 1), (vec![2], 1));
         assert_eq!(take(&mut t, 8), (vec![3, 5], 1));
