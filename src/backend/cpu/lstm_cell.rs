@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use crate::backend::cpu::activation::{sigmoid, tanh};
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::{PackedWeight, Threads, linear, matmul};
+use crate::backend::size;
 use crate::error::{Code, Error, Result};
 
 /// The token id of a row without a token (a padding row, or a request not decoding this step):
@@ -50,8 +51,6 @@ pub(crate) fn grow(v: &mut Vec<f32>, len: usize, what: &str) -> Result<()> {
     }
     Ok(())
 }
-
-pub(crate) use crate::backend::size;
 
 /// One `torch.nn.LSTM` layer, packed for [`lstm_layer_step`]: `[W_ih | W_hh]` (`[4H, input+H]`)
 /// as a single [`PackedWeight`] and the summed bias `b_ih + b_hh`.
@@ -370,7 +369,8 @@ pub fn argmax(v: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::test_util::{Pool, pool, slot_values, values};
+    use crate::backend::cpu::test_util::{Pool, pool, slot_values};
+    use crate::workload::values;
 
     /// PyTorch's tensors of one layer.
     struct Torch {
@@ -670,6 +670,8 @@ mod tests {
         project_argmax(&p, &[1.0, -1.0, 3.0, 4.0], 2, &mut [0.0; 10], &mut out, Threads(1));
         assert_eq!(out, [1, 1]);
         assert_eq!(argmax(&[f32::NAN, 1.0, f32::NAN, 1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 3.0]), 2);
+        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 0);
         assert_eq!(argmax(&[f32::NAN; 3]), 0);
     }
 

@@ -17,7 +17,7 @@ use crate::backend::cpu::lstm_cell::{
 };
 use crate::backend::cpu::stream::{CpuStream, launch_task};
 use crate::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
-use crate::backend::{CellTask, CompletionSignal, Notify, Runner, RunnerShape, TaskData, Work};
+use crate::backend::{CellTask, CompletionSignal, Notify, Runner, RunnerShape, TaskData, Work, size};
 use crate::error::{Error, Result};
 use crate::model::lstm::LstmStack;
 use crate::model::{DECODER, Network};
@@ -110,14 +110,12 @@ fn grow<T: Clone + Default>(v: &mut Vec<T>, len: usize, what: &str) -> Result<()
 impl Scratch {
     /// Buffers for tasks of `rows` rows (and, for trees, `children` children in all).
     fn ensure(&mut self, p: &Prepared, rows: usize, children: usize) -> Result<()> {
-        let too_big =
-            || Error::new(crate::error::Code::Unavailable, format!("a task of {rows} rows is too large"));
         let wide = p.embed.max(p.hidden);
         grow(&mut self.ids, rows, "token ids")?;
-        grow(&mut self.x, rows.checked_mul(wide).ok_or_else(too_big)?, "step inputs")?;
-        grow(&mut self.h_a, rows.checked_mul(p.hidden).ok_or_else(too_big)?, "hidden states")?;
-        grow(&mut self.h_b, rows.checked_mul(p.hidden).ok_or_else(too_big)?, "hidden states")?;
-        grow(&mut self.logits, rows.checked_mul(p.vocab).ok_or_else(too_big)?, "logits")?;
+        grow(&mut self.x, size(rows, wide, "step inputs")?, "step inputs")?;
+        grow(&mut self.h_a, size(rows, p.hidden, "hidden states")?, "hidden states")?;
+        grow(&mut self.h_b, size(rows, p.hidden, "hidden states")?, "hidden states")?;
+        grow(&mut self.logits, size(rows, p.vocab, "logits")?, "logits")?;
         match &p.cells {
             Cells::Tree { .. } => self.tree.reserve(rows, children, p.hidden),
             _ => {

@@ -3,8 +3,6 @@
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::Threads;
 
-pub(crate) use crate::workload::values;
-
 /// Every value of `slot`.
 pub(crate) fn slot_values(arena: &StateArena, slot: u32) -> Vec<f32> {
     let mut v = vec![0.0; arena.width()];

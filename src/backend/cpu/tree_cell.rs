@@ -24,7 +24,8 @@ use rayon::prelude::*;
 use crate::backend::cpu::activation::{sigmoid, tanh};
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::{PackedWeight, Threads, matmul};
-use crate::backend::cpu::lstm_cell::{PARALLEL_MIN_VALUES, grow, size};
+use crate::backend::cpu::lstm_cell::{PARALLEL_MIN_VALUES, grow};
+use crate::backend::size;
 use crate::error::{Code, Error, Result};
 
 /// Values each parallel task of the gather / pointwise kernels handles at least.
@@ -343,7 +344,8 @@ fn tree_pointwise(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::test_util::{Pool, pool, slot_values, values};
+    use crate::backend::cpu::test_util::{Pool, pool, slot_values};
+    use crate::workload::values;
 
     /// PyTorch-layout tensors and the f64 reference cell.
     struct Torch {

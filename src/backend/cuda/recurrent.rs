@@ -235,8 +235,8 @@ pub(super) struct Buffers {
     fu: DeviceBuffer<f32>,
 }
 
-/// `a × b` elements of device memory, or UNAVAILABLE when the size overflows.
-fn alloc<T: super::Pod>(device: &CudaDevice, a: usize, b: usize, what: &str) -> Result<DeviceBuffer<T>> {
+/// `a × b` `f32` values of device memory, or UNAVAILABLE when the size overflows.
+fn alloc(device: &CudaDevice, a: usize, b: usize, what: &str) -> Result<DeviceBuffer<f32>> {
     device.alloc(crate::backend::size(a, b, what)?)
 }
 
@@ -325,7 +325,7 @@ impl Recurrent {
         ] {
             dim(v, what)?;
         }
-        let mut arena = alloc::<f32>(device, shape.state_slots, width, "state arena")?;
+        let mut arena = alloc(device, shape.state_slots, width, "state arena")?;
         stream.zero(&mut arena)?;
         stream.synchronize()?;
         let tree = matches!(cells, Cells::Tree { .. });

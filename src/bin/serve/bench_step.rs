@@ -14,8 +14,6 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use serve::BackendKind;
@@ -24,6 +22,7 @@ use serve::backend::cpu::gemm::{PackedWeight, Threads, matmul};
 use serve::backend::cpu::lstm_cell::{LstmLayer, LstmRow, LstmScratch, lstm_layer_step, step_flops};
 use serve::backend::cuda::step_bench::LstmStepBench;
 use serve::backend::cuda::{self, CudaDevice, Stream};
+use serve::workload::values;
 
 use crate::bench::{open_report, write_report};
 use crate::{BackendArg, BenchStepArgs, CliResult, StepModel, build_runtime, fatal};
@@ -46,10 +45,6 @@ fn time_it(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
         min = min.min(t.elapsed());
     }
     (t0.elapsed() / iters as u32, min)
-}
-
-fn values(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
 }
 
 pub(crate) fn cmd_bench_step(a: BenchStepArgs) -> CliResult<()> {
@@ -89,14 +84,13 @@ pub(crate) fn cmd_bench_step(a: BenchStepArgs) -> CliResult<()> {
         .build()
         .map_err(|e| fatal(format!("cannot start the compute pool: {e}")))?;
 
-    let mut rng = StdRng::seed_from_u64(1);
     let s = 1.0 / (hidden as f32).sqrt();
-    let w_ih = values(&mut rng, n * input, s);
-    let w_hh = values(&mut rng, n * hidden, s);
-    let b_ih = values(&mut rng, n, s);
-    let b_hh = values(&mut rng, n, s);
+    let w_ih = values(n * input, 1, s);
+    let w_hh = values(n * hidden, 2, s);
+    let b_ih = values(n, 3, s);
+    let b_hh = values(n, 4, s);
     let layer = LstmLayer::from_torch(&w_ih, &w_hh, &b_ih, &b_hh, input, hidden);
-    let x = values(&mut rng, batch * input, 1.0);
+    let x = values(batch * input, 5, 1.0);
     // Every row continues a sequence: its state is read from and written back to the arena.
     // Requests sit in every other slot of an arena twice the batch, in reverse order, as after
     // some churn.
@@ -104,7 +98,7 @@ pub(crate) fn cmd_bench_step(a: BenchStepArgs) -> CliResult<()> {
     let rows: Vec<LstmRow> =
         (0..batch).map(|r| LstmRow { slot: (2 * (batch - 1 - r)) as u32, fresh: false }).collect();
     for row in &rows {
-        arena.write(row.slot, 0, &values(&mut rng, 2 * hidden, 0.5));
+        arena.write(row.slot, 0, &values(2 * hidden, 100 + u64::from(row.slot), 0.5));
     }
     let mut scratch = LstmScratch::new();
     scratch.reserve(batch, input, hidden)?;
@@ -125,7 +119,7 @@ pub(crate) fn cmd_bench_step(a: BenchStepArgs) -> CliResult<()> {
         .collect();
     let packed = PackedWeight::from_torch(&wcat, n, k);
     drop(wcat);
-    let xh = values(&mut rng, batch * k, 1.0);
+    let xh = values(batch * k, 6, 1.0);
     let mut g = vec![0.0f32; batch * n];
     let (gemm_mean, gemm_min) =
         time_it(a.iters, || pool.install(|| matmul(black_box(&xh), &packed, &mut g, batch, false, t)));
