@@ -368,8 +368,8 @@ struct Driver<P> {
     policy: P,
     graphs: Vec<Arc<CellGraph>>,
     next_id: RequestId,
-    /// The worker's stream: launched, unfinished tasks in launch order.
-    stream: VecDeque<TaskId>,
+    /// The worker's stream: launched, unfinished tasks in launch order, with their row vectors.
+    stream: VecDeque<(TaskId, Vec<RequestId>, Vec<u32>)>,
     now: u64,
     tasks: u64,
     rows: u64,
@@ -398,12 +398,10 @@ impl<P: Policy> Driver<P> {
         while let Some(d) = self.policy.poll() {
             match d {
                 Decision::Launch(l) => {
-                    self.stream.push_back(l.task);
                     self.tasks += 1;
                     self.rows += l.requests.len() as u64;
                     let l = black_box(l);
-                    // As the runtime does once the task has finished.
-                    self.policy.recycle(l.requests, l.nodes);
+                    self.stream.push_back((l.task, l.requests, l.nodes));
                 }
                 Decision::Complete { .. } => self.arrive(),
             }
@@ -412,7 +410,9 @@ impl<P: Policy> Driver<P> {
 
     /// Finish the oldest task and take the policy's answers.
     fn step(&mut self) {
-        let task = self.stream.pop_front().expect("steady state keeps the worker busy");
+        let (task, requests, nodes) = self.stream.pop_front().expect("steady state keeps the worker busy");
+        // As the runtime does once a task has finished: its row vectors go back to the policy.
+        self.policy.recycle(requests, nodes);
         self.now += 1_000;
         self.policy.task_done(Time(self.now), task);
         self.drain();
@@ -518,7 +518,7 @@ fn main() {
     }
 
     // Node costs relative to baselines of the same run: padding on the same workload, batch and
-    // lookahead; the plain policy on the same batch (LSTM only).
+    // lookahead; the plain policy on the same workload and batch.
     let ratio = |r: &Row, kind: Kind, same_mtts: bool| {
         let base = table.iter().find(|p| {
             p.case.kind == kind

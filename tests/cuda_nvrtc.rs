@@ -136,7 +136,7 @@ fn the_kernels_compile_with_nvrtc_and_the_cccl_headers() {
     let cccl = nvcc.as_ref().and_then(|n| Some(n.parent()?.parent()?.join("include/cccl")));
     let Some(cccl) = cccl.filter(|d| d.join("cuda/atomic").is_file()) else {
         let why = format!("no CCCL headers (include/cccl/cuda/atomic) beside NVCC={nvcc:?}");
-        if nvcc.is_some() && std::env::var("SERVE_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+        if nvcc.is_some() && common::native::env_flag("SERVE_REQUIRE_NVRTC") {
             panic!("SERVE_REQUIRE_NVRTC=1 but {why}");
         }
         println!("skipped: {why}");

@@ -119,11 +119,16 @@ pub fn serve_fixtures(rt: &Runtime) {
 }
 
 /// Cancel and deadline stop running requests at a cell boundary, under cellular batching and
-/// padding, on `rt`: a long request with a 20 ms deadline (first in, so it runs at once under both
-/// policies) expires while running, a second long one is cancelled after 10 ms, and a short one
-/// and a later one are served correctly from the freed slots. `net` with `len`-token requests
-/// must take far longer than 20 ms per request.
+/// padding, on `rt`: a long request with a 200 ms deadline (first in, so it runs at once under
+/// both policies) expires while running, a second long one is cancelled after 100 ms, and a short
+/// one and a later one are served correctly from the freed slots. `net` with `len`-token requests
+/// must take far longer than 200 ms per request (the stopped requests cost only until they stop;
+/// the margins are wide so that a loaded machine still starts the timed request before its
+/// deadline).
 pub fn cancel_and_deadline_at_cell_boundaries(rt: &Runtime, net: &Lstm, len: usize) {
+    let mut net = net.clone();
+    net.cfg.max_len = Some(len);
+    let net = &net;
     for policy in
         [PolicyConfig::Cellular(CellularOptions::default()), PolicyConfig::Padding(PaddingConfig::default())]
     {
@@ -133,14 +138,14 @@ pub fn cancel_and_deadline_at_cell_boundaries(rt: &Runtime, net: &Lstm, len: usi
         let long: Vec<u32> = (0..len as u32).map(|i| i % 100).collect();
         let short: Vec<u32> = vec![5, 6, 7];
         // A warm-up request first, so that the timed one starts at once (no first-task set-up
-        // within its 20 ms).
+        // within its deadline).
         model.submit(Input::Tokens(short.clone()), SubmitOptions::default()).unwrap().wait().unwrap();
         let timed = model
-            .submit(Input::Tokens(long.clone()), SubmitOptions::with_timeout(Duration::from_millis(20)))
+            .submit(Input::Tokens(long.clone()), SubmitOptions::with_timeout(Duration::from_millis(200)))
             .unwrap();
         let victim = model.submit(Input::Tokens(long.clone()), SubmitOptions::default()).unwrap();
         let other = model.submit(Input::Tokens(short.clone()), SubmitOptions::default()).unwrap();
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(100));
         rt.cancel(victim.id()).unwrap();
         let e = victim.wait().unwrap_err();
         assert_eq!(e.code(), Code::Cancelled, "{label}: {e}");
