@@ -285,7 +285,8 @@ impl CellGraph {
         if preds.len() != n {
             return Err(Error::internal(format!("{n} node types but {} predecessor lists", preds.len())));
         }
-        if n > u32::MAX as usize {
+        // Node indices are `u32`, and schedulers keep the top two values for their own marks.
+        if n >= (u32::MAX - 1) as usize {
             return Err(Error::invalid(format!("a graph of {n} nodes is too large")));
         }
         let mut g = CellGraph {

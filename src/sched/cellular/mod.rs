@@ -266,6 +266,9 @@ pub struct CellularPolicy {
     spare_nodes: Vec<Vec<u32>>,
     /// Scratch for `task_done`: slots with nothing running any more.
     idle_slots: Vec<u32>,
+    /// Scratch for `task_done`: the tree inner subgraphs it unpins, as (entry, priority, ready
+    /// nodes).
+    unpinned_trees: Vec<(SgRef, i32, usize)>,
     /// Scratch for `form_batched_task`: (slot, node) made ready by the task being formed.
     ready_after: Vec<(u32, u32)>,
     /// Numbers each task formation and completion, so per-task counters count a request or a
@@ -317,6 +320,7 @@ impl CellularPolicy {
             spare_ids: Vec::new(),
             spare_nodes: Vec::new(),
             idle_slots: Vec::new(),
+            unpinned_trees: Vec::new(),
             ready_after: Vec::new(),
             stamp: 0,
             out: VecDeque::new(),
@@ -352,6 +356,11 @@ impl CellularPolicy {
     fn queue_unpinned(&mut self, slot: u32, sg: u32, ty: usize, ready: usize, front: bool) {
         let r = self.req(slot);
         let (at, priority) = (SgRef { slot, generation: r.generation, sg }, r.priority);
+        self.queue_entry(at, priority, ty, ready, front);
+    }
+
+    /// Queue entry `at`, of request priority `priority`, as [`Self::queue_unpinned`].
+    fn queue_entry(&mut self, at: SgRef, priority: i32, ty: usize, ready: usize, front: bool) {
         let q = &mut self.types[ty];
         q.ready_unpinned += ready;
         push_unpinned(&mut q.unpinned, priority, at, front);
@@ -444,8 +453,9 @@ impl CellularPolicy {
     /// Queue tree request `slot`'s leaves, ready on arrival, as one entry.
     fn queue_leaves(&mut self, slot: u32) {
         let t = self.trees[slot as usize].as_ref().expect("live tree request");
-        let (ty, ready) = (t.leaf_type as usize, t.leaves_ready());
-        self.queue_unpinned(slot, LEAVES, ty, ready, false);
+        let at = SgRef { slot, generation: t.generation, sg: LEAVES };
+        let (priority, ty, ready) = (t.priority, t.leaf_type as usize, t.leaves_ready());
+        self.queue_entry(at, priority, ty, ready, false);
     }
 
     /// Queue tree request `slot`'s inner subgraph as unpinned, at the back of its priority (it
@@ -453,8 +463,9 @@ impl CellularPolicy {
     fn queue_inner(&mut self, slot: u32, front: bool) {
         let t = self.trees[slot as usize].as_mut().expect("live tree request");
         t.inner = Inner::Queued;
-        let (ty, ready) = (t.inner_type as usize, t.inner_ready());
-        self.queue_unpinned(slot, INNER, ty, ready, front);
+        let at = SgRef { slot, generation: t.generation, sg: INNER };
+        let (priority, ty, ready) = (t.priority, t.inner_type as usize, t.inner_ready());
+        self.queue_entry(at, priority, ty, ready, front);
     }
 
     // ---- chain requests ---------------------------------------------------------------------
@@ -734,15 +745,19 @@ impl CellularPolicy {
             };
             while f.out.requests.len() < max {
                 let Some(&at) = self.types[ty].unpinned[level].q.front() else { break };
-                let used = match self.reqs.get(at.slot as usize) {
-                    Some(Some(Request { body: Body::Chain(_), .. })) => {
-                        self.take_chain(at, ty, worker, &mut f)
+                let used = if tree::is_tree_entry(at.sg) {
+                    self.take_tree(at, Where::Unpinned, worker, task, max, &mut f)
+                } else {
+                    match self.reqs.get(at.slot as usize) {
+                        Some(Some(Request { body: Body::Chain(_), .. })) => {
+                            self.take_chain(at, ty, worker, &mut f)
+                        }
+                        Some(Some(Request { body: Body::Graph(_), .. })) => {
+                            self.take_from(at, Where::Unpinned, ty, worker, stamp, max, &mut f)
+                        }
+                        // The request has completed (and its slot may hold a tree request now).
+                        _ => true,
                     }
-                    Some(Some(Request { body: Body::Tree, .. })) => {
-                        self.take_tree(at, Where::Unpinned, worker, task, max, &mut f)
-                    }
-                    Some(Some(_)) => self.take_from(at, Where::Unpinned, ty, worker, stamp, max, &mut f),
-                    _ => true, // the request has completed
                 };
                 if used {
                     self.types[ty].unpinned[level].q.pop_front();
@@ -1111,8 +1126,8 @@ impl Policy for CellularPolicy {
         let body = if graph.first_run().is_some() {
             Body::Chain(Chain::new(graph))
         } else if graph.tree_shape().is_some() {
-            self.trees[slot as usize] =
-                Some(Tree::new(a.id, graph, self.spare_slots.pop().unwrap_or_default()));
+            let lists = self.spare_slots.pop().unwrap_or_default();
+            self.trees[slot as usize] = Some(Tree::new(a.id, generation, a.priority, graph, lists));
             Body::Tree
         } else {
             let mut req = self.spare_reqs.pop().unwrap_or_default();
@@ -1216,7 +1231,11 @@ impl Policy for CellularPolicy {
                 }
             }
         }
-        // Tree requests: finished leaves count towards opening the inner subgraph …
+        // Tree requests: finished leaves count towards opening the inner subgraph, and an inner
+        // subgraph whose last task this was is unpinned: its pin counter is 0. Unpinned ready
+        // nodes were ready before anything queued since, so they go first among their priority,
+        // in row order (hence queued back to front, once the pass is over).
+        let mut unpinned = std::mem::take(&mut self.unpinned_trees);
         for &(slot, rows) in &rec.trees {
             // Doomed requests are not alive.
             let doomed = self.alive[slot as usize] == 0;
@@ -1232,20 +1251,21 @@ impl Policy for CellularPolicy {
                     t.open_inner();
                     self.queue_inner(slot, false);
                 }
-            }
-        }
-        // … and an inner subgraph whose last task this was is unpinned: its pin counter is 0. Its
-        // ready nodes were ready before anything queued since, so they go first among their
-        // priority, in row order (hence queued back to front).
-        for &(slot, _) in rec.trees.iter().rev() {
-            let t = self.trees[slot as usize].as_mut().expect("live tree request");
-            if let Inner::Pinned(w) = t.inner
+            } else if let Inner::Pinned(w) = t.inner
                 && t.last_task == task
             {
-                self.types[ty].ready_pinned[w as usize] -= t.inner_ready();
-                self.queue_inner(slot, true);
+                // Its rows here are inner nodes: `ty` is its inner type.
+                t.inner = Inner::Queued;
+                let ready = t.inner_ready();
+                self.types[ty].ready_pinned[w as usize] -= ready;
+                unpinned.push((SgRef { slot, generation: t.generation, sg: INNER }, t.priority, ready));
             }
         }
+        for &(at, priority, ready) in unpinned.iter().rev() {
+            self.queue_entry(at, priority, ty, ready, true);
+        }
+        unpinned.clear();
+        self.unpinned_trees = unpinned;
         // Chains whose run left with this task: the next run (its external dependency is this
         // run's last node) is ready now, or the request is finished.
         for &slot in &rec.releases {

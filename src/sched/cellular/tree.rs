@@ -21,9 +21,16 @@ use crate::sched::graph::SubgraphPlan;
 use crate::sched::{CellGraph, CellType, RequestId, TaskId};
 
 /// The queue entry (`SgRef::sg`) of a tree request's leaves …
-pub(super) const LEAVES: u32 = 0;
-/// … and of its inner subgraph (in an unpinned queue or a pinned tree list).
-pub(super) const INNER: u32 = 1;
+pub(super) const LEAVES: u32 = u32::MAX;
+/// … and of its inner subgraph (in an unpinned queue or a pinned tree list). Both lie above any
+/// subgraph or run index (a cell graph has fewer than `u32::MAX - 1` nodes), so an entry says by
+/// itself that it is a tree request's, without a look at the request.
+pub(super) const INNER: u32 = u32::MAX - 1;
+
+/// Whether queue entry `sg` is a tree request's.
+pub(super) fn is_tree_entry(sg: u32) -> bool {
+    sg >= INNER
+}
 
 /// Where a tree request's inner subgraph is between events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +59,9 @@ pub(super) struct General {
 /// A tree request's progress.
 pub(super) struct Tree {
     pub id: RequestId,
+    /// The request's generation and priority (as in its record), for its queue entries.
+    pub generation: u32,
+    pub priority: i32,
     pub graph: Arc<CellGraph>,
     /// The shape's lists, copied on arrival so that scheduling reads only this record and this
     /// buffer (the graph is read again only to go node by node): the leaves, then the inner
@@ -82,8 +92,15 @@ pub(super) struct Tree {
 }
 
 impl Tree {
-    /// The state of a request with graph `graph`, built in `lists` (a recycled buffer).
-    pub fn new(id: RequestId, graph: Arc<CellGraph>, mut lists: Vec<u32>) -> Tree {
+    /// The state of request `id` (of generation `generation` and priority `priority`) with graph
+    /// `graph`, built in `lists` (a recycled buffer).
+    pub fn new(
+        id: RequestId,
+        generation: u32,
+        priority: i32,
+        graph: Arc<CellGraph>,
+        mut lists: Vec<u32>,
+    ) -> Tree {
         let shape = graph.tree_shape().expect("a tree request has a tree shape");
         lists.clear();
         lists.extend_from_slice(shape.lists());
@@ -91,6 +108,8 @@ impl Tree {
         let (leaf_type, inner_type) = (shape.leaf_type, shape.inner_type);
         Tree {
             id,
+            generation,
+            priority,
             graph,
             lists,
             leaves,
@@ -141,8 +160,7 @@ impl Tree {
     pub fn take_leaves(&mut self, room: usize, requests: &mut Vec<RequestId>, nodes: &mut Vec<u32>) -> usize {
         let from = self.leaf_next as usize;
         let k = room.min(self.leaves_ready());
-        requests.extend(std::iter::repeat_n(self.id, k));
-        nodes.extend_from_slice(&self.lists[from..from + k]);
+        push_rows(self.id, &self.lists[from..from + k], requests, nodes);
         self.leaf_next += k as u32;
         k
     }
@@ -167,10 +185,9 @@ impl Tree {
         if k == 0 {
             return (0, 0);
         }
-        requests.extend(std::iter::repeat_n(self.id, k));
         self.head += k as u32;
         let Some(g) = &mut self.general else {
-            nodes.extend_from_slice(&self.order()[head..head + k]);
+            push_rows(self.id, &self.order()[head..head + k], requests, nodes);
             if head + k == tail {
                 // The whole level: the next one is ready.
                 self.level += 1;
@@ -197,7 +214,7 @@ impl Tree {
             self.general = Some(Box::new(General { queue, left }));
             return (k, made);
         };
-        nodes.extend_from_slice(&g.queue[head..head + k]);
+        push_rows(self.id, &g.queue[head..head + k], requests, nodes);
         let plan = self.graph.plan().expect("a tree request has a plan");
         for i in head..head + k {
             for &s in plan.internal_successors(g.queue[i]) {
@@ -227,6 +244,16 @@ impl Tree {
     }
 }
 
+/// Rows `(id, v)` for each node `v` of `from`, appended to the task's row vectors. One loop
+/// pushing both: a request's run is a few nodes, and for so few a copy routine's call costs more
+/// than the copy.
+fn push_rows(id: RequestId, from: &[u32], requests: &mut Vec<RequestId>, nodes: &mut Vec<u32>) {
+    for &v in from {
+        requests.push(id);
+        nodes.push(v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,7 +269,7 @@ mod tests {
     fn leaves_go_as_runs_and_the_inner_subgraph_level_by_level() {
         // Root 0 over 1 and 2 (internal), each over two leaves: levels {1, 2}, then {0}.
         let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 2, 2]).unwrap());
-        let mut t = Tree::new(7, g, vec![99; 3]);
+        let mut t = Tree::new(7, 1, 0, g, vec![99; 3]);
         assert_eq!((t.leaves_ready(), t.inner_ready(), t.inner), (4, 0, Inner::Waiting));
         let (mut requests, mut nodes) = (Vec::new(), Vec::new());
         assert_eq!(t.take_leaves(3, &mut requests, &mut nodes), 3);
@@ -262,7 +289,7 @@ mod tests {
         // Inner levels {1, 2, 3}, then {4 (over 1, 2), 5 (over 3)}, then {0}; leaves 6..=11.
         let parents = [-1, 4, 4, 5, 0, 0, 1, 1, 2, 2, 3, 3];
         let g = Arc::new(CellGraph::tree_of_parents(&parents).unwrap());
-        let mut t = Tree::new(1, g, Vec::new());
+        let mut t = Tree::new(1, 1, 0, g, Vec::new());
         t.take_leaves(6, &mut Vec::new(), &mut Vec::new());
         t.open_inner();
         assert_eq!(t.inner_ready(), 3);
@@ -281,7 +308,7 @@ mod tests {
         // A DAG of tree shape: leaves 0, 1; inner 2 (over 0), 3 (over 1), 4 (over 2, 3), 5 (over 2).
         let preds = [vec![], vec![], vec![0], vec![1], vec![2, 3], vec![2]];
         let g = Arc::new(CellGraph::new(vec![0, 0, 1, 1, 1, 1], &preds).unwrap());
-        let mut t = Tree::new(1, g, Vec::new());
+        let mut t = Tree::new(1, 1, 0, g, Vec::new());
         t.take_leaves(2, &mut Vec::new(), &mut Vec::new());
         t.open_inner();
         assert_eq!(t.inner_ready(), 2);
@@ -295,7 +322,7 @@ mod tests {
     #[test]
     fn dropping_drops_every_ready_node() {
         let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0]).unwrap());
-        let mut t = Tree::new(1, g, Vec::new());
+        let mut t = Tree::new(1, 1, 0, g, Vec::new());
         t.take_leaves(1, &mut Vec::new(), &mut Vec::new());
         assert_eq!(t.drop_ready(), (1, 0));
         assert_eq!((t.leaves_ready(), t.inner), (0, Inner::Drained));
