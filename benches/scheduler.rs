@@ -19,7 +19,7 @@
 //! (priority 1), max batch `b`. Policies: cellular batching (`CellularPolicy`, MaxTasksToSubmit 1
 //! and 5) and the padding baseline (`PaddingPolicy`, same lookahead) at b = 512, cellular LSTM also
 //! at b = 64; and `plain`, a policy with no bookkeeping written the plain way, as a reference:
-//! for the LSTM rows ([`Plain`]) and for the TreeLSTM rows at b = 512 ([`PlainTree`]).
+//! for the LSTM rows ([`Plain`]) and, leaner, for the TreeLSTM rows at b = 512 ([`PlainTree`]).
 //!
 //! Prints criterion's estimates (time per formed task), then a table measured in the same run: µs
 //! per formed task (total wall time / tasks formed; also in thread CPU time, which a loaded
@@ -185,55 +185,64 @@ impl Policy for Plain {
     }
 }
 
-/// The plain way for trees, as [`Plain`] for chains, on one worker with one task out: the task's
-/// cell type is one whose ready nodes fill a batch (internal first), else the one with more ready
-/// nodes (Algorithm 1's first and last steps), and every live tree puts its ready nodes of that
-/// type in it (arrival order, up to the max batch). A tree's state is a cursor into its shape's lists (the leaves, then the inner nodes by
-/// level: `TreeShape::lists` reads them in that order) and the end of its ready nodes there: the
-/// leaves are ready on arrival, the next inner level once the task holding the last of the
-/// previous level has finished. No pinning, queues, priorities, cancel or deadlines; one `retain`
-/// over the live trees per task. What a tree scheduler must do at least — read each request's
-/// shape, emit its rows, complete it — written the plain way, as a reference for the cellular
-/// policy's tree rows.
+/// A lean tree scheduler, as a reference for the cellular policy's tree rows: on one worker with
+/// one task out, with none of cellular batching's bookkeeping (no pinning, priorities, cancel,
+/// deadlines, several workers or split levels). Leaves wait in one FIFO of trees, each with a
+/// cursor into its leaf list; a tree whose ready inner level (its shape's next level, ready once
+/// the task holding the previous one has finished) awaits a task is a *lane*, and an inner task
+/// walks the lanes in order, taking each whole level that fits (a level that does not waits for
+/// the next inner task). The task's cell type is one whose ready nodes fill a batch (internal
+/// first), else the one with more ready nodes (Algorithm 1's first and last steps). What is left
+/// is what any tree scheduler does: copy each request's shape on arrival, emit its rows a level
+/// at a time, complete it.
 struct PlainTree {
     max_batch: usize,
-    live: Vec<PlainTreeReq>,
-    /// Ready nodes per cell type (leaf, internal), as of the last task's completion and arrivals
-    /// since.
+    /// Live trees by slot, and free slots.
+    trees: Vec<Option<PlainTreeReq>>,
+    free: Vec<u32>,
+    /// Trees with leaves not yet submitted, in arrival order.
+    leaf_queue: VecDeque<u32>,
+    /// Trees whose current inner level is ready and not submitted.
+    lanes: Vec<u32>,
+    /// Ready nodes: leaves (in `leaf_queue`), inner nodes (in `lanes`).
     ready: [usize; 2],
-    running: bool,
+    /// The running task: whether it is an inner task, and its trees with their rows in it.
+    running: Option<(bool, Vec<(u32, u32)>)>,
+    /// Buffers for reuse: shape lists, a task's trees, row vectors handed back.
+    spare_lists: Vec<Vec<u32>>,
+    spare_held: Vec<(u32, u32)>,
+    spare_rows: Vec<(Vec<RequestId>, Vec<u32>)>,
     next_task: TaskId,
     out: VecDeque<Decision>,
 }
 
 struct PlainTreeReq {
     id: RequestId,
-    graph: Arc<CellGraph>,
+    /// Leaves, then inner nodes by level, then level ends (a one-node tree: one leaf).
+    lists: Vec<u32>,
     leaves: u32,
     inner: u32,
-    /// The next node to submit and the end of the ready ones, in the shape's lists.
-    next: u32,
-    ready: u32,
-    /// The inner level `ready` ends (meaningless before the leaves are done).
+    leaf_next: u32,
+    leaves_left: u32,
+    /// The current level is `order[head..tail]` (indices into the inner part of `lists`).
+    head: u32,
+    tail: u32,
     level: u32,
-    /// The running task holds nodes of it.
-    in_task: bool,
-}
-
-impl PlainTreeReq {
-    /// Leaves, then inner nodes by level, then level ends (a one-node tree has no shape: a leaf).
-    fn lists(&self) -> &[u32] {
-        self.graph.tree_shape().map_or(&[0], |s| s.lists())
-    }
 }
 
 impl PlainTree {
     fn new(max_batch: usize) -> PlainTree {
         PlainTree {
             max_batch,
-            live: Vec::new(),
+            trees: Vec::new(),
+            free: Vec::new(),
+            leaf_queue: VecDeque::new(),
+            lanes: Vec::new(),
             ready: [0; 2],
-            running: false,
+            running: None,
+            spare_lists: Vec::new(),
+            spare_held: Vec::new(),
+            spare_rows: Vec::new(),
             next_task: 0,
             out: VecDeque::new(),
         }
@@ -241,77 +250,155 @@ impl PlainTree {
 
     fn launch(&mut self) {
         let [leaf, inner] = self.ready;
+        if leaf + inner == 0 {
+            return;
+        }
         let inner = inner >= self.max_batch || (leaf < self.max_batch && inner >= leaf);
-        let (mut requests, mut nodes) = (Vec::new(), Vec::new());
-        for t in &mut self.live {
-            if requests.len() == self.max_batch {
-                break;
+        let (mut requests, mut nodes) = self.spare_rows.pop().unwrap_or_default();
+        let mut held = std::mem::take(&mut self.spare_held);
+        if inner {
+            let mut kept = 0;
+            for i in 0..self.lanes.len() {
+                let slot = self.lanes[i];
+                let t = self.trees[slot as usize].as_mut().expect("a lane is a live tree");
+                let k = (t.tail - t.head) as usize;
+                if requests.len() + k > self.max_batch {
+                    self.lanes[kept] = slot;
+                    kept += 1;
+                    continue;
+                }
+                let at = (t.leaves + t.head) as usize;
+                for &v in &t.lists[at..at + k] {
+                    requests.push(t.id);
+                    nodes.push(v);
+                }
+                t.head = t.tail;
+                held.push((slot, k as u32));
             }
-            if t.next == t.ready || (t.next >= t.leaves) != inner {
-                continue;
+            self.lanes.truncate(kept);
+        } else {
+            while let Some(&slot) = self.leaf_queue.front() {
+                let room = self.max_batch - requests.len();
+                if room == 0 {
+                    break;
+                }
+                let t = self.trees[slot as usize].as_mut().expect("a queued tree is live");
+                let (from, k) = (t.leaf_next as usize, room.min((t.leaves - t.leaf_next) as usize));
+                for &v in &t.lists[from..from + k] {
+                    requests.push(t.id);
+                    nodes.push(v);
+                }
+                t.leaf_next += k as u32;
+                held.push((slot, k as u32));
+                if t.leaf_next == t.leaves {
+                    self.leaf_queue.pop_front();
+                }
             }
-            let k = ((t.ready - t.next) as usize).min(self.max_batch - requests.len());
-            let from = t.next as usize;
-            nodes.extend_from_slice(&t.lists()[from..from + k]);
-            requests.extend(std::iter::repeat_n(t.id, k));
-            t.next += k as u32;
-            t.in_task = true;
         }
+        assert!(!requests.is_empty(), "every tree level fits a task");
         self.ready[usize::from(inner)] -= requests.len();
-        self.running = !requests.is_empty();
-        if self.running {
-            let batch = requests.len();
-            self.out.push_back(Decision::Launch(Launch {
-                task: self.next_task,
-                worker: 0,
-                cell: CellType::from(inner),
-                requests,
-                nodes,
-                batch,
-            }));
-            self.next_task += 1;
-        }
+        let batch = requests.len();
+        self.out.push_back(Decision::Launch(Launch {
+            task: self.next_task,
+            worker: 0,
+            cell: CellType::from(inner),
+            requests,
+            nodes,
+            batch,
+        }));
+        self.next_task += 1;
+        self.running = Some((inner, held));
+    }
+
+    /// Tree `slot` has finished: complete it and free its slot.
+    fn complete(&mut self, slot: u32) {
+        let t = self.trees[slot as usize].take().expect("a live tree");
+        self.out.push_back(Decision::Complete { id: t.id, code: serve::Code::Ok });
+        let mut lists = t.lists;
+        lists.clear();
+        self.spare_lists.push(lists);
+        self.free.push(slot);
     }
 }
 
 impl Policy for PlainTree {
     fn arrive(&mut self, _: Time, a: Arrival) {
         let graph = a.cells.expect("a tree request has a graph");
-        let (leaves, inner) =
-            graph.tree_shape().map_or((1, 0), |s| (s.leaves().len() as u32, s.order().len() as u32));
-        let t =
-            PlainTreeReq { id: a.id, graph, leaves, inner, next: 0, ready: leaves, level: 0, in_task: false };
-        self.live.push(t);
+        let mut lists = self.spare_lists.pop().unwrap_or_default();
+        let (leaves, inner) = match graph.tree_shape() {
+            Some(s) => {
+                lists.extend_from_slice(s.lists());
+                (s.leaves().len() as u32, s.order().len() as u32)
+            }
+            None => {
+                lists.push(0);
+                (1, 0)
+            }
+        };
+        let t = PlainTreeReq {
+            id: a.id,
+            lists,
+            leaves,
+            inner,
+            leaf_next: 0,
+            leaves_left: leaves,
+            head: 0,
+            tail: 0,
+            level: 0,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.trees[slot as usize] = Some(t);
+                slot
+            }
+            None => {
+                self.trees.push(Some(t));
+                (self.trees.len() - 1) as u32
+            }
+        };
+        self.leaf_queue.push_back(slot);
         self.ready[0] += leaves as usize;
-        if !self.running {
+        if self.running.is_none() {
             self.launch();
         }
     }
     fn cancel(&mut self, _: Time, _: RequestId) {}
     fn task_done(&mut self, _: Time, _: TaskId) {
-        let (out, mut ready) = (&mut self.out, [0; 2]);
-        self.live.retain_mut(|t| {
-            if std::mem::take(&mut t.in_task) && t.next == t.ready {
-                // Its ready nodes have all finished: it is done, or its next inner level is ready
-                // (the first once the leaves are done).
-                let end = t.leaves + t.inner;
-                if t.next == end {
-                    out.push_back(Decision::Complete { id: t.id, code: serve::Code::Ok });
-                    return false;
+        let (inner, mut held) = self.running.take().expect("a task is running");
+        for &(slot, rows) in &held {
+            let t = self.trees[slot as usize].as_mut().expect("a tree in a task is live");
+            // The tree's next inner level is ready, if it has one: the first once its leaves are
+            // done.
+            let next = if inner {
+                t.level += 1;
+                Some(t.level)
+            } else {
+                t.leaves_left -= rows;
+                (t.leaves_left == 0).then_some(0)
+            };
+            let Some(level) = next else { continue };
+            match t.lists.get((t.leaves + t.inner + level) as usize) {
+                Some(&end) => {
+                    t.tail = end;
+                    self.ready[1] += (t.tail - t.head) as usize;
+                    self.lanes.push(slot);
                 }
-                if t.next > t.leaves {
-                    t.level += 1;
-                }
-                t.ready = t.leaves + t.lists()[(end + t.level) as usize];
+                _ => self.complete(slot),
             }
-            ready[usize::from(t.next >= t.leaves)] += (t.ready - t.next) as usize;
-            true
-        });
-        self.ready = ready;
+        }
+        held.clear();
+        self.spare_held = held;
         self.launch();
     }
     fn end_early(&mut self, _: Time, _: RequestId) {}
     fn tick(&mut self, _: Time) {}
+    fn recycle(&mut self, mut requests: Vec<RequestId>, mut nodes: Vec<u32>) {
+        requests.clear();
+        nodes.clear();
+        if self.spare_rows.len() < 2 {
+            self.spare_rows.push((requests, nodes));
+        }
+    }
     fn poll(&mut self) -> Option<Decision> {
         self.out.pop_front()
     }
@@ -319,10 +406,10 @@ impl Policy for PlainTree {
         None
     }
     fn queued(&self) -> usize {
-        self.live.iter().filter(|t| !t.in_task).count()
+        self.leaf_queue.len()
     }
     fn running(&self) -> usize {
-        self.live.iter().filter(|t| t.in_task).count()
+        self.running.as_ref().map_or(0, |(_, held)| held.len())
     }
 }
 
