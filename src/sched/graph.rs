@@ -215,7 +215,7 @@ impl SubgraphPlan {
     }
 
     /// The successors of node `v` in its own subgraph, ascending.
-    pub fn internal_successors(&self, v: u32) -> &[u32] {
+    pub(crate) fn internal_successors(&self, v: u32) -> &[u32] {
         &self.succ[self.succ_start[v as usize] as usize..self.succ_ext[v as usize] as usize]
     }
 }
@@ -244,7 +244,7 @@ pub struct CellGraph {
 impl CellGraph {
     /// The graph of a fixed-shape request (an arrival without cells): one cell of type 0. Built
     /// once, shared.
-    pub fn single() -> Arc<CellGraph> {
+    pub(crate) fn single() -> Arc<CellGraph> {
         static SINGLE: LazyLock<Arc<CellGraph>> = LazyLock::new(|| Arc::new(CellGraph::chains(&[(0, 1)])));
         SINGLE.clone()
     }
@@ -319,15 +319,19 @@ impl CellGraph {
         Ok(g)
     }
 
-    /// A tree: node `i` depends on its children `children[i]`; a leaf (no children) runs cell
-    /// type 0, an internal node type 1 (TreeLSTM's `model::LEAF` and `model::INTERNAL`).
-    pub fn tree(children: &[Vec<u32>]) -> Result<CellGraph> {
-        CellGraph::new(children.iter().map(|c| CellType::from(!c.is_empty())).collect(), children)
+    /// A tree: node `i` depends on its children `children[i]`; a leaf (no children) runs
+    /// TreeLSTM's leaf cell type, an internal node its internal one.
+    pub(crate) fn tree(children: &[Vec<u32>]) -> Result<CellGraph> {
+        use crate::model::{INTERNAL, LEAF};
+        CellGraph::new(
+            children.iter().map(|c| if c.is_empty() { LEAF } else { INTERNAL }).collect(),
+            children,
+        )
     }
 
-    /// [`CellGraph::tree`] of a tree given as each node's parent index (-1 for the root), checked
-    /// as a `treelstm` request's tree is
-    /// ([`validate_tree`](crate::model::treelstm::validate_tree)).
+    /// The graph of a tree given as each node's parent index (-1 for the root), checked as a
+    /// `treelstm` request's tree is ([`validate_tree`](crate::model::treelstm::validate_tree)): a
+    /// leaf runs TreeLSTM's leaf cell type, an internal node its internal one.
     pub fn tree_of_parents(parents: &[i32]) -> Result<CellGraph> {
         let tree = crate::model::treelstm::validate_tree(parents, usize::MAX)?;
         CellGraph::tree(&tree.children)

@@ -11,8 +11,9 @@
 //! Contract shared by every policy:
 //! * every request passed to `arrive` leaves through exactly one [`Decision::Complete`];
 //! * a task runs on one worker, which has at most the policy's lookahead of unfinished tasks; a
-//!   fixed-shape request is in one task, a recurrent request's cells may be in several tasks of
-//!   one worker at once (later cells after earlier ones, in stream order);
+//!   fixed-shape request is in one task, a recurrent request's cells may be in several tasks at
+//!   once: the cells of one subgraph on one worker, later after earlier in stream order, and
+//!   independent cells (a tree's leaves, say) on any worker;
 //! * a request whose deadline is `<= now` at a boundary completes `DeadlineExceeded`; a cancelled
 //!   one completes `Cancelled` at the next boundary (at once if it is still queued);
 //! * `task_done` is called exactly once for every launched task, and a worker's tasks finish in

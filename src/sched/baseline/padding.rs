@@ -376,6 +376,7 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+    use crate::sched::drain;
 
     fn us(v: u64) -> Time {
         Time::from_micros(v)
@@ -397,10 +398,6 @@ mod tests {
 
     fn arrive(p: &mut PaddingPolicy, id: RequestId, g: Arc<CellGraph>) {
         p.arrive(us(0), Arrival { id, deadline: None, priority: 0, cells: Some(g) });
-    }
-
-    fn drain(p: &mut PaddingPolicy) -> Vec<Decision> {
-        crate::sched::drain(p)
     }
 
     fn launch(

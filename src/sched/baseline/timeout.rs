@@ -259,6 +259,7 @@ impl Policy for TimeoutPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sched::drain;
 
     fn us(v: u64) -> Time {
         Time::from_micros(v)
@@ -275,10 +276,6 @@ mod tests {
 
     fn arrive(p: &mut TimeoutPolicy, now: Time, id: RequestId) {
         p.arrive(now, Arrival::fixed(id));
-    }
-
-    fn drain(p: &mut TimeoutPolicy) -> Vec<Decision> {
-        crate::sched::drain(p)
     }
 
     fn launch(task: TaskId, worker: WorkerId, requests: &[RequestId], batch: usize) -> Decision {

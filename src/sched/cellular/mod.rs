@@ -266,9 +266,9 @@ pub struct CellularPolicy {
     spare_nodes: Vec<Vec<u32>>,
     /// Scratch for `task_done`: slots with nothing running any more.
     idle_slots: Vec<u32>,
-    /// Scratch for `task_done`: the tree inner subgraphs it unpins, as (entry, priority, ready
-    /// nodes).
-    unpinned_trees: Vec<(SgRef, i32, usize)>,
+    /// Scratch for `task_done`: the tree inner subgraphs it unpins, as (request slot, priority,
+    /// ready nodes).
+    unpinned_trees: Vec<(u32, i32, usize)>,
     /// Scratch for `form_batched_task`: (slot, node) made ready by the task being formed.
     ready_after: Vec<(u32, u32)>,
     /// Numbers each task formation and completion, so per-task counters count a request or a
@@ -351,16 +351,11 @@ impl CellularPolicy {
         }
     }
 
-    /// Queue entry `sg` of request `slot`, standing for `ready` ready nodes of cell type `ty`,
-    /// among the unpinned subgraphs of the request's priority: at the back, or at the front.
-    fn queue_unpinned(&mut self, slot: u32, sg: u32, ty: usize, ready: usize, front: bool) {
-        let r = self.req(slot);
-        let (at, priority) = (SgRef { slot, generation: r.generation, sg }, r.priority);
-        self.queue_entry(at, priority, ty, ready, front);
-    }
-
-    /// Queue entry `at`, of request priority `priority`, as [`Self::queue_unpinned`].
-    fn queue_entry(&mut self, at: SgRef, priority: i32, ty: usize, ready: usize, front: bool) {
+    /// Queue entry `sg` of request `slot` (of request priority `priority`), standing for `ready`
+    /// ready nodes of cell type `ty`, among the unpinned subgraphs of its priority: at the back,
+    /// or at the front.
+    fn queue_unpinned(&mut self, slot: u32, sg: u32, priority: i32, ty: usize, ready: usize, front: bool) {
+        let at = SgRef { slot, generation: self.generations[slot as usize], sg };
         let q = &mut self.types[ty];
         q.ready_unpinned += ready;
         push_unpinned(&mut q.unpinned, priority, at, front);
@@ -453,19 +448,17 @@ impl CellularPolicy {
     /// Queue tree request `slot`'s leaves, ready on arrival, as one entry.
     fn queue_leaves(&mut self, slot: u32) {
         let t = self.trees[slot as usize].as_ref().expect("live tree request");
-        let at = SgRef { slot, generation: t.generation, sg: LEAVES };
         let (priority, ty, ready) = (t.priority, t.leaf_type as usize, t.leaves_ready());
-        self.queue_entry(at, priority, ty, ready, false);
+        self.queue_unpinned(slot, LEAVES, priority, ty, ready, false);
     }
 
-    /// Queue tree request `slot`'s inner subgraph as unpinned, at the back of its priority (it
-    /// became schedulable now) or at the front (it was unpinned).
-    fn queue_inner(&mut self, slot: u32, front: bool) {
+    /// Queue tree request `slot`'s inner subgraph, schedulable now, as unpinned (at the back of
+    /// its priority).
+    fn queue_inner(&mut self, slot: u32) {
         let t = self.trees[slot as usize].as_mut().expect("live tree request");
         t.inner = Inner::Queued;
-        let at = SgRef { slot, generation: t.generation, sg: INNER };
         let (priority, ty, ready) = (t.priority, t.inner_type as usize, t.inner_ready());
-        self.queue_entry(at, priority, ty, ready, front);
+        self.queue_unpinned(slot, INNER, priority, ty, ready, false);
     }
 
     // ---- chain requests ---------------------------------------------------------------------
@@ -473,10 +466,12 @@ impl CellularPolicy {
     /// Queue chain request `slot`'s current run as an unpinned subgraph, at the back of its
     /// priority (it became ready now) or at the front (it was unpinned).
     fn queue_chain(&mut self, slot: u32, front: bool) {
-        let c = self.req_mut(slot).chain();
+        let r = self.req_mut(slot);
+        let priority = r.priority;
+        let c = r.chain();
         c.state = ChainState::Queued;
         let (run, ty) = (c.run, c.ty as usize);
-        self.queue_unpinned(slot, run, ty, 1, front);
+        self.queue_unpinned(slot, run, priority, ty, 1, front);
     }
 
     /// The worker's last unfinished task of `ty` finished: its chains' pin counters are all 0.
@@ -926,8 +921,9 @@ impl CellularPolicy {
                 return true; // stale: unpinned, pinned again, drained or dropped since
             }
             let before = t.inner_ready();
-            let (k, made) = t.take_inner(room, &mut f.out.requests, &mut f.out.nodes);
-            let left = before - k + made;
+            let k = t.take_inner(room, &mut f.out.requests, &mut f.out.nodes);
+            // Left ready, or made ready by this take.
+            let left = t.inner_ready();
             let q = &mut self.types[t.inner_type as usize];
             match from {
                 Where::Pinned(w) => q.ready_pinned[w as usize] -= before,
@@ -980,7 +976,7 @@ impl CellularPolicy {
     fn is_running(&self, slot: u32) -> bool {
         match &self.req(slot).body {
             Body::Graph(g) => g.inflight > 0,
-            Body::Tree => self.trees[slot as usize].as_ref().is_some_and(|t| t.inflight > 0),
+            Body::Tree => self.trees[slot as usize].as_ref().expect("live tree request").inflight > 0,
             Body::Chain(c) => match c.state {
                 ChainState::Releasing => true,
                 ChainState::Resident(w) => self.types[c.ty as usize].blocks[w as usize].live,
@@ -997,9 +993,10 @@ impl CellularPolicy {
         let r = self.req(slot);
         let finished = match &r.body {
             Body::Graph(g) => g.done_nodes as usize == g.nodes.len(),
-            Body::Tree => self.trees[slot as usize]
-                .as_ref()
-                .is_some_and(|t| t.leaves_left == 0 && t.inner == Inner::Drained),
+            Body::Tree => {
+                let t = self.trees[slot as usize].as_ref().expect("live tree request");
+                t.leaves_left == 0 && t.inner == Inner::Drained
+            }
             Body::Chain(c) => c.state == ChainState::Idle,
         };
         // A finished request past its deadline was doomed by `expire`, which runs first at every
@@ -1127,7 +1124,7 @@ impl Policy for CellularPolicy {
             Body::Chain(Chain::new(graph))
         } else if graph.tree_shape().is_some() {
             let lists = self.spare_slots.pop().unwrap_or_default();
-            self.trees[slot as usize] = Some(Tree::new(a.id, generation, a.priority, graph, lists));
+            self.trees[slot as usize] = Some(Tree::new(a.id, a.priority, graph, lists));
             Body::Tree
         } else {
             let mut req = self.spare_reqs.pop().unwrap_or_default();
@@ -1249,7 +1246,7 @@ impl Policy for CellularPolicy {
                 if t.leaves_left == 0 && !doomed {
                     // The inner subgraph's external dependencies have all finished.
                     t.open_inner();
-                    self.queue_inner(slot, false);
+                    self.queue_inner(slot);
                 }
             } else if let Inner::Pinned(w) = t.inner
                 && t.last_task == task
@@ -1258,11 +1255,11 @@ impl Policy for CellularPolicy {
                 t.inner = Inner::Queued;
                 let ready = t.inner_ready();
                 self.types[ty].ready_pinned[w as usize] -= ready;
-                unpinned.push((SgRef { slot, generation: t.generation, sg: INNER }, t.priority, ready));
+                unpinned.push((slot, t.priority, ready));
             }
         }
-        for &(at, priority, ready) in unpinned.iter().rev() {
-            self.queue_entry(at, priority, ty, ready, true);
+        for &(slot, priority, ready) in unpinned.iter().rev() {
+            self.queue_unpinned(slot, INNER, priority, ty, ready, true);
         }
         unpinned.clear();
         self.unpinned_trees = unpinned;

@@ -25,8 +25,8 @@ pub(super) enum Where {
 
 /// A queue entry naming one subgraph of one request: for a chain its run, for a graph request
 /// its subgraph, for a tree request `tree::LEAVES` (all its ready leaves) or `tree::INNER` (its
-/// inner subgraph). Entries go stale
-/// when the subgraph moves queue or the request leaves; they are skipped when met.
+/// inner subgraph). Entries go stale when the subgraph moves queue or the request leaves; they
+/// are skipped when met.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct SgRef {
     pub slot: u32,

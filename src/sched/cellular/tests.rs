@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::sched::CellGraph;
+use crate::sched::{CellGraph, drain};
 
 /// A worker's stream in the random test: its submitted tasks, in order.
 type Stream = std::collections::VecDeque<(TaskId, Vec<(RequestId, u32)>)>;
@@ -42,10 +42,6 @@ fn tree(parents: &[i32]) -> Arc<CellGraph> {
 
 fn arrive(p: &mut CellularPolicy, now: Time, id: RequestId, g: Arc<CellGraph>) {
     p.arrive(now, Arrival { id, deadline: None, priority: 0, cells: Some(g) });
-}
-
-fn drain(p: &mut CellularPolicy) -> Vec<Decision> {
-    crate::sched::drain(p)
 }
 
 /// A launch of `cell` on `worker` with (request, node) rows, unpadded.

@@ -59,8 +59,7 @@ pub(super) struct General {
 /// A tree request's progress.
 pub(super) struct Tree {
     pub id: RequestId,
-    /// The request's generation and priority (as in its record), for its queue entries.
-    pub generation: u32,
+    /// The request's priority (a copy of its record's, which scheduling a tree need not read).
     pub priority: i32,
     pub graph: Arc<CellGraph>,
     /// The shape's lists, copied on arrival so that scheduling reads only this record and this
@@ -92,15 +91,9 @@ pub(super) struct Tree {
 }
 
 impl Tree {
-    /// The state of request `id` (of generation `generation` and priority `priority`) with graph
-    /// `graph`, built in `lists` (a recycled buffer).
-    pub fn new(
-        id: RequestId,
-        generation: u32,
-        priority: i32,
-        graph: Arc<CellGraph>,
-        mut lists: Vec<u32>,
-    ) -> Tree {
+    /// The state of request `id` (of priority `priority`) with graph `graph`, built in `lists`
+    /// (a recycled buffer).
+    pub fn new(id: RequestId, priority: i32, graph: Arc<CellGraph>, mut lists: Vec<u32>) -> Tree {
         let shape = graph.tree_shape().expect("a tree request has a tree shape");
         lists.clear();
         lists.extend_from_slice(shape.lists());
@@ -108,7 +101,6 @@ impl Tree {
         let (leaf_type, inner_type) = (shape.leaf_type, shape.inner_type);
         Tree {
             id,
-            generation,
             priority,
             graph,
             lists,
@@ -171,19 +163,14 @@ impl Tree {
         self.tail = self.level_end(0).expect("a tree request has inner nodes");
     }
 
-    /// Up to `room` ready inner nodes as rows, in ready order. The nodes this
-    /// makes ready (their inner predecessors all submitted now) are ready from the next task on.
-    /// Returns (rows taken, nodes made ready).
-    pub fn take_inner(
-        &mut self,
-        room: usize,
-        requests: &mut Vec<RequestId>,
-        nodes: &mut Vec<u32>,
-    ) -> (usize, usize) {
+    /// Up to `room` ready inner nodes as rows, in ready order; returns how many. The nodes this
+    /// makes ready (their inner predecessors all submitted now) are ready from the next task on:
+    /// [`Tree::inner_ready`] counts them with those left.
+    pub fn take_inner(&mut self, room: usize, requests: &mut Vec<RequestId>, nodes: &mut Vec<u32>) -> usize {
         let (head, tail) = (self.head as usize, self.tail as usize);
         let k = room.min(tail - head);
         if k == 0 {
-            return (0, 0);
+            return 0;
         }
         self.head += k as u32;
         let Some(g) = &mut self.general else {
@@ -191,9 +178,10 @@ impl Tree {
             if head + k == tail {
                 // The whole level: the next one is ready.
                 self.level += 1;
-                let Some(end) = self.level_end(self.level) else { return (k, 0) };
-                self.tail = end;
-                return (k, self.inner_ready());
+                if let Some(end) = self.level_end(self.level) {
+                    self.tail = end;
+                }
+                return k;
             }
             // Part of a level: from here on, node by node. Submitted are `order[..head + k]`.
             let (plan, order) = (self.plan(), self.order());
@@ -209,10 +197,9 @@ impl Tree {
             if let Some(end) = self.level_end(self.level + 1) {
                 queue.extend(order[tail..end as usize].iter().filter(|&&v| left[v as usize] == 0));
             }
-            let made = queue.len() - tail;
             self.tail = queue.len() as u32;
             self.general = Some(Box::new(General { queue, left }));
-            return (k, made);
+            return k;
         };
         push_rows(self.id, &g.queue[head..head + k], requests, nodes);
         let plan = self.graph.plan().expect("a tree request has a plan");
@@ -224,9 +211,8 @@ impl Tree {
                 }
             }
         }
-        let made = g.queue.len() - tail;
         self.tail = g.queue.len() as u32;
-        (k, made)
+        k
     }
 
     /// Whether every inner node has been submitted.
@@ -260,16 +246,18 @@ mod tests {
 
     fn take(t: &mut Tree, room: usize) -> (Vec<u32>, usize) {
         let (mut requests, mut nodes) = (Vec::new(), Vec::new());
-        let (k, made) = t.take_inner(room, &mut requests, &mut nodes);
+        let before = t.inner_ready();
+        let k = t.take_inner(room, &mut requests, &mut nodes);
         assert_eq!((requests, k), (vec![t.id; nodes.len()], nodes.len()));
-        (nodes, made)
+        // Nodes made ready: those ready now but for the ones left from before.
+        (nodes, t.inner_ready() - (before - k))
     }
 
     #[test]
     fn leaves_go_as_runs_and_the_inner_subgraph_level_by_level() {
         // Root 0 over 1 and 2 (internal), each over two leaves: levels {1, 2}, then {0}.
         let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 2, 2]).unwrap());
-        let mut t = Tree::new(7, 1, 0, g, vec![99; 3]);
+        let mut t = Tree::new(7, 0, g, vec![99; 3]);
         assert_eq!((t.leaves_ready(), t.inner_ready(), t.inner), (4, 0, Inner::Waiting));
         let (mut requests, mut nodes) = (Vec::new(), Vec::new());
         assert_eq!(t.take_leaves(3, &mut requests, &mut nodes), 3);
@@ -289,7 +277,7 @@ mod tests {
         // Inner levels {1, 2, 3}, then {4 (over 1, 2), 5 (over 3)}, then {0}; leaves 6..=11.
         let parents = [-1, 4, 4, 5, 0, 0, 1, 1, 2, 2, 3, 3];
         let g = Arc::new(CellGraph::tree_of_parents(&parents).unwrap());
-        let mut t = Tree::new(1, 1, 0, g, Vec::new());
+        let mut t = Tree::new(1, 0, g, Vec::new());
         t.take_leaves(6, &mut Vec::new(), &mut Vec::new());
         t.open_inner();
         assert_eq!(t.inner_ready(), 3);
@@ -308,7 +296,7 @@ mod tests {
         // A DAG of tree shape: leaves 0, 1; inner 2 (over 0), 3 (over 1), 4 (over 2, 3), 5 (over 2).
         let preds = [vec![], vec![], vec![0], vec![1], vec![2, 3], vec![2]];
         let g = Arc::new(CellGraph::new(vec![0, 0, 1, 1, 1, 1], &preds).unwrap());
-        let mut t = Tree::new(1, 1, 0, g, Vec::new());
+        let mut t = Tree::new(1, 0, g, Vec::new());
         t.take_leaves(2, &mut Vec::new(), &mut Vec::new());
         t.open_inner();
         assert_eq!(t.inner_ready(), 2);
@@ -322,7 +310,7 @@ mod tests {
     #[test]
     fn dropping_drops_every_ready_node() {
         let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0]).unwrap());
-        let mut t = Tree::new(1, 1, 0, g, Vec::new());
+        let mut t = Tree::new(1, 0, g, Vec::new());
         t.take_leaves(1, &mut Vec::new(), &mut Vec::new());
         assert_eq!(t.drop_ready(), (1, 0));
         assert_eq!((t.leaves_ready(), t.inner), (0, Inner::Drained));
