@@ -32,13 +32,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::gpu::skip;
+use common::gpu::{device, have_nvrtc, skip};
 
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::gemm::{PackedWeight, Threads, linear};
 use serve::backend::cpu::lstm_cell::{
-    LstmLayer, LstmRow, LstmScratch, NO_TOKEN, Projection, argmax, embed_rows, lstm_layer_step,
-    project_argmax,
+    LstmLayer, LstmRow, LstmScratch, Projection, argmax, embed_rows, lstm_layer_step, project_argmax,
 };
 use serve::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
 use serve::backend::cuda::abi::{
@@ -47,8 +46,9 @@ use serve::backend::cuda::abi::{
 };
 use serve::backend::cuda::kernels::{self, BLOCK, KernelImage, grid};
 use serve::backend::cuda::{
-    self, Blas, CudaDevice, DeviceBuffer, Function, LaunchConfig, PinnedMapped, Pod, Stream, libs,
+    Blas, CudaDevice, DeviceBuffer, Function, LaunchConfig, PinnedMapped, Pod, Stream, libs,
 };
+use serve::model::NO_TOKEN;
 use serve::workload::values;
 
 // ---------------------------------------------------------------------------------------------
@@ -71,18 +71,10 @@ struct Gpu {
 }
 
 fn gpu(with_blas: bool) -> Option<Gpu> {
-    let probe = cuda::probe();
-    if probe.devices == 0 {
-        return skip(&format!("no CUDA device ({})", probe.summary()));
-    }
-    let dev = CudaDevice::open(0).unwrap_or_else(|e| panic!("cannot open CUDA device 0: {e}"));
-    if matches!(kernels::image(), KernelImage::Sources(_)) {
-        if let Err(e) = libs::nvrtc() {
-            return skip(&format!(
-                "no fatbin in this build and no NVRTC to compile the kernels ({})",
-                e.message()
-            ));
-        }
+    let dev = device()?;
+    // Without a fatbin in this build, the kernels are compiled with NVRTC.
+    if matches!(kernels::image(), KernelImage::Sources(_)) && !have_nvrtc(true) {
+        return None;
     }
     let m = dev.kernels().unwrap_or_else(|e| panic!("loading the kernels: {e}"));
     let f = |name: &str| m.function(name).unwrap_or_else(|e| panic!("{name}: {e}"));

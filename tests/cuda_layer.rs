@@ -14,21 +14,12 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::gpu::{have_nvrtc, skip};
+use common::gpu::{device, have_nvrtc, skip};
 use serve::backend::CompletionSignal;
 use serve::backend::cuda::kernels::{self, KernelImage};
 use serve::backend::cuda::{self, CudaDevice, LaunchConfig, Module, Stream, driver, libs, module};
 use serve::backend::{BackendChoice, BackendKind};
 use serve::error::Code;
-
-/// Device 0, or `None` after printing why the test is skipped (`common::gpu::skip`).
-fn device() -> Option<CudaDevice> {
-    let probe = cuda::probe();
-    if probe.devices == 0 {
-        return skip(&format!("no CUDA device ({})", probe.summary()));
-    }
-    Some(CudaDevice::open(0).unwrap_or_else(|e| panic!("cannot open CUDA device 0: {e}")))
-}
 
 // ---------------------------------------------------------------------------------------------
 // Everywhere (no GPU needed).

@@ -106,8 +106,8 @@ fn bad_inputs_are_refused_per_request_naming_the_problem() {
     );
 }
 
-/// A model slow enough per cell (h = 256, 4 layers) that a 300-token request is still running a
-/// few milliseconds after submit.
+/// A model slow enough per cell (h = 256, 4 layers) that a long request (20 000 tokens in the
+/// cancel/deadline test, 1000 in the slot test) is still running well after submit.
 fn slow_lstm() -> Lstm {
     Lstm::random(100, 64, 256, 4, 11)
 }

@@ -115,8 +115,6 @@ pub const DECODER: CellType = 1;
 /// `treelstm`: leaves and internal nodes.
 pub const LEAF: CellType = 0;
 pub const INTERNAL: CellType = 1;
-// The cell types `CellGraph::tree` gives leaves and internal nodes.
-const _: () = assert!(LEAF == 0 && INTERNAL == 1);
 
 impl Network {
     pub fn kind(&self) -> ModelKind {

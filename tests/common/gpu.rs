@@ -2,7 +2,7 @@
 //! `skipped: …` and passes, unless `SERVE_REQUIRE_GPU=1` makes that a failure; NVRTC needs no
 //! GPU, and `SERVE_REQUIRE_NVRTC=1` makes its absence a failure on its own.
 
-use serve::backend::cuda::libs;
+use serve::backend::cuda::{self, CudaDevice, libs};
 
 use super::native::env_flag;
 
@@ -13,6 +13,15 @@ pub fn skip<T>(why: &str) -> Option<T> {
     }
     println!("skipped: {why}");
     None
+}
+
+/// Device 0, or `None` after printing why the test is skipped (no CUDA device).
+pub fn device() -> Option<CudaDevice> {
+    let probe = cuda::probe();
+    if probe.devices == 0 {
+        return skip(&format!("no CUDA device ({})", probe.summary()));
+    }
+    Some(CudaDevice::open(0).unwrap_or_else(|e| panic!("cannot open CUDA device 0: {e}")))
 }
 
 /// Whether NVRTC can be used. If not: a failure under `SERVE_REQUIRE_NVRTC=1` (and, for a test

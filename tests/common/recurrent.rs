@@ -207,7 +207,7 @@ pub fn stress(rt: Arc<Runtime>, s: Stress) {
             .unwrap(),
     ];
     let q = Arc::new(CompletionQueue::new().unwrap());
-    let submitted = Arc::new(AtomicU64::new(0));
+    let attempted = Arc::new(AtomicU64::new(0));
     let input_of = |tag: u64| -> Input {
         let mut rng = StdRng::seed_from_u64(tag);
         let n = rng.random_range(1..30);
@@ -222,11 +222,18 @@ pub fn stress(rt: Arc<Runtime>, s: Stress) {
     let per_thread = s.per_thread;
     let submitters: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (models, q, rt, submitted) = (models.clone(), q.clone(), rt.clone(), submitted.clone());
+            let (models, q, rt, attempted) = (models.clone(), q.clone(), rt.clone(), attempted.clone());
             std::thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(100 + t);
                 let (mut accepted, mut refused) = (Vec::new(), Vec::new());
                 for i in 0..per_thread {
+                    if i == per_thread * 2 / 3 {
+                        // The rest is submitted once the shutdown has begun: some of the
+                        // requests are refused, whatever the threads' timing.
+                        while !rt.is_shut_down() {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
                     let tag = t * per_thread + i;
                     let opts = if rng.random_bool(0.03) {
                         SubmitOptions::with_timeout(Duration::from_micros(rng.random_range(1..2000)))
@@ -236,16 +243,17 @@ pub fn stress(rt: Arc<Runtime>, s: Stress) {
                     let model = &models[(tag % 3) as usize];
                     if stress_submit(&rt, model, || input_of(tag), opts, &q, tag, &mut rng) {
                         accepted.push(tag);
-                        submitted.fetch_add(1, Ordering::Relaxed);
                     } else {
                         refused.push(tag);
                     }
+                    attempted.fetch_add(1, Ordering::Relaxed);
                 }
                 (accepted, refused)
             })
         })
         .collect();
-    while submitted.load(Ordering::Relaxed) < THREADS * per_thread * 2 / 3 {
+    // Every thread has tried its first two thirds: shut down, in the middle.
+    while attempted.load(Ordering::Relaxed) < THREADS * (per_thread * 2 / 3) {
         std::thread::sleep(Duration::from_millis(1));
     }
     rt.shutdown(Duration::from_millis(300));

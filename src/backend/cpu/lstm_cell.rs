@@ -17,9 +17,9 @@ use crate::backend::cpu::gemm::{PackedWeight, Threads, linear, matmul};
 use crate::backend::size;
 use crate::error::{Code, Error, Result};
 
-/// The token id of a row without a token (a padding row, or a request not decoding this step):
-/// its embedding is a zero row. The model's constant (a tree node may have none too).
-pub use crate::model::treelstm::NO_TOKEN;
+// `NO_TOKEN`: the token id of a row without a token (a padding row, or a request not decoding
+// this step); its embedding is a zero row.
+use crate::model::NO_TOKEN;
 
 /// Below this many state values (`padded × hidden`) a step's gather and pointwise kernels run on
 /// the calling thread even when more threads are allowed.
@@ -38,16 +38,18 @@ fn task_rows(width: usize) -> usize {
     TASK_MIN_VALUES.div_ceil(width.max(1))
 }
 
-/// Grow `v` to at least `len` values (zero-filled), or fail with [`Code::Unavailable`].
-pub(crate) fn grow(v: &mut Vec<f32>, len: usize, what: &str) -> Result<()> {
+/// Grow `v` to at least `len` values (default-filled), or fail with [`Code::Unavailable`] (never
+/// abort).
+pub(crate) fn grow<T: Clone + Default>(v: &mut Vec<T>, len: usize, what: &str) -> Result<()> {
     if v.len() < len {
         v.try_reserve_exact(len - v.len()).map_err(|_| {
+            let bytes = len as u128 * std::mem::size_of::<T>() as u128;
             Error::new(
                 Code::Unavailable,
-                format!("cannot allocate {} MiB of {what}", (len as u128 * 4).div_ceil(1 << 20)),
+                format!("cannot allocate {} MiB of {what}", bytes.div_ceil(1 << 20)),
             )
         })?;
-        v.resize(len, 0.0);
+        v.resize(len, T::default());
     }
     Ok(())
 }

@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex};
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::{PARALLEL_MIN_MACS, Threads};
 use crate::backend::cpu::lstm_cell::{
-    LstmLayer, LstmRow, LstmScratch, NO_TOKEN, Projection, embed_rows, lstm_layer_step, project_argmax,
+    LstmLayer, LstmRow, LstmScratch, Projection, embed_rows, grow, lstm_layer_step, project_argmax,
 };
 use crate::backend::cpu::stream::{CpuStream, launch_task};
 use crate::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
 use crate::backend::{CellTask, CompletionSignal, Notify, Runner, RunnerShape, TaskData, Work, size};
 use crate::error::{Error, Result};
 use crate::model::lstm::LstmStack;
-use crate::model::{DECODER, Network};
+use crate::model::{DECODER, NO_TOKEN, Network};
 
 /// An LSTM stack and its embedding `[vocab, E]`: `lstm`, or one of `seq2seq`'s two halves.
 struct Chain {
@@ -94,17 +94,6 @@ pub(super) struct RecurrentRunner {
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
     max_batch: usize,
-}
-
-/// Grow `v` to at least `len` values, or fail with UNAVAILABLE (never abort).
-fn grow<T: Clone + Default>(v: &mut Vec<T>, len: usize, what: &str) -> Result<()> {
-    if v.len() < len {
-        v.try_reserve_exact(len - v.len()).map_err(|_| {
-            Error::new(crate::error::Code::Unavailable, format!("cannot allocate {what} for {len} values"))
-        })?;
-        v.resize(len, T::default());
-    }
-    Ok(())
 }
 
 impl Scratch {

@@ -36,10 +36,6 @@ pub(super) struct Buffers {
     b: DeviceBuffer<f32>,
 }
 
-fn size(rows: usize, width: usize) -> Result<usize> {
-    crate::backend::size(rows, width, "activation buffers")
-}
-
 impl Dense {
     pub(super) fn new(stream: &Stream, net: &Network, max_batch: usize) -> Result<Dense> {
         let Network::Mlp(mlp) = net else {
@@ -94,9 +90,13 @@ impl DeviceModel for Dense {
     }
 
     fn buffers(&self, device: &CudaDevice, _stream: &Stream) -> Result<Buffers> {
-        let width = size(self.max_batch, self.max_width)?;
+        let width = crate::backend::size(self.max_batch, self.max_width, "activation buffers")?;
         Ok(Buffers {
-            input: device.alloc(size(self.max_batch, self.input_len)?)?,
+            input: device.alloc(crate::backend::size(
+                self.max_batch,
+                self.input_len,
+                "activation buffers",
+            )?)?,
             a: device.alloc(width)?,
             b: device.alloc(width)?,
         })
