@@ -77,15 +77,11 @@ impl Workload {
                 .map(|(e, d)| Arc::new(CellGraph::chains(&[(0, e), (1, d)])))
                 .collect(),
             Workload::TreeLstm => {
-                treebank_trees(GRAPHS, seed).iter().map(|parents| Arc::new(tree_graph(parents))).collect()
+                let tree = |parents: &Vec<i32>| CellGraph::tree_of_parents(parents).expect("a valid tree");
+                treebank_trees(GRAPHS, seed).iter().map(|parents| Arc::new(tree(parents))).collect()
             }
         }
     }
-}
-
-/// The cell graph of a tree given as parent indices: leaves are type 0, internal nodes type 1.
-fn tree_graph(parents: &[i32]) -> CellGraph {
-    CellGraph::tree_of_parents(parents).expect("a tree is a valid cell graph")
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -115,19 +111,17 @@ struct Plain {
     /// (request, next node, length), in arrival order; the first `in_task` are in the running task.
     live: Vec<(RequestId, u32, u32)>,
     in_task: usize,
-    running: bool,
     next_task: TaskId,
     out: VecDeque<Decision>,
 }
 
 impl Plain {
     fn new(max_batch: usize) -> Plain {
-        Plain { max_batch, live: Vec::new(), in_task: 0, running: false, next_task: 0, out: VecDeque::new() }
+        Plain { max_batch, live: Vec::new(), in_task: 0, next_task: 0, out: VecDeque::new() }
     }
 
     fn launch(&mut self) {
         let k = self.live.len().min(self.max_batch);
-        self.running = k > 0;
         self.in_task = k;
         if k > 0 {
             let rows = &self.live[..k];
@@ -148,7 +142,7 @@ impl Policy for Plain {
     fn arrive(&mut self, _: Time, a: Arrival) {
         let len = a.cells.map_or(1, |g| g.len()) as u32;
         self.live.push((a.id, 0, len));
-        if !self.running {
+        if self.in_task == 0 {
             self.launch();
         }
     }
@@ -206,11 +200,11 @@ struct PlainTree {
     lanes: Vec<u32>,
     /// Ready nodes: leaves (in `leaf_queue`), inner nodes (in `lanes`).
     ready: [usize; 2],
-    /// The running task: whether it is an inner task, and its trees with their rows in it.
-    running: Option<(bool, Vec<(u32, u32)>)>,
+    /// The running task: whether it is an inner task, and the slots of its trees.
+    running: Option<(bool, Vec<u32>)>,
     /// Buffers for reuse: shape lists, a task's trees, row vectors handed back.
     spare_lists: Vec<Vec<u32>>,
-    spare_held: Vec<(u32, u32)>,
+    spare_held: Vec<u32>,
     spare_rows: Vec<(Vec<RequestId>, Vec<u32>)>,
     next_task: TaskId,
     out: VecDeque<Decision>,
@@ -223,7 +217,6 @@ struct PlainTreeReq {
     leaves: u32,
     inner: u32,
     leaf_next: u32,
-    leaves_left: u32,
     /// The current level is `order[head..tail]` (indices into the inner part of `lists`).
     head: u32,
     tail: u32,
@@ -268,12 +261,9 @@ impl PlainTree {
                     continue;
                 }
                 let at = (t.leaves + t.head) as usize;
-                for &v in &t.lists[at..at + k] {
-                    requests.push(t.id);
-                    nodes.push(v);
-                }
+                push_rows(t.id, &t.lists[at..at + k], &mut requests, &mut nodes);
                 t.head = t.tail;
-                held.push((slot, k as u32));
+                held.push(slot);
             }
             self.lanes.truncate(kept);
         } else {
@@ -284,12 +274,9 @@ impl PlainTree {
                 }
                 let t = self.trees[slot as usize].as_mut().expect("a queued tree is live");
                 let (from, k) = (t.leaf_next as usize, room.min((t.leaves - t.leaf_next) as usize));
-                for &v in &t.lists[from..from + k] {
-                    requests.push(t.id);
-                    nodes.push(v);
-                }
+                push_rows(t.id, &t.lists[from..from + k], &mut requests, &mut nodes);
                 t.leaf_next += k as u32;
-                held.push((slot, k as u32));
+                held.push(slot);
                 if t.leaf_next == t.leaves {
                     self.leaf_queue.pop_front();
                 }
@@ -321,6 +308,14 @@ impl PlainTree {
     }
 }
 
+/// Rows `(id, v)` for each node `v` of `from`, one loop for both (a tree's run is a few nodes).
+fn push_rows(id: RequestId, from: &[u32], requests: &mut Vec<RequestId>, nodes: &mut Vec<u32>) {
+    for &v in from {
+        requests.push(id);
+        nodes.push(v);
+    }
+}
+
 impl Policy for PlainTree {
     fn arrive(&mut self, _: Time, a: Arrival) {
         let graph = a.cells.expect("a tree request has a graph");
@@ -331,21 +326,12 @@ impl Policy for PlainTree {
                 (s.leaves().len() as u32, s.order().len() as u32)
             }
             None => {
+                assert_eq!(graph.len(), 1, "a graph with no tree shape is a one-node tree");
                 lists.push(0);
                 (1, 0)
             }
         };
-        let t = PlainTreeReq {
-            id: a.id,
-            lists,
-            leaves,
-            inner,
-            leaf_next: 0,
-            leaves_left: leaves,
-            head: 0,
-            tail: 0,
-            level: 0,
-        };
+        let t = PlainTreeReq { id: a.id, lists, leaves, inner, leaf_next: 0, head: 0, tail: 0, level: 0 };
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.trees[slot as usize] = Some(t);
@@ -365,7 +351,7 @@ impl Policy for PlainTree {
     fn cancel(&mut self, _: Time, _: RequestId) {}
     fn task_done(&mut self, _: Time, _: TaskId) {
         let (inner, mut held) = self.running.take().expect("a task is running");
-        for &(slot, rows) in &held {
+        for &slot in &held {
             let t = self.trees[slot as usize].as_mut().expect("a tree in a task is live");
             // The tree's next inner level is ready, if it has one: the first once its leaves are
             // done.
@@ -373,8 +359,8 @@ impl Policy for PlainTree {
                 t.level += 1;
                 Some(t.level)
             } else {
-                t.leaves_left -= rows;
-                (t.leaves_left == 0).then_some(0)
+                // With one task out, every leaf submitted so far has finished.
+                (t.leaf_next == t.leaves).then_some(0)
             };
             let Some(level) = next else { continue };
             match t.lists.get((t.leaves + t.inner + level) as usize) {
@@ -406,10 +392,15 @@ impl Policy for PlainTree {
         None
     }
     fn queued(&self) -> usize {
-        self.leaf_queue.len()
+        // Trees none of whose cells has launched: in the leaf queue, bar a front one partly taken.
+        let partly = self
+            .leaf_queue
+            .front()
+            .is_some_and(|&slot| self.trees[slot as usize].as_ref().is_some_and(|t| t.leaf_next > 0));
+        self.leaf_queue.len() - usize::from(partly)
     }
     fn running(&self) -> usize {
-        self.running.as_ref().map_or(0, |(_, held)| held.len())
+        self.trees.len() - self.free.len() - self.queued()
     }
 }
 
