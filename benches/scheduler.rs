@@ -69,12 +69,12 @@ impl Workload {
         match self {
             Workload::Lstm => wmt_lengths(GRAPHS, seed)
                 .into_iter()
-                .map(|n| Arc::new(CellGraph::chains(&[(0, n)])))
+                .map(|n| Arc::new(CellGraph::chains(&[(0, n)]).unwrap()))
                 .collect(),
             Workload::Seq2seq => wmt_lengths(GRAPHS, seed)
                 .into_iter()
                 .zip(wmt_lengths(GRAPHS, seed + 1))
-                .map(|(e, d)| Arc::new(CellGraph::chains(&[(0, e), (1, d)])))
+                .map(|(e, d)| Arc::new(CellGraph::chains(&[(0, e), (1, d)]).unwrap()))
                 .collect(),
             Workload::TreeLstm => {
                 let tree = |parents: &Vec<i32>| CellGraph::tree_of_parents(parents).expect("a valid tree");

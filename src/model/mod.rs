@@ -221,11 +221,11 @@ impl Network {
         let g = match (self, input) {
             (Network::Lstm(m), Input::Tokens(t)) => {
                 m.validate(t)?;
-                CellGraph::chains(&[(LSTM_STEP, t.len())])
+                CellGraph::chains(&[(LSTM_STEP, t.len())])?
             }
             (Network::Seq2Seq(m), Input::Tokens(t)) => {
                 m.validate(t)?;
-                CellGraph::chains(&[(ENCODER, t.len()), (DECODER, m.cfg.max_decode)])
+                CellGraph::chains(&[(ENCODER, t.len()), (DECODER, m.cfg.max_decode)])?
             }
             (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
                 let tree = m.validate(tokens, parents)?;

@@ -77,7 +77,7 @@ pub(crate) fn push_row(net: &Network, input: &Input, rc: &RequestCells, node: u3
         }
         (Network::TreeLstm(_), Input::Tree { tokens, parents }) => {
             let start = task.children.len() as u32;
-            task.children.extend(rc.graph.preds(v).iter().map(|&c| rc.slots[c as usize]));
+            task.children.extend(rc.graph.preds(v).iter().map(|c| rc.slots[c as usize]));
             CellRow {
                 slot: rc.slots[v],
                 token: tokens[v],

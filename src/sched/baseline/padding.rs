@@ -71,19 +71,57 @@ struct Req {
     ended: bool,
 }
 
-/// One level of a padded batch: the nodes of every request at (cell type, level).
-struct Level {
-    cell: CellType,
-    rows: Vec<(RequestId, u32)>,
-    /// Rows the task computes: batch size × the most nodes any request has at this level.
-    padded: usize,
+/// A member of a running batch: where its nodes are, level by level.
+enum Member {
+    /// A path (`lstm`, `seq2seq`): at level `k` of a cell type, the node `k` into its run of that
+    /// type. Nothing per node, so a Seq2Seq decoder of `max_decode` steps costs nothing up front.
+    Path(RequestId, Arc<CellGraph>),
+    /// Any other graph: its nodes sorted by (cell type, level, node).
+    Nodes(RequestId, Vec<(CellType, u32, u32)>),
 }
 
+impl Member {
+    fn id(&self) -> RequestId {
+        match self {
+            Member::Path(id, _) | Member::Nodes(id, _) => *id,
+        }
+    }
+
+    /// Its nodes at (`cell`, `level`), ascending.
+    fn nodes_at(&self, cell: CellType, level: u32) -> impl Iterator<Item = u32> + '_ {
+        let (path, listed) = match self {
+            Member::Path(_, graph) => {
+                let runs = graph.runs().expect("a path member has runs");
+                let node = runs.iter().find(|r| r.ty == cell).filter(|r| (level as usize) < r.len());
+                (node.map(|r| r.start + level), &[][..])
+            }
+            Member::Nodes(_, nodes) => {
+                let from = nodes.partition_point(|&(c, l, _)| (c, l) < (cell, level));
+                let to = nodes.partition_point(|&(c, l, _)| (c, l) <= (cell, level));
+                (None, &nodes[from..to])
+            }
+        };
+        path.into_iter().chain(listed.iter().map(|n| n.2))
+    }
+}
+
+/// The levels of a batch, walked in order: cell types ascending, then levels ascending; a level
+/// runs the nodes every member has at it, padded as if each had as many as the widest.
 struct Batch {
-    members: Vec<RequestId>,
-    levels: Vec<Level>,
-    next_level: usize,
+    members: Vec<Member>,
+    /// Levels of each cell type: the most any member has.
+    depth: Vec<u32>,
+    /// The next (cell type, level) to submit; `None` once every level has been.
+    next: Option<(CellType, u32)>,
     outstanding: VecDeque<TaskId>,
+}
+
+impl Batch {
+    /// The first level with nodes at or after (`cell`, `level`).
+    fn level_from(depth: &[u32], cell: usize, level: u32) -> Option<(CellType, u32)> {
+        let first = (cell..depth.len()).find(|&c| depth[c] > if c == cell { level } else { 0 })?;
+        Some((first as CellType, if first == cell { level } else { 0 }))
+    }
 }
 
 /// The padding (graph batching) baseline.
@@ -154,30 +192,42 @@ impl PaddingPolicy {
             for id in &members {
                 self.reqs.get_mut(id).expect("queued request").state = State::InBatch;
             }
-            let levels = self.plan(&members);
-            self.batches[worker] =
-                Some(Batch { members, levels, next_level: 0, outstanding: VecDeque::new() });
+            let batch = self.plan(members);
+            self.batches[worker] = Some(batch);
             self.submit(worker);
         }
     }
 
-    /// The padded levels of a batch: (cell type, level) groups in order.
-    fn plan(&self, members: &[RequestId]) -> Vec<Level> {
-        let mut groups: BTreeMap<(CellType, u32), Vec<(RequestId, u32)>> = BTreeMap::new();
-        for &id in members {
-            let g = &self.reqs[&id].graph;
-            for (node, level) in g.levels().into_iter().enumerate() {
-                groups.entry((g.cell_type(node), level)).or_default().push((id, node as u32));
+    /// A batch of `members`, at its first level.
+    fn plan(&self, members: Vec<RequestId>) -> Batch {
+        let mut depth: Vec<u32> = Vec::new();
+        let deepen = |depth: &mut Vec<u32>, cell: CellType, levels: u32| {
+            if depth.len() <= cell as usize {
+                depth.resize(cell as usize + 1, 0);
             }
-        }
-        groups
+            depth[cell as usize] = depth[cell as usize].max(levels);
+        };
+        let members = members
             .into_iter()
-            .map(|((cell, _), rows)| {
-                // Rows are grouped per request (pushed member by member).
-                let widest = rows.chunk_by(|a, b| a.0 == b.0).map(<[_]>::len).max().unwrap_or(1);
-                Level { cell, rows, padded: members.len() * widest }
+            .map(|id| {
+                let g = &self.reqs[&id].graph;
+                if let Some(runs) = g.runs() {
+                    for r in runs {
+                        deepen(&mut depth, r.ty, r.len() as u32);
+                    }
+                    return Member::Path(id, g.clone());
+                }
+                let mut nodes: Vec<(CellType, u32, u32)> =
+                    g.levels().into_iter().enumerate().map(|(v, l)| (g.cell_type(v), l, v as u32)).collect();
+                nodes.sort_unstable();
+                for &(cell, level, _) in &nodes {
+                    deepen(&mut depth, cell, level + 1);
+                }
+                Member::Nodes(id, nodes)
             })
-            .collect()
+            .collect();
+        let next = Batch::level_from(&depth, 0, 0);
+        Batch { members, depth, next, outstanding: VecDeque::new() }
     }
 
     /// Whether `id` still takes rows (not stopped, not ended, not completed).
@@ -188,16 +238,28 @@ impl PaddingPolicy {
     /// Submit level tasks of `worker`'s batch up to the lookahead; end the batch when done.
     fn submit(&mut self, worker: WorkerId) {
         let Some(mut batch) = self.batches[worker].take() else { return };
-        while batch.outstanding.len() < self.cfg.max_tasks_to_submit && batch.next_level < batch.levels.len()
-        {
-            if !batch.members.iter().any(|&id| self.alive(id)) {
-                batch.next_level = batch.levels.len();
+        while batch.outstanding.len() < self.cfg.max_tasks_to_submit {
+            let Some((cell, level)) = batch.next else { break };
+            if !batch.members.iter().any(|m| self.alive(m.id())) {
+                batch.next = None;
                 break;
             }
-            let level = &batch.levels[batch.next_level];
-            batch.next_level += 1;
-            let rows: Vec<(RequestId, u32)> =
-                level.rows.iter().copied().filter(|&(id, _)| self.alive(id)).collect();
+            batch.next = Batch::level_from(&batch.depth, cell as usize, level + 1);
+            // Rows member by member; the level is padded to the widest member, dead or alive.
+            let (mut rows, mut widest) = (Vec::new(), 0);
+            for m in &batch.members {
+                let (id, at) = (m.id(), rows.len());
+                let alive = self.alive(id);
+                let mut count = 0;
+                for node in m.nodes_at(cell, level) {
+                    count += 1;
+                    if alive {
+                        rows.push((id, node));
+                    }
+                }
+                widest = widest.max(count);
+                debug_assert!(!alive || rows.len() - at == count);
+            }
             if rows.is_empty() {
                 continue;
             }
@@ -213,16 +275,16 @@ impl PaddingPolicy {
             self.out.push_back(Decision::Launch(Launch {
                 task,
                 worker,
-                cell: level.cell,
+                cell,
                 requests: rows.iter().map(|r| r.0).collect(),
                 nodes: rows.iter().map(|r| r.1).collect(),
-                batch: level.padded,
+                batch: batch.members.len() * widest,
             }));
         }
-        if batch.outstanding.is_empty() && batch.next_level >= batch.levels.len() {
-            for id in batch.members {
-                if self.reqs.contains_key(&id) {
-                    self.complete(id, None);
+        if batch.outstanding.is_empty() && batch.next.is_none() {
+            for m in batch.members {
+                if self.reqs.contains_key(&m.id()) {
+                    self.complete(m.id(), None);
                 }
             }
         } else {
@@ -393,7 +455,7 @@ mod tests {
     }
 
     fn chain(len: usize) -> Arc<CellGraph> {
-        Arc::new(CellGraph::chains(&[(0, len)]))
+        Arc::new(CellGraph::chains(&[(0, len)]).unwrap())
     }
 
     fn arrive(p: &mut PaddingPolicy, id: RequestId, g: Arc<CellGraph>) {
@@ -448,6 +510,36 @@ mod tests {
     }
 
     #[test]
+    fn a_decoder_as_long_as_node_ids_allow_is_walked_not_planned() {
+        // Seq2Seq with the longest decoder a graph can hold: the batch is planned per run, not per
+        // node (rows for every level up front would be ~64 GB here), and ends when both decodes do.
+        let mut p = policy(4, 1, 2);
+        let g = Arc::new(CellGraph::chains(&[(0, 2), (1, CellGraph::MAX_NODES - 2)]).unwrap());
+        arrive(&mut p, 1, g.clone());
+        arrive(&mut p, 2, g);
+        let first = drain(&mut p);
+        assert_eq!(first, vec![launch(0, 0, 0, &[(1, 0)], 1), launch(1, 0, 0, &[(1, 1)], 1)]);
+        p.task_done(us(1), 0);
+        p.task_done(us(1), 1);
+        assert_eq!(drain(&mut p), vec![launch(2, 0, 1, &[(1, 2)], 1), launch(3, 0, 1, &[(1, 3)], 1)]);
+        p.end_early(us(2), 1);
+        p.task_done(us(2), 2);
+        p.task_done(us(2), 3);
+        assert_eq!(
+            drain(&mut p),
+            vec![done(1), launch(4, 0, 0, &[(2, 0)], 1), launch(5, 0, 0, &[(2, 1)], 1)]
+        );
+        for t in 4..6 {
+            p.task_done(us(3), t);
+        }
+        assert_eq!(drain(&mut p), vec![launch(6, 0, 1, &[(2, 2)], 1), launch(7, 0, 1, &[(2, 3)], 1)]);
+        p.end_early(us(4), 2);
+        p.task_done(us(4), 6);
+        p.task_done(us(4), 7);
+        assert_eq!(drain(&mut p), vec![done(2)]);
+    }
+
+    #[test]
     fn buckets_are_served_round_robin() {
         let mut p = policy(8, 1, 1);
         arrive(&mut p, 1, chain(25));
@@ -476,7 +568,7 @@ mod tests {
     #[test]
     fn decoding_stops_when_every_request_has_ended() {
         let mut p = policy(4, 1, 1);
-        let g = Arc::new(CellGraph::chains(&[(0, 1), (1, 5)]));
+        let g = Arc::new(CellGraph::chains(&[(0, 1), (1, 5)]).unwrap());
         arrive(&mut p, 1, g.clone());
         assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)], 1)]);
         arrive(&mut p, 2, g.clone());
@@ -562,7 +654,7 @@ mod tests {
                         let g = &self.graphs[&id];
                         assert_eq!(g.cell_type(node as usize), l.cell, "request {id} node {node}");
                         // Predecessors ran, or run earlier on this worker's stream (not in this task).
-                        for &pr in g.preds(node as usize) {
+                        for pr in g.preds(node as usize) {
                             let ok = self.finished.contains(&(id, pr))
                                 || self.launched.get(&(id, pr)) == Some(&l.worker);
                             assert!(ok, "request {id} node {node} launched before its predecessor {pr}");
@@ -651,7 +743,7 @@ mod tests {
                         1 => {
                             decoders.insert(id);
                             let (enc, dec) = (rng.random_range(1..5), rng.random_range(1..6));
-                            Arc::new(CellGraph::chains(&[(0, enc), (1, dec)]))
+                            Arc::new(CellGraph::chains(&[(0, enc), (1, dec)]).unwrap())
                         }
                         _ => {
                             let n = rng.random_range(1..12);

@@ -76,7 +76,7 @@ impl Harness {
             let nsg = r.sg.iter().copied().max().unwrap() as usize + 1;
             let mut ext_ok = vec![true; nsg];
             for v in 0..n {
-                for &p in r.g.preds(v) {
+                for p in r.g.preds(v) {
                     if r.sg[p as usize] != r.sg[v] && !self.submitted.get(&(id, p)).is_some_and(|s| s.1) {
                         ext_ok[r.sg[v] as usize] = false;
                     }
@@ -90,7 +90,7 @@ impl Harness {
                 if !ext_ok[sg as usize] {
                     continue;
                 }
-                let ok = r.g.preds(v).iter().all(|&p| match self.submitted.get(&(id, p)) {
+                let ok = r.g.preds(v).iter().all(|p| match self.submitted.get(&(id, p)) {
                     Some(&(_, true)) => true,
                     Some(&(pw, false)) => r.sg[p as usize] == sg && pw == w,
                     None => false,
@@ -626,7 +626,7 @@ fn random_graph(rng: &mut StdRng, nt: usize) -> Option<Arc<CellGraph>> {
                     ty += rng.random_range(1..nt - ty);
                 }
             }
-            Some(Arc::new(CellGraph::chains(&runs)))
+            Some(Arc::new(CellGraph::chains(&runs).unwrap()))
         }
         _ => {
             let n = rng.random_range(1..12);
@@ -712,10 +712,8 @@ fn run_seed(seed: u64, n_req: u64) {
             );
             h.log.push(format!(
                 "t={now} arrive {id} prio {prio} deadline {deadline:?} graph {:?}",
-                g.as_ref().map(|g| (
-                    g.types().to_vec(),
-                    (0..g.len()).map(|v| g.preds(v).to_vec()).collect::<Vec<_>>()
-                ))
+                g.as_ref()
+                    .map(|g| (g.types(), (0..g.len()).map(|v| g.preds(v).to_vec()).collect::<Vec<_>>()))
             ));
             h.expire();
             p.arrive(t, Arrival { id, deadline, priority: prio, cells: g });

@@ -28,11 +28,11 @@ fn lstm_policy(max_batch: usize, workers: usize, max_tasks: usize) -> CellularPo
 }
 
 fn chain(len: usize) -> Arc<CellGraph> {
-    Arc::new(CellGraph::chains(&[(0, len)]))
+    Arc::new(CellGraph::chains(&[(0, len)]).unwrap())
 }
 
 fn seq2seq(enc: usize, dec: usize) -> Arc<CellGraph> {
-    Arc::new(CellGraph::chains(&[(0, enc), (1, dec)]))
+    Arc::new(CellGraph::chains(&[(0, enc), (1, dec)]).unwrap())
 }
 
 /// A tree from parent indices: leaves are type 0, internal nodes type 1.
@@ -286,17 +286,21 @@ fn deadlines_expire_in_the_queue_and_at_a_cell_boundary() {
 
 #[test]
 fn an_early_end_drops_the_rest_of_the_decoder() {
-    let mut p = CellularPolicy::new(cfg(&[("encoder", 8, 0), ("decoder", 8, 1)], 1, 2)).unwrap();
-    arrive(&mut p, us(0), 1, seq2seq(1, 6));
-    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
-    p.task_done(us(1), 0);
-    assert_eq!(drain(&mut p), vec![launch(1, 0, 1, &[(1, 1)]), launch(2, 0, 1, &[(1, 2)])]);
-    // Decoder step 1 emitted eos.
-    p.end_early(us(2), 1);
-    p.task_done(us(2), 1);
-    assert_eq!(drain(&mut p), vec![], "step 2 is still running; step 3 is never launched");
-    p.task_done(us(3), 2);
-    assert_eq!(drain(&mut p), vec![done(1, Code::Ok)]);
+    // Also with the longest decoder a graph can hold: a decode costs what it runs, not its
+    // maximum (`max_decode`).
+    for dec in [6, CellGraph::MAX_NODES - 1] {
+        let mut p = CellularPolicy::new(cfg(&[("encoder", 8, 0), ("decoder", 8, 1)], 1, 2)).unwrap();
+        arrive(&mut p, us(0), 1, seq2seq(1, dec));
+        assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
+        p.task_done(us(1), 0);
+        assert_eq!(drain(&mut p), vec![launch(1, 0, 1, &[(1, 1)]), launch(2, 0, 1, &[(1, 2)])]);
+        // Decoder step 1 emitted eos.
+        p.end_early(us(2), 1);
+        p.task_done(us(2), 1);
+        assert_eq!(drain(&mut p), vec![], "step 2 is still running; step 3 is never launched");
+        p.task_done(us(3), 2);
+        assert_eq!(drain(&mut p), vec![done(1, Code::Ok)]);
+    }
 }
 
 #[test]
@@ -359,7 +363,7 @@ fn random_runs_complete_every_request_once_and_respect_dependencies() {
                     assert!(!completed.contains_key(&id), "launch of completed request {id}");
                     let g = &graphs[&id];
                     assert_eq!(g.cell_type(node as usize), l.cell);
-                    for &pr in g.preds(node as usize) {
+                    for pr in g.preds(node as usize) {
                         let ok = finished.contains(&(id, pr)) || submitted.get(&(id, pr)) == Some(&l.worker);
                         assert!(ok, "request {id} node {node} launched before predecessor {pr}");
                     }
