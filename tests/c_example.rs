@@ -10,6 +10,9 @@
 //! * `SERVE_C_SANITIZE=1` — build the static-library variant with
 //!   `-fsanitize=address,undefined` and run it with LeakSanitizer on and UBSan halting on error
 //!   (what `ffi_examples/c/run_asan.sh` and CI use).
+//! * `SERVE_C_VALGRIND=1` — run the shared-library variant under valgrind's memcheck (memory
+//!   errors and definite leaks fail it; what CI runs against the release `libserve.so` with
+//!   `cargo test --release`). A missing valgrind then fails the test.
 //! * `SERVE_C_FORCE_BUILD=1` — ignore the libraries cargo built for this test and build them with
 //!   `cargo build --lib` (the fallback path, normally taken only when they are missing or stale).
 //! * `SERVE_C_KEEP=1` — keep the scratch directories (model, expected file, executables) under
@@ -29,7 +32,7 @@ use serve::model::Mlp;
 const SUCCESS_LINE: &str = "example: all checks passed";
 const CFLAGS: &[&str] = &["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"];
 /// Generous: the example runs ~1,700 requests; under ASan on a loaded 2-core machine it takes
-/// seconds, not minutes.
+/// seconds, under valgrind a few minutes.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn library_dir() -> PathBuf {
@@ -93,12 +96,20 @@ fn compile(out: &Path, extra_before: &[&str], link: &[OsString]) {
     native::run_compiler(&mut cmd, "compiling example.c");
 }
 
-/// Run the example with a time limit; assert exit 0 and the success line.
-fn run(exe: &Path, model_dir: &Path, expected: &Path, env: &[(&str, OsString)], scratch: &Path) {
+/// Run the example (through `launcher`, if any) with a time limit; assert exit 0 and the success
+/// line.
+fn run(
+    launcher: &[&str],
+    exe: &Path,
+    model_dir: &Path,
+    expected: &Path,
+    env: &[(&str, OsString)],
+    scratch: &Path,
+) {
     let recurrent = recurrent_args(scratch);
     let mut args = vec![model_dir.as_os_str(), expected.as_os_str()];
     args.extend(recurrent.iter().map(|a| a.as_os_str()));
-    native::run_example(exe, &args, env, scratch, SUCCESS_LINE, RUN_TIMEOUT);
+    native::run_example(launcher, exe, &args, env, scratch, SUCCESS_LINE, RUN_TIMEOUT);
 }
 
 fn cleanup(dir: &Path) {
@@ -119,7 +130,7 @@ fn c_example_static_library() {
     link.extend(NATIVE_STATIC_LIBS.iter().map(OsString::from));
     compile(&exe, if sanitize { SANITIZE_FLAGS } else { &[] }, &link);
     let env = if sanitize { native::sanitizer_env() } else { Vec::new() };
-    run(&exe, &model_dir, &expected, &env, &dir);
+    run(&[], &exe, &model_dir, &expected, &env, &dir);
     cleanup(&dir);
 }
 
@@ -145,6 +156,7 @@ fn c_example_shared_library() {
     let mut link_flag = OsString::from("-L");
     link_flag.push(&link_dir);
     compile(&exe, &[], &[link_flag, OsString::from("-lserve")]);
-    run(&exe, &model_dir, &expected, &[("LD_LIBRARY_PATH", run_dir.into_os_string())], &dir);
+    let launcher = if env_flag("SERVE_C_VALGRIND") { native::VALGRIND } else { &[] };
+    run(launcher, &exe, &model_dir, &expected, &[("LD_LIBRARY_PATH", run_dir.into_os_string())], &dir);
     cleanup(&dir);
 }

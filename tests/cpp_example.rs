@@ -73,7 +73,7 @@ fn cpp_example_static_library() {
     let recurrent = recurrent_args(&dir);
     let mut args = vec![fixture.as_os_str()];
     args.extend(recurrent.iter().map(|a| a.as_os_str()));
-    native::run_example(&exe, &args, &env, &dir, SUCCESS_LINE, RUN_TIMEOUT);
+    native::run_example(&[], &exe, &args, &env, &dir, SUCCESS_LINE, RUN_TIMEOUT);
     native::cleanup(&dir, env_flag("SERVE_CPP_KEEP"));
 }
 

@@ -227,10 +227,24 @@ pub fn sanitizer_env() -> Vec<(&'static str, OsString)> {
     ]
 }
 
-/// Run an example program with `args` and extra `env`, at most `timeout`; its output goes to
-/// files in `scratch` and is printed. Asserts exit 0, a stdout line equal to `success_line`, no
-/// `FAIL:` line, and no sanitizer report on stderr.
+/// Valgrind's memcheck as an example's launcher: any memory error, or a definite leak, makes the
+/// run exit [`VALGRIND_ERROR_EXIT`].
+pub const VALGRIND: &[&str] = &[
+    "valgrind",
+    "--quiet",
+    "--error-exitcode=97",
+    "--leak-check=full",
+    "--show-leak-kinds=definite",
+    "--errors-for-leak-kinds=definite",
+];
+pub const VALGRIND_ERROR_EXIT: i32 = 97;
+
+/// Run an example program with `args` and extra `env`, at most `timeout`, through `launcher`
+/// (e.g. [`VALGRIND`]; empty: directly); its output goes to files in `scratch` and is printed.
+/// Asserts exit 0, a stdout line equal to `success_line`, no `FAIL:` line, and no sanitizer
+/// report on stderr.
 pub fn run_example(
+    launcher: &[&str],
     exe: &Path,
     args: &[&OsStr],
     env: &[(&str, OsString)],
@@ -240,7 +254,14 @@ pub fn run_example(
 ) {
     let stdout_path = scratch.join("stdout.txt");
     let stderr_path = scratch.join("stderr.txt");
-    let mut cmd = Command::new(exe);
+    let mut cmd = match launcher.split_first() {
+        Some((program, flags)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(flags).arg(exe);
+            cmd
+        }
+        None => Command::new(exe),
+    };
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&stdout_path).unwrap())
@@ -248,7 +269,8 @@ pub fn run_example(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+    let mut child =
+        cmd.spawn().unwrap_or_else(|e| panic!("cannot run {} ({launcher:?}): {e}", exe.display()));
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -265,6 +287,11 @@ pub fn run_example(
     let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
     eprintln!("--- {} stdout ---\n{stdout}--- stderr ---\n{stderr}---", exe.display());
     let status = status.unwrap_or_else(|| panic!("{} did not finish within {timeout:?}", exe.display()));
+    assert!(
+        launcher != VALGRIND || status.code() != Some(VALGRIND_ERROR_EXIT),
+        "valgrind found memory errors or definite leaks in {} (see its stderr above)",
+        exe.display()
+    );
     assert!(status.success(), "{} failed: {status}", exe.display());
     assert!(
         stdout.lines().any(|l| l == success_line),
