@@ -284,9 +284,11 @@ pub extern "C" fn serve_model_options_set_name(
 
 /// Load the model directory `dir` (model.toml + weights.safetensors) into `runtime`. `options`
 /// may be NULL for the defaults. Errors: `SERVE_CODE_NOT_FOUND` (no such directory or file),
-/// `SERVE_CODE_FORMAT` (bad model.toml; missing, extra or misshaped tensor; non-f32 dtype;
-/// truncated file; unknown kind), `SERVE_CODE_UNSUPPORTED` (a policy that does not fit the
-/// kind), `SERVE_CODE_INVALID_ARGUMENT` (an option the policy does not have),
+/// `SERVE_CODE_FORMAT` (bad model.toml; missing, extra, duplicate or misshaped tensor; non-f32
+/// dtype; truncated file or bytes after the last tensor; NaN or infinite weight; a size over its
+/// limit, README "Models"; unknown kind), `SERVE_CODE_UNSUPPORTED` (a policy that does not fit the
+/// kind), `SERVE_CODE_INVALID_ARGUMENT` (an option the policy does not have; a model file that is
+/// not a regular file, e.g. a FIFO or a device; a symlink loop),
 /// `SERVE_CODE_SHUTDOWN`. On success `*out` owns the model.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_runtime_load_model(

@@ -7,8 +7,9 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::model::limits::{MAX_LAYERS, MAX_LEN, MAX_VOCAB, MAX_WIDTH, check_size, product};
 use crate::model::weights::{Tensor, Weights};
-use crate::model::{check_positive, check_tokens, config_error};
+use crate::model::{check_tokens, config_error};
 
 /// Longest token sequence accepted when model.toml sets no `max_len`.
 pub const DEFAULT_MAX_LEN: usize = 1024;
@@ -24,6 +25,37 @@ pub struct LstmConfig {
     pub layers: usize,
     /// Longest accepted input (tokens); default [`DEFAULT_MAX_LEN`].
     pub max_len: Option<usize>,
+}
+
+impl LstmConfig {
+    /// Every key within its [`limits`](crate::model::limits) (FORMAT naming the key), and the
+    /// tensor sizes they imply computable without overflow.
+    pub fn check(&self, toml_path: &Path) -> Result<()> {
+        check_lstm_keys(toml_path, self.vocab, self.embed, self.hidden, self.layers, self.max_len)
+    }
+}
+
+/// The keys an `lstm` and a `seq2seq` share, each within its limit, and the sizes of their
+/// largest tensors (`vocab × embed`, `4 × hidden × embed`, `4 × hidden × hidden`) checked.
+pub(crate) fn check_lstm_keys(
+    toml_path: &Path,
+    vocab: usize,
+    embed: usize,
+    hidden: usize,
+    layers: usize,
+    max_len: Option<usize>,
+) -> Result<()> {
+    check_size(toml_path, "vocab", vocab, MAX_VOCAB)?;
+    check_size(toml_path, "embed", embed, MAX_WIDTH)?;
+    check_size(toml_path, "hidden", hidden, MAX_WIDTH)?;
+    check_size(toml_path, "layers", layers, MAX_LAYERS)?;
+    if let Some(m) = max_len {
+        check_size(toml_path, "max_len", m, MAX_LEN)?;
+    }
+    product(toml_path, "vocab × embed", &[vocab, embed])?;
+    product(toml_path, "4 × hidden × embed", &[4, hidden, embed])?;
+    product(toml_path, "4 × hidden × hidden", &[4, hidden, hidden])?;
+    Ok(())
 }
 
 /// One layer of `torch.nn.LSTM`, PyTorch layouts: `w_ih [4H, input]`, `w_hh [4H, H]`, biases
@@ -52,7 +84,8 @@ fn sigmoid(x: f64) -> f64 {
 }
 
 impl LstmStack {
-    /// Take `{prefix}weight_ih_l{k}` … for `layers` layers from `w`.
+    /// Take `{prefix}weight_ih_l{k}` … for `layers` layers from `w` (sizes checked by
+    /// [`check_lstm_keys`]).
     pub fn take(
         w: &mut Weights,
         prefix: &str,
@@ -180,15 +213,9 @@ pub struct Lstm {
 }
 
 impl Lstm {
+    /// Build from `cfg` (checked here, [`LstmConfig::check`]) and its tensors.
     pub fn from_weights(cfg: LstmConfig, toml_path: &Path, mut w: Weights) -> Result<Lstm> {
-        for (key, v) in
-            [("vocab", cfg.vocab), ("embed", cfg.embed), ("hidden", cfg.hidden), ("layers", cfg.layers)]
-        {
-            check_positive(toml_path, key, v)?;
-        }
-        if let Some(m) = cfg.max_len {
-            check_positive(toml_path, "max_len", m)?;
-        }
+        cfg.check(toml_path)?;
         let embedding = w.take("embedding.weight", &[cfg.vocab, cfg.embed])?.data;
         let stack = LstmStack::take(&mut w, "lstm.", cfg.embed, cfg.hidden, cfg.layers)?;
         w.finish()?;

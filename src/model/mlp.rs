@@ -7,6 +7,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::model::limits::{MAX_MLP_LAYERS, MAX_MLP_WIDTH};
 use crate::model::weights::{Tensor, Weights, write_safetensors};
 
 /// Keys of model.toml for `kind = "mlp"`; sizes come from the tensors, `input` / `output`, when
@@ -78,7 +79,8 @@ impl Mlp {
         Ok(())
     }
 
-    /// Build from validated tensors: layers `0..L` contiguous, each weight 2-D, each bias matching,
+    /// Build from validated tensors: at most [`MAX_MLP_LAYERS`] layers `0..L` contiguous, each
+    /// at most [`MAX_MLP_WIDTH`] wide, each weight 2-D, each bias matching,
     /// each layer's input equal to the previous layer's output.
     /// `toml_path` names the model.toml the sizes in `cfg` come from, for messages.
     pub fn from_weights(cfg: &MlpConfig, toml_path: &Path, mut w: Weights) -> Result<Mlp> {
@@ -86,6 +88,11 @@ impl Mlp {
         let mut layers = Vec::new();
         while w.contains(&format!("layers.{}.weight", layers.len())) {
             let k = layers.len();
+            if k == MAX_MLP_LAYERS {
+                return Err(Error::format(format!(
+                    "{path}: tensor `layers.{k}.weight`: an mlp has at most {MAX_MLP_LAYERS} layers"
+                )));
+            }
             let weight = w.take_any(&format!("layers.{k}.weight"))?;
             let [out_features, in_features] = weight.shape[..] else {
                 return Err(Error::format(format!(
@@ -96,6 +103,13 @@ impl Mlp {
             if out_features == 0 || in_features == 0 {
                 return Err(Error::format(format!(
                     "{path}: tensor `layers.{k}.weight` has an empty dimension {:?}",
+                    weight.shape
+                )));
+            }
+            if out_features.max(in_features) > MAX_MLP_WIDTH {
+                return Err(Error::format(format!(
+                    "{path}: tensor `layers.{k}.weight` has shape {:?}, over the limit of {MAX_MLP_WIDTH} \
+                     inputs or outputs per layer",
                     weight.shape
                 )));
             }

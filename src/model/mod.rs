@@ -1,6 +1,13 @@
 //! Model formats: a directory with `model.toml` and `weights.safetensors` (fp32, PyTorch
 //! `state_dict` names). See DESIGN §6.
+//!
+//! Every size a model directory declares is bounded before anything is allocated from it: the
+//! files are opened and checked to be regular files within their size limits before they are read
+//! (a FIFO, a device, a directory or a symlink loop is INVALID_ARGUMENT), and every model.toml key
+//! and tensor dimension is checked against the documented [`limits`] (FORMAT naming the key).
 
+mod file;
+pub mod limits;
 pub mod lstm;
 pub mod mlp;
 pub mod seq2seq;
@@ -257,15 +264,6 @@ impl Network {
     }
 }
 
-/// A model.toml size that must be at least 1.
-pub(crate) fn check_positive(toml_path: &Path, key: &str, v: usize) -> Result<()> {
-    if v == 0 {
-        Err(Error::format(format!("{}: {key} must be at least 1", toml_path.display())))
-    } else {
-        Ok(())
-    }
-}
-
 /// An inconsistent network built in code.
 pub(crate) fn config_error(what: &str) -> Error {
     Error::invalid(what.to_string())
@@ -292,13 +290,9 @@ pub(crate) fn check_tokens(tokens: &[u32], vocab: usize, max_len: usize, kind: &
 
 /// Load a model directory: `model.toml` says the kind, `weights.safetensors` holds the tensors.
 pub fn load(dir: &Path) -> Result<Network> {
-    if !dir.is_dir() {
-        let what = if dir.exists() { "is not a directory" } else { "does not exist" };
-        let code = if dir.exists() { Code::InvalidArgument } else { Code::NotFound };
-        return Err(Error::new(code, format!("model directory {} {what}", dir.display())));
-    }
+    file::check_dir(dir)?;
     let toml_path = dir.join(CONFIG_FILE);
-    let text = String::from_utf8(weights::read_file(&toml_path)?)
+    let text = String::from_utf8(file::read_file(&toml_path, limits::MAX_CONFIG_BYTES)?)
         .map_err(|_| Error::format(format!("{}: not UTF-8", toml_path.display())))?;
     let mut table: toml::Table =
         text.parse().map_err(|e| Error::format(format!("{}: {e}", toml_path.display())))?;
@@ -321,36 +315,29 @@ pub fn load(dir: &Path) -> Result<Network> {
             known.join(", ")
         )));
     };
-    let weights_path = dir.join(WEIGHTS_FILE);
-    match kind {
+    // The keys are checked against their limits before the weights are read.
+    let weights = || weights::Weights::load(&dir.join(WEIGHTS_FILE));
+    Ok(match kind {
         ModelKind::Mlp => {
-            let cfg: mlp::MlpConfig = table
-                .try_into()
-                .map_err(|e| Error::format(format!("{}: {}", toml_path.display(), e.message())))?;
-            let w = weights::Weights::load(&weights_path)?;
-            Ok(Network::Mlp(Mlp::from_weights(&cfg, &toml_path, w)?))
+            let cfg: mlp::MlpConfig = parse_config(table, &toml_path)?;
+            Network::Mlp(Mlp::from_weights(&cfg, &toml_path, weights()?)?)
         }
         ModelKind::Lstm => {
-            let cfg = parse_config(table, &toml_path)?;
-            Ok(Network::Lstm(Lstm::from_weights(cfg, &toml_path, weights::Weights::load(&weights_path)?)?))
+            let cfg: lstm::LstmConfig = parse_config(table, &toml_path)?;
+            cfg.check(&toml_path)?;
+            Network::Lstm(Lstm::from_weights(cfg, &toml_path, weights()?)?)
         }
         ModelKind::Seq2Seq => {
-            let cfg = parse_config(table, &toml_path)?;
-            Ok(Network::Seq2Seq(Seq2Seq::from_weights(
-                cfg,
-                &toml_path,
-                weights::Weights::load(&weights_path)?,
-            )?))
+            let cfg: seq2seq::Seq2SeqConfig = parse_config(table, &toml_path)?;
+            cfg.check(&toml_path)?;
+            Network::Seq2Seq(Seq2Seq::from_weights(cfg, &toml_path, weights()?)?)
         }
         ModelKind::TreeLstm => {
-            let cfg = parse_config(table, &toml_path)?;
-            Ok(Network::TreeLstm(TreeLstm::from_weights(
-                cfg,
-                &toml_path,
-                weights::Weights::load(&weights_path)?,
-            )?))
+            let cfg: treelstm::TreeLstmConfig = parse_config(table, &toml_path)?;
+            cfg.check(&toml_path)?;
+            Network::TreeLstm(TreeLstm::from_weights(cfg, &toml_path, weights()?)?)
         }
-    }
+    })
 }
 
 /// The rest of model.toml (after `kind`) as a model's config; unknown or missing keys are FORMAT.

@@ -9,9 +9,10 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::model::lstm::{DEFAULT_MAX_LEN, LstmStack, random_embedding};
+use crate::model::limits::{MAX_DECODE, check_size, product};
+use crate::model::lstm::{DEFAULT_MAX_LEN, LstmStack, check_lstm_keys, random_embedding};
 use crate::model::weights::{Tensor, Weights};
-use crate::model::{check_positive, check_tokens, config_error};
+use crate::model::{check_tokens, config_error};
 
 /// Keys of model.toml for `kind = "seq2seq"`.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -29,6 +30,26 @@ pub struct Seq2SeqConfig {
     pub max_len: Option<usize>,
 }
 
+impl Seq2SeqConfig {
+    /// Every key within its [`limits`](crate::model::limits) (FORMAT naming the key), `bos` and
+    /// `eos` in the vocabulary, and the tensor sizes the keys imply computable without overflow.
+    pub fn check(&self, toml_path: &Path) -> Result<()> {
+        check_lstm_keys(toml_path, self.vocab, self.embed, self.hidden, self.layers, self.max_len)?;
+        check_size(toml_path, "max_decode", self.max_decode, MAX_DECODE)?;
+        product(toml_path, "vocab × hidden", &[self.vocab, self.hidden])?;
+        for (key, v) in [("bos", self.bos), ("eos", self.eos)] {
+            if v as usize >= self.vocab {
+                return Err(Error::format(format!(
+                    "{}: {key} = {v} is outside the vocabulary of {}",
+                    toml_path.display(),
+                    self.vocab
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A loaded `seq2seq` model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Seq2Seq {
@@ -43,28 +64,9 @@ pub struct Seq2Seq {
 }
 
 impl Seq2Seq {
+    /// Build from `cfg` (checked here, [`Seq2SeqConfig::check`]) and its tensors.
     pub fn from_weights(cfg: Seq2SeqConfig, toml_path: &Path, mut w: Weights) -> Result<Seq2Seq> {
-        for (key, v) in [
-            ("vocab", cfg.vocab),
-            ("embed", cfg.embed),
-            ("hidden", cfg.hidden),
-            ("layers", cfg.layers),
-            ("max_decode", cfg.max_decode),
-        ] {
-            check_positive(toml_path, key, v)?;
-        }
-        if let Some(m) = cfg.max_len {
-            check_positive(toml_path, "max_len", m)?;
-        }
-        for (key, v) in [("bos", cfg.bos), ("eos", cfg.eos)] {
-            if v as usize >= cfg.vocab {
-                return Err(Error::format(format!(
-                    "{}: {key} = {v} is outside the vocabulary of {}",
-                    toml_path.display(),
-                    cfg.vocab
-                )));
-            }
-        }
+        cfg.check(toml_path)?;
         let (v, e, h, l) = (cfg.vocab, cfg.embed, cfg.hidden, cfg.layers);
         let enc_embedding = w.take("encoder.embedding.weight", &[v, e])?.data;
         let encoder = LstmStack::take(&mut w, "encoder.lstm.", e, h, l)?;

@@ -9,9 +9,10 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::model::config_error;
+use crate::model::limits::{MAX_NODES, MAX_VOCAB, MAX_WIDTH, check_size, product};
 use crate::model::lstm::random_embedding;
 use crate::model::weights::{Tensor, Weights};
-use crate::model::{check_positive, config_error};
 
 /// A tree node's token meaning "no input" (x = 0).
 pub const NO_TOKEN: u32 = u32::MAX;
@@ -28,6 +29,23 @@ pub struct TreeLstmConfig {
     pub hidden: usize,
     /// Most nodes per tree; default [`DEFAULT_MAX_NODES`].
     pub max_nodes: Option<usize>,
+}
+
+impl TreeLstmConfig {
+    /// Every key within its [`limits`](crate::model::limits) (FORMAT naming the key), and the
+    /// tensor sizes they imply computable without overflow.
+    pub fn check(&self, toml_path: &Path) -> Result<()> {
+        check_size(toml_path, "vocab", self.vocab, MAX_VOCAB)?;
+        check_size(toml_path, "embed", self.embed, MAX_WIDTH)?;
+        check_size(toml_path, "hidden", self.hidden, MAX_WIDTH)?;
+        if let Some(m) = self.max_nodes {
+            check_size(toml_path, "max_nodes", m, MAX_NODES)?;
+        }
+        product(toml_path, "vocab × embed", &[self.vocab, self.embed])?;
+        product(toml_path, "3 × hidden × embed", &[3, self.hidden, self.embed])?;
+        product(toml_path, "3 × hidden × hidden", &[3, self.hidden, self.hidden])?;
+        Ok(())
+    }
 }
 
 /// A loaded `treelstm` model (PyTorch layouts).
@@ -112,13 +130,9 @@ pub fn validate_tree(parents: &[i32], max_nodes: usize) -> Result<Tree> {
 }
 
 impl TreeLstm {
+    /// Build from `cfg` (checked here, [`TreeLstmConfig::check`]) and its tensors.
     pub fn from_weights(cfg: TreeLstmConfig, toml_path: &Path, mut w: Weights) -> Result<TreeLstm> {
-        for (key, v) in [("vocab", cfg.vocab), ("embed", cfg.embed), ("hidden", cfg.hidden)] {
-            check_positive(toml_path, key, v)?;
-        }
-        if let Some(m) = cfg.max_nodes {
-            check_positive(toml_path, "max_nodes", m)?;
-        }
+        cfg.check(toml_path)?;
         let (v, e, h) = (cfg.vocab, cfg.embed, cfg.hidden);
         let embedding = w.take("embedding.weight", &[v, e])?.data;
         let w_iou = w.take("tree.W_iou.weight", &[3 * h, e])?.data;

@@ -1,13 +1,31 @@
 //! `weights.safetensors` reading (with validation) and writing.
 //!
 //! Every tensor must be fp32. Loading checks names, shapes and dtype and says which tensor is wrong.
+//!
+//! The file is read, not memory-mapped: a mapped file that another process truncates raises
+//! SIGBUS in the host process, and a library inside someone's server must never abort it. It is
+//! read through a handle checked to be a regular file of at most
+//! [`MAX_WEIGHTS_BYTES`](super::limits::MAX_WEIGHTS_BYTES) (see `model::file`): first the header,
+//! then each tensor straight into its own `Vec<f32>` (in bounded chunks, so peak memory is the
+//! tensor data plus one chunk, not the file twice). The header must describe the file exactly:
+//! its data section must end where the file ends (trailing bytes are FORMAT, as is a truncated
+//! file), each tensor name must appear once, and every value must be finite (a NaN or infinite
+//! weight is FORMAT naming the tensor and the element). The safetensors crate validates the
+//! offsets and shapes ([`Metadata::new`]); its errors are reported naming the tensor.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use safetensors::{Dtype, SafeTensors};
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensorError};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::error::{Code, Error, Result};
+use crate::model::file;
+use crate::model::limits::{MAX_HEADER_BYTES, MAX_WEIGHTS_BYTES};
 
 /// A dense fp32 tensor in row-major order.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,32 +49,169 @@ pub struct Weights {
     tensors: BTreeMap<String, Tensor>,
 }
 
-/// Read a whole file, mapping "does not exist" to `NotFound` and other failures to `Io`.
-pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        let code = if e.kind() == std::io::ErrorKind::NotFound { Code::NotFound } else { Code::Io };
-        Error::new(code, format!("{}: {e}", path.display()))
-    })
+/// Bytes read at a time when converting a tensor's data to f32.
+const CHUNK: usize = 1 << 16;
+
+/// The safetensors header's tensor entries in file order, each name once (`__metadata__` skipped).
+struct Header(Vec<(String, TensorInfo)>);
+
+impl<'de> serde::Deserialize<'de> for Header {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Header, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = Header;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object of tensors")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Header, A::Error> {
+                // serde_json keeps the last of two equal keys of a map; the safetensors crate
+                // would silently merge two tensors of one name, so names are checked here.
+                let mut seen = HashSet::new();
+                let mut entries = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if !seen.insert(name.clone()) {
+                        return Err(de::Error::custom(format!(
+                            "tensor `{name}` appears twice in the header"
+                        )));
+                    }
+                    if name == "__metadata__" {
+                        map.next_value::<IgnoredAny>()?;
+                        continue;
+                    }
+                    let info = map
+                        .next_value::<TensorInfo>()
+                        .map_err(|e| de::Error::custom(format!("tensor `{name}`: {e}")))?;
+                    entries.push((name, info));
+                }
+                Ok(Header(entries))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
+}
+
+/// A [`Metadata::new`] error in plain words naming the tensor (`tensors` sorted by offset).
+fn explain(e: SafeTensorError, tensors: &[(String, TensorInfo)]) -> String {
+    let mut start = 0;
+    for (name, info) in tensors {
+        let (s, end) = info.data_offsets;
+        if end < s {
+            return format!("tensor `{name}` has data_offsets [{s}, {end}]: it ends before it starts");
+        }
+        if s != start {
+            return format!(
+                "tensor `{name}` has data_offsets [{s}, {end}]; it must start at byte {start}, where \
+                 the previous tensor ends"
+            );
+        }
+        let bytes = info.shape.iter().try_fold(info.dtype.bitsize(), |a, &d| a.checked_mul(d));
+        if bytes.map(|b| b % 8 != 0 || b / 8 != end - s).unwrap_or(true) {
+            let size = bytes.map_or("more than the address space".into(), |b| format!("{} bytes", b / 8));
+            return format!(
+                "tensor `{name}` of dtype {:?} and shape {:?} needs {size}, but its data_offsets \
+                 [{s}, {end}] hold {} bytes",
+                info.dtype,
+                info.shape,
+                end - s
+            );
+        }
+        start = end;
+    }
+    e.to_string()
+}
+
+/// Read tensor `name` (`bytes` long, a multiple of 4) from `f` as little-endian f32. A NaN or
+/// infinite value is FORMAT naming the element; so is a file that shrinks while it is read.
+fn read_f32(f: &mut File, path: &Path, name: &str, bytes: usize) -> Result<Vec<f32>> {
+    let mut data = Vec::with_capacity(bytes / 4);
+    let mut chunk = vec![0u8; CHUNK.min(bytes)];
+    let mut left = bytes;
+    while left > 0 {
+        let buf = &mut chunk[..CHUNK.min(left)];
+        f.read_exact(buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::format(format!(
+                "{}: not a valid safetensors file: truncated in tensor `{name}` while it was read",
+                path.display()
+            )),
+            _ => Error::new(Code::Io, format!("{}: reading tensor `{name}`: {e}", path.display())),
+        })?;
+        for b in buf.chunks_exact(4) {
+            let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            if !v.is_finite() {
+                let what = if v.is_nan() {
+                    "NaN"
+                } else if v > 0.0 {
+                    "+inf"
+                } else {
+                    "-inf"
+                };
+                return Err(Error::format(format!(
+                    "{}: tensor `{name}` element {} is {what}; weights must be finite",
+                    path.display(),
+                    data.len()
+                )));
+            }
+            data.push(v);
+        }
+        left -= buf.len();
+    }
+    Ok(data)
 }
 
 impl Weights {
-    /// Load and validate the dtype of every tensor in `path`.
+    /// Load `path`: a regular file whose header describes it exactly, every tensor fp32 and finite.
     pub fn load(path: &Path) -> Result<Weights> {
-        let bytes = read_file(path)?;
-        let st = SafeTensors::deserialize(&bytes)
-            .map_err(|e| Error::format(format!("{}: not a valid safetensors file: {e}", path.display())))?;
+        let (mut f, len) = file::open_regular(path, MAX_WEIGHTS_BYTES)?;
+        let bad =
+            |what: String| Error::format(format!("{}: not a valid safetensors file: {what}", path.display()));
+        let io = |e: std::io::Error| Error::new(Code::Io, format!("{}: {e}", path.display()));
+        let mut n = [0u8; 8];
+        if len < 8 {
+            return Err(bad(format!("{len} bytes, too short for the 8-byte header length")));
+        }
+        f.read_exact(&mut n).map_err(io)?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER_BYTES {
+            return Err(bad(format!("a header of {n} bytes is over the limit of {MAX_HEADER_BYTES}")));
+        }
+        if n > len - 8 {
+            return Err(bad(format!("truncated: a header of {n} bytes in a file of {len} bytes")));
+        }
+        let mut header = vec![0u8; n as usize];
+        f.read_exact(&mut header).map_err(io)?;
+        let Header(mut entries) =
+            serde_json::from_slice(&header).map_err(|e| bad(format!("invalid header: {e}")))?;
+        drop(header);
+        entries.sort_by_key(|(_, info)| info.data_offsets);
+        let meta = Metadata::new(None, entries.clone()).map_err(|e| bad(explain(e, &entries)))?;
+        if let Some((name, info)) = entries.iter().find(|(_, info)| info.dtype != Dtype::F32) {
+            return Err(Error::format(format!(
+                "{}: tensor `{name}` has dtype {:?}; libserve models are F32",
+                path.display(),
+                info.dtype
+            )));
+        }
+        let (data_len, file_data) = (meta.data_len() as u64, len - 8 - n);
+        if data_len > file_data {
+            return Err(bad(format!(
+                "truncated: the header describes {data_len} bytes of tensor data, the file holds {file_data}"
+            )));
+        }
+        if data_len < file_data {
+            return Err(bad(format!(
+                "{} bytes after the last tensor: the header describes {data_len} bytes of tensor data, \
+                 the file holds {file_data}",
+                file_data - data_len
+            )));
+        }
         let mut tensors = BTreeMap::new();
-        for (name, view) in st.iter() {
-            if view.dtype() != Dtype::F32 {
-                return Err(Error::format(format!(
-                    "{}: tensor `{name}` has dtype {:?}; libserve models are F32",
-                    path.display(),
-                    view.dtype()
-                )));
-            }
-            let data: Vec<f32> =
-                view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            tensors.insert(name.to_string(), Tensor { shape: view.shape().to_vec(), data });
+        // The tensors in offset order are the data section, front to back (checked by `Metadata`).
+        for (name, info) in entries {
+            let data = read_f32(&mut f, path, &name, info.data_offsets.1 - info.data_offsets.0)?;
+            tensors.insert(name, Tensor { shape: info.shape, data });
+        }
+        if f.read(&mut [0u8]).map_err(io)? > 0 {
+            return Err(bad("the file grew while it was read".into()));
         }
         Ok(Weights { path: path.to_path_buf(), tensors })
     }

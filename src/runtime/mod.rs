@@ -229,16 +229,18 @@ fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<(Box<dyn Policy>, us
 /// Most rows a padded tree level may have (its buffers are allocated up front).
 const MAX_TASK_ROWS: usize = 1 << 16;
 
-/// State slots for a recurrent model: enough for `bound` requests within
-/// [`DEFAULT_STATE_BYTES`], and at least one request of the largest size.
+/// State slots for a recurrent model: enough for `bound` requests and for one request of the
+/// largest size, but never more than [`DEFAULT_STATE_BYTES`] hold (and at least one). A model
+/// file's `max_nodes` therefore never sizes the arena past its budget: a tree larger than the
+/// arena is refused at submit ("needs N state slots"); `ModelOptions::state_slots` sets more.
 fn default_state_slots(net: &Network, bound: usize) -> usize {
     let (per_request, most) = match net {
         Network::Mlp(_) => return 0,
         Network::Lstm(_) | Network::Seq2Seq(_) => (1, 1),
         Network::TreeLstm(m) => (64, m.max_nodes()),
     };
-    let per_slot = net.state_width() * 4;
-    bound.saturating_mul(per_request).min(DEFAULT_STATE_BYTES / per_slot.max(1)).max(most)
+    let budget = DEFAULT_STATE_BYTES / (net.state_width() * 4).max(1);
+    bound.saturating_mul(per_request).max(most).min(budget).max(1)
 }
 
 /// Options for [`Runtime::load_model`].

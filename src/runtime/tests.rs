@@ -85,3 +85,18 @@ fn launches_failing_behind_running_tasks_finish_in_order_and_the_runtime_keeps_s
         assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
     }
 }
+
+/// A model file's `max_nodes` never sizes the default state arena past [`DEFAULT_STATE_BYTES`]
+/// (it used to force at least `max_nodes` slots: 1.3 GB at load for `max_nodes = 10^7`); a tree
+/// larger than the arena is refused at submit ("needs N state slots", as for any arena).
+#[test]
+fn max_nodes_never_sizes_the_default_arena_past_its_budget() {
+    let mut m = crate::model::TreeLstm::random(10, 4, 1024, 3);
+    m.cfg.max_nodes = Some(crate::model::limits::MAX_NODES);
+    let net = Network::TreeLstm(m);
+    let slot_bytes = net.state_width() * 4;
+    let budget = DEFAULT_STATE_BYTES / slot_bytes;
+    for bound in [1, 64, 4096, usize::MAX] {
+        assert_eq!(default_state_slots(&net, bound), budget, "bound {bound}");
+    }
+}
