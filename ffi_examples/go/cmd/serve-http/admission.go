@@ -22,8 +22,8 @@ import (
 // service the latency of a request that found the server idle (an EWMA). A request is admitted
 // when wait fits in its target (the QoS target, or its own shorter timeout), or whatever the
 // prediction when fewer than floor requests are pending (a stalled server keeps probing with a
-// few); never when pending has reached the hard cap maxPending. A cold server, which has not
-// completed anything yet, admits while it has been busy for less than the target.
+// few); never when pending has reached the hard cap maxPending. A cold server, whose first rate
+// window has not closed yet, admits while it has been busy for less than the target.
 //
 // Measuring the rate over busy time makes it the capacity when the server is saturated, and
 // the observed latency divided by the concurrency otherwise, so the prediction follows what the
@@ -76,8 +76,8 @@ func (a *admission) advance(now time.Time) {
 	if !(a.winBusy >= rateWindowMin && a.winDone >= rateWindowDone) && a.winBusy < rateWindowMax {
 		return
 	}
-	if a.rate == 0 && a.winDone == 0 {
-		return // nothing ever completed: the window runs on (enter reads its busy time)
+	if a.rate == 0 && a.winDone < rateWindowDone {
+		return // cold: the first window runs on until it holds enough completions
 	}
 	sample := float64(a.winDone) / a.winBusy.Seconds()
 	if a.rate == 0 {
@@ -89,15 +89,6 @@ func (a *admission) advance(now time.Time) {
 		a.rate = keep*a.rate + (1-keep)*sample
 	}
 	a.winBusy, a.winDone = 0, 0
-}
-
-// currentRate is the measured rate, or before the first window closes the current window's.
-// Holds mu.
-func (a *admission) currentRate() float64 {
-	if a.rate == 0 && a.winDone > 0 && a.winBusy > 0 {
-		return float64(a.winDone) / a.winBusy.Seconds()
-	}
-	return a.rate
 }
 
 // enter admits a request whose answer is due within target (the smaller of the QoS target and
@@ -113,15 +104,19 @@ func (a *admission) enter(target time.Duration) error {
 		return fmt.Errorf("overloaded: %d requests in progress, the most this server admits", pending)
 	}
 	if pending >= a.floor {
-		rate := a.currentRate()
+		rate := a.rate
 		if rate == 0 {
-			// Cold: nothing completed yet. Admit while the server has been busy for less than
-			// the target (a first burst is not refused for want of a measurement).
-			if a.winBusy >= target {
+			// Cold: the first window is still open. Admit while the server has been busy for
+			// less than the target (a first burst is not refused for want of a measurement,
+			// nor judged on its first few completions); then judge by what completed.
+			if a.winBusy < target {
+				a.reading++
+				return nil
+			}
+			if a.winDone == 0 {
 				return fmt.Errorf("overloaded: %d requests in progress and none completed in %v", pending, a.winBusy.Round(time.Millisecond))
 			}
-			a.reading++
-			return nil
+			rate = float64(a.winDone) / a.winBusy.Seconds()
 		}
 		wait := time.Duration((float64(pending)/rate + a.service) * float64(time.Second))
 		if wait > target {
