@@ -184,9 +184,11 @@ func (s *server) infer(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	t := s.admit.submitted()
-	body, err := s.run(ctx, req)
-	s.admit.done(t, err == nil)
+	body, err := func() (body any, err error) {
+		t := s.admit.submitted()
+		defer func() { s.admit.done(t, err == nil) }() // even if the model panics
+		return s.run(ctx, req)
+	}()
 	if err != nil {
 		code := libserve.CodeOf(err)
 		status := httpStatus(code)

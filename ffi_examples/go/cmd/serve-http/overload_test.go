@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -207,4 +208,21 @@ func postBody(srv *httptest.Server, body io.Reader) (reply, error) {
 		return reply{}, err
 	}
 	return reply{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), code: b.Error.Code, message: b.Error.Message}, nil
+}
+
+// nanModel answers NaN, which JSON cannot carry.
+type nanModel struct{ slowModel }
+
+func (nanModel) Submit(context.Context, []float32, ...libserve.SubmitOption) ([]float32, error) {
+	return []float32{float32(math.NaN())}, nil
+}
+
+// An output that cannot be encoded is a 500 with a JSON error, never a 200 with a broken body.
+func TestUnencodableOutputIs500(t *testing.T) {
+	srv := httptest.NewServer(newHandler(&nanModel{}, config{Timeout: 10 * time.Second}))
+	defer srv.Close()
+	r, err := post(context.Background(), srv, "", `{"input":[1]}`)
+	if err != nil || r.status != http.StatusInternalServerError || r.code != "INTERNAL" || !strings.Contains(r.message, "NaN") {
+		t.Errorf("NaN output: got %+v, %v; want 500 INTERNAL naming NaN", r, err)
+	}
 }
