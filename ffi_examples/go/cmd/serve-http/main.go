@@ -82,18 +82,7 @@ func run(addr, modelDir string, cfg config, drain time.Duration, ro *libserve.Ru
 	}
 	defer m.Close()
 
-	// What one connection can hold is bounded: headers (size and time to arrive), the body
-	// (maxBodyBytes, time to arrive), the answer (its deadline plus time to be written), and an
-	// idle keep-alive connection.
-	srv := &http.Server{
-		Addr:              addr,
-		Handler:           newHandler(m, cfg),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30*time.Second + cfg.Timeout,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-	}
+	srv := newServer(addr, newHandler(m, cfg), cfg.Timeout)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
@@ -111,4 +100,22 @@ func run(addr, modelDir string, cfg config, drain time.Duration, ro *libserve.Ru
 		return err
 	}
 	return nil
+}
+
+// maxHeaderBytes bounds a request's headers: larger ones are answered 431.
+const maxHeaderBytes = 64 << 10
+
+// newServer serves h on addr. What one connection can hold is bounded: headers (maxHeaderBytes,
+// within 5 s), the whole request (maxBodyBytes, within 30 s), the answer (within the request
+// timeout plus 30 s), and an idle keep-alive connection (2 min).
+func newServer(addr string, h http.Handler, timeout time.Duration) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30*time.Second + timeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
 }

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestNotFoundAndMethodNotAllowedAreJSON(t *testing.T) {
@@ -139,5 +141,29 @@ func TestRecurrentModels(t *testing.T) {
 				t.Errorf("%s: got %+v, %v; want 400 INVALID_ARGUMENT", bad, r, err)
 			}
 		})
+	}
+}
+
+// Headers over maxHeaderBytes are refused (431) before any handler runs.
+func TestHeadersAreBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer("", newHandler(&slowModel{}, config{Timeout: time.Second}), time.Second)
+	go srv.Serve(ln)
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/healthz", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Filler", strings.Repeat("x", 2*maxHeaderBytes))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("headers of %d bytes: %d, want 431", 2*maxHeaderBytes, resp.StatusCode)
 	}
 }
