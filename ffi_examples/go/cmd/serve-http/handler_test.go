@@ -55,15 +55,22 @@ func closeEnough(got, want []float32) bool {
 // the test ends.
 func start(t *testing.T, opts *libserve.ModelOptions) (*httptest.Server, *libserve.Runtime) {
 	t.Helper()
+	return startDir(t, fixtureDir, opts)
+}
+
+// startDir serves the model directory dir with opts, as start.
+func startDir(t *testing.T, dir string, opts *libserve.ModelOptions) (*httptest.Server, *libserve.Runtime) {
+	t.Helper()
 	rt, err := libserve.NewRuntime(&libserve.RuntimeOptions{Backend: "cpu", CPUThreads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := rt.LoadModel(fixtureDir, opts)
+	m, err := rt.LoadModel(dir, opts)
 	if err != nil {
+		rt.Close()
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(newHandler(m, 10*time.Second)) // listens on 127.0.0.1
+	srv := httptest.NewServer(newHandler(m, config{Timeout: 10 * time.Second})) // listens on 127.0.0.1
 	t.Cleanup(func() {
 		srv.Close()
 		m.Close()
@@ -77,6 +84,7 @@ type reply struct {
 	status     int
 	retryAfter string
 	output     []float32
+	tokens     []uint32
 	code       string
 	message    string
 }
@@ -95,12 +103,14 @@ func post(ctx context.Context, srv *httptest.Server, query, body string) (reply,
 	defer resp.Body.Close()
 	var b struct {
 		Output []float32   `json:"output"`
+		Tokens []uint32    `json:"tokens"`
 		Error  errorDetail `json:"error"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&b); err != nil {
 		return reply{}, fmt.Errorf("status %d, undecodable body: %v", resp.StatusCode, err)
 	}
-	return reply{resp.StatusCode, resp.Header.Get("Retry-After"), b.Output, b.Error.Code, b.Error.Message}, nil
+	return reply{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), output: b.Output, tokens: b.Tokens,
+		code: b.Error.Code, message: b.Error.Message}, nil
 }
 
 func inputJSON(in []float32) string {
@@ -183,7 +193,12 @@ func TestBadRequests(t *testing.T) {
 		{"empty input", "", `{"input":[]}`, http.StatusBadRequest},
 		{"missing input", "", `{}`, http.StatusBadRequest},
 		{"not JSON", "", `input=1`, http.StatusBadRequest},
-		{"unknown field", "", `{"input":[1,2,3,4],"tokens":[1]}`, http.StatusBadRequest},
+		{"unknown field", "", `{"input":[1,2,3,4],"inputs":[1]}`, http.StatusBadRequest},
+		{"input and tokens", "", `{"input":[1,2,3,4],"tokens":[1]}`, http.StatusBadRequest},
+		{"parents without tokens", "", `{"parents":[-1]}`, http.StatusBadRequest},
+		{"negative token", "", `{"tokens":[-1]}`, http.StatusBadRequest},
+		{"tokens to an mlp", "", `{"tokens":[1]}`, http.StatusBadRequest},
+		{"tree to an mlp", "", `{"tokens":[1],"parents":[-1]}`, http.StatusBadRequest},
 		{"out of f32 range", "", `{"input":[1e39,0,0,0]}`, http.StatusBadRequest},
 		{"trailing data", "", `{"input":[1,2,3,4]} {}`, http.StatusBadRequest},
 		{"bad timeout", "?timeout_ms=soon", `{"input":[1,2,3,4]}`, http.StatusBadRequest},
@@ -198,17 +213,10 @@ func TestBadRequests(t *testing.T) {
 			t.Errorf("%s: got %d %s %q, want %d INVALID_ARGUMENT", tc.name, r.status, r.code, r.message, tc.status)
 		}
 	}
-	resp, err := srv.Client().Get(srv.URL + "/v1/infer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusMethodNotAllowed {
-		t.Errorf("GET /v1/infer: %d, want 405", resp.StatusCode)
-	}
-	// Only the two requests that reached libserve were refused there; the server still serves.
-	if s := stats(t, rt); s.Rejected != 2 || s.Submitted != 0 {
-		t.Errorf("stats %+v, want 2 rejected", s)
+	// Only the requests that reached libserve (wrong length, empty, tokens or a tree to an mlp)
+	// were refused there; the server still serves.
+	if s := stats(t, rt); s.Rejected != 4 || s.Submitted != 0 {
+		t.Errorf("stats %+v, want 4 rejected", s)
 	}
 	if r, err := post(context.Background(), srv, "", `{"input":[0,0.5,1,1.5]}`); err != nil || r.status != http.StatusOK {
 		t.Errorf("good request after bad ones: %+v, %v", r, err)

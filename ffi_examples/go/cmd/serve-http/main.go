@@ -4,12 +4,19 @@
 //	curl -s localhost:8080/v1/infer -d '{"input":[-0.75,-0.25,0.25,0.75]}'
 //	{"output":[-0.2809799,0.13719752,-0.03692965]}
 //
-// POST /v1/infer takes {"input":[...]} and answers {"output":[...]} or, on failure, an error
-// status with {"error":{"code":"BUSY","message":"..."}}: INVALID_ARGUMENT → 400, BUSY, SHUTDOWN,
-// UNAVAILABLE and CANCELLED → 503 (with Retry-After), DEADLINE_EXCEEDED → 504, UNSUPPORTED →
-// 501, others → 500. Each request has the -timeout deadline, or the shorter one its
-// timeout_ms query parameter asks for. GET /v1/model describes the model; GET /healthz
-// answers ok.
+// POST /v1/infer takes the request forms of `serve infer`: {"input":[...]} (mlp),
+// {"tokens":[...]} (lstm, seq2seq) or {"tokens":[...],"parents":[...]} (treelstm), and answers
+// {"output":[...]} ({"tokens":[...]} for seq2seq) or, on failure, an error status with
+// {"error":{"code":"BUSY","message":"..."}}: INVALID_ARGUMENT → 400 (413 for a body over 1 MiB),
+// BUSY, SHUTDOWN, UNAVAILABLE and CANCELLED → 503 (with Retry-After), DEADLINE_EXCEEDED → 504,
+// UNSUPPORTED → 501, others → 500. Each request has the -timeout deadline, or the shorter one
+// its timeout_ms query parameter asks for. GET /v1/model describes the model; GET /healthz
+// answers ok; other paths answer 404 and other methods 405, with the same JSON error body.
+//
+// Admission control sheds load before queues hold more than the QoS allows: a request whose
+// predicted latency (requests in progress / measured completion rate + service time) exceeds
+// -qos (default -timeout/2, or its own shorter timeout) is answered 503 BUSY at once, before its
+// body is read; -admit-floor requests are admitted whatever the prediction, at most -max-pending.
 //
 // On SIGINT or SIGTERM the server stops accepting connections, lets requests in progress finish
 // (up to -drain), then shuts the runtime down.
@@ -40,6 +47,9 @@ func main() {
 	workers := flag.Int("workers", 1, "workers (backend streams) of the model")
 	admission := flag.Int("admission-bound", 0, "requests in flight before BUSY (0 = libserve's default)")
 	timeout := flag.Duration("timeout", 5*time.Second, "deadline of each request")
+	qos := flag.Duration("qos", 0, "latency target of admission control: requests predicted to take longer get 503 at once (0 = -timeout/2)")
+	maxPending := flag.Int("max-pending", defaultMaxPending, "most requests admitted at once; more get 503")
+	admitFloor := flag.Int("admit-floor", defaultAdmitFloor, "requests admitted whatever the prediction (a cold server has none)")
 	drain := flag.Duration("drain", 10*time.Second, "how long requests in progress may finish at shutdown")
 	flag.Parse()
 	if *modelDir == "" || flag.NArg() > 0 {
@@ -47,7 +57,12 @@ func main() {
 		flag.PrintDefaults()
 		os.Exit(2)
 	}
-	if err := run(*addr, *modelDir, *timeout, *drain,
+	if *timeout <= 0 || *qos < 0 || *maxPending <= 0 || *admitFloor <= 0 {
+		fmt.Fprintln(os.Stderr, "serve-http: -timeout, -max-pending and -admit-floor must be positive, -qos not negative")
+		os.Exit(2)
+	}
+	cfg := config{Timeout: *timeout, QoS: *qos, MaxPending: *maxPending, AdmitFloor: *admitFloor}
+	if err := run(*addr, *modelDir, cfg, *drain,
 		&libserve.RuntimeOptions{Backend: *backend, CPUThreads: *cpuThreads},
 		&libserve.ModelOptions{MaxBatch: *maxBatch, MaxWait: *maxWait, Workers: *workers, AdmissionBound: *admission},
 	); err != nil {
@@ -55,7 +70,7 @@ func main() {
 	}
 }
 
-func run(addr, modelDir string, timeout, drain time.Duration, ro *libserve.RuntimeOptions, mo *libserve.ModelOptions) error {
+func run(addr, modelDir string, cfg config, drain time.Duration, ro *libserve.RuntimeOptions, mo *libserve.ModelOptions) error {
 	rt, err := libserve.NewRuntime(ro)
 	if err != nil {
 		return err
@@ -67,13 +82,7 @@ func run(addr, modelDir string, timeout, drain time.Duration, ro *libserve.Runti
 	}
 	defer m.Close()
 
-	srv := &http.Server{
-		Addr:              addr,
-		Handler:           newHandler(m, timeout),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-	}
+	srv := newServer(addr, newHandler(m, cfg), cfg.Timeout)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
@@ -91,4 +100,22 @@ func run(addr, modelDir string, timeout, drain time.Duration, ro *libserve.Runti
 		return err
 	}
 	return nil
+}
+
+// maxHeaderBytes bounds a request's headers: larger ones are answered 431.
+const maxHeaderBytes = 64 << 10
+
+// newServer serves h on addr. What one connection can hold is bounded: headers (maxHeaderBytes,
+// within 5 s), the whole request (maxBodyBytes, within 30 s), the answer (within the request
+// timeout plus 30 s), and an idle keep-alive connection (2 min).
+func newServer(addr string, h http.Handler, timeout time.Duration) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30*time.Second + timeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
 }
