@@ -17,6 +17,7 @@ mod bench_step;
 mod demo;
 mod infer;
 mod info;
+mod request;
 
 use std::fmt;
 use std::io;
@@ -27,13 +28,14 @@ use std::time::Duration;
 use clap::builder::{RangedU64ValueParser, TypedValueParser};
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
+use serve::runtime::{MAX_BATCH_LIMIT, MAX_CPU_THREADS, MAX_WORKERS};
 use serve::{BackendChoice, Error, Runtime, TimeoutConfig};
 
 use crate::bench::cmd_bench_mlp;
 use crate::bench_rnn::{RnnKind, cmd_bench_rnn};
 use crate::bench_step::cmd_bench_step;
 use crate::demo::cmd_demo;
-use crate::infer::cmd_infer;
+use crate::infer::{DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_LIMIT, cmd_infer};
 use crate::info::cmd_info;
 
 // ---------------------------------------------------------------------------------------------
@@ -118,6 +120,21 @@ fn positive() -> impl TypedValueParser<Value = usize> {
     RangedU64ValueParser::<usize>::new().range(1..)
 }
 
+/// A `usize` option in `min..=max` (clap names the range when a value is outside it).
+fn in_range(min: usize, max: usize) -> impl TypedValueParser<Value = usize> {
+    RangedU64ValueParser::<usize>::new().range(min as u64..=max as u64)
+}
+
+/// Longest `--max-wait-us`: 60 s (a batching wait is normally well under a millisecond).
+const MAX_WAIT_US: u64 = 60_000_000;
+/// Most `--max-inflight`: requests (and their inputs) `serve infer` keeps in flight at once.
+const MAX_INFLIGHT: usize = 1 << 20;
+
+/// `--max-wait-us`: 0..=[`MAX_WAIT_US`].
+fn max_wait_us() -> impl TypedValueParser<Value = u64> {
+    clap::value_parser!(u64).range(0..=MAX_WAIT_US)
+}
+
 /// A finite `f64` option that must be greater than 0.
 fn positive_f64(s: &str) -> Result<f64, String> {
     let v: f64 = s.trim().parse().map_err(|e| format!("`{s}` is not a number: {e}"))?;
@@ -129,8 +146,8 @@ struct RuntimeArgs {
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
-    /// CPU compute threads (0 = one per core).
-    #[arg(long, default_value_t = 0)]
+    /// CPU compute threads (0 = one per core; at most 1024).
+    #[arg(long, default_value_t = 0, value_parser = in_range(0, MAX_CPU_THREADS))]
     threads: usize,
 }
 
@@ -144,16 +161,22 @@ struct InferArgs {
     input: PathBuf,
     #[command(flatten)]
     rt: RuntimeArgs,
-    /// Most requests in one batched task.
-    #[arg(long, default_value_t = 32, value_parser = positive())]
+    /// Most requests in one batched task (at most 65536).
+    #[arg(long, default_value_t = 32, value_parser = in_range(1, MAX_BATCH_LIMIT))]
     max_batch: usize,
-    /// How long the oldest queued request may wait for a fuller batch (0 = no wait).
-    #[arg(long, default_value_t = 0)]
+    /// How long the oldest queued request may wait for a fuller batch (0 = no wait; at most
+    /// 60000000 = 60 s). The last requests do not wait at the end of the input.
+    #[arg(long, default_value_t = 0, value_parser = max_wait_us())]
     max_wait_us: u64,
-    /// Admission bound: requests in flight at once (default: the runtime's, 4096). Submits
-    /// refused BUSY wait for completions and are retried.
-    #[arg(long, value_parser = positive())]
+    /// Admission bound: requests in flight at once (default: the runtime's, 4096; at most
+    /// 1048576). Submits refused BUSY wait for completions and are retried.
+    #[arg(long, value_parser = in_range(1, MAX_INFLIGHT))]
     max_inflight: Option<usize>,
+    /// Longest request line in bytes, not counting its newline (at most 1073741824 = 1 GiB). A
+    /// longer line is skipped without being stored and answered with an INVALID_ARGUMENT error
+    /// line; one with no newline within a further 1 GiB (e.g. /dev/zero) ends the input there.
+    #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES, value_parser = in_range(1, MAX_LINE_BYTES_LIMIT))]
+    max_line_bytes: usize,
 }
 
 #[derive(Args, Debug)]
@@ -175,14 +198,15 @@ struct BenchMlpArgs {
     /// Seconds of arrivals per offered rate, when --requests is not given.
     #[arg(long, default_value_t = 2.0, value_parser = positive_f64)]
     duration_s: f64,
-    /// Most requests in one batched task (the policy `timeout(s, t)`).
-    #[arg(long, default_value_t = 32, value_parser = positive())]
+    /// Most requests in one batched task (the policy `timeout(s, t)`; at most 65536).
+    #[arg(long, default_value_t = 32, value_parser = in_range(1, MAX_BATCH_LIMIT))]
     max_batch: usize,
-    /// Longest the oldest queued request waits for a fuller batch (0 = NO_Wait).
-    #[arg(long, default_value_t = 0)]
+    /// Longest the oldest queued request waits for a fuller batch (0 = NO_Wait; at most
+    /// 60000000 = 60 s).
+    #[arg(long, default_value_t = 0, value_parser = max_wait_us())]
     max_wait_us: u64,
-    /// Workers (concurrent streams) of the policy.
-    #[arg(long, default_value_t = 1, value_parser = positive())]
+    /// Workers (concurrent streams) of the policy (at most 256).
+    #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_WORKERS))]
     workers: usize,
     #[command(flatten)]
     rt: RuntimeArgs,
@@ -266,13 +290,13 @@ struct BenchRnnArgs {
     /// Policies to compare (default: cellular,padding).
     #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
     policy: Vec<PolicyArg>,
-    /// Workers (streams) of each policy.
-    #[arg(long, default_value_t = 1, value_parser = positive())]
+    /// Workers (streams) of each policy (at most 256).
+    #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_WORKERS))]
     workers: usize,
     /// Max batch. Cellular: per cell type (`512,256` for a seq2seq's encoder, decoder; one value
     /// = every type; default 512, the seq2seq decoder 256). Padding: requests per batch, one
-    /// value (default 64).
-    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = positive())]
+    /// value (default 64). At most 65536.
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
     max_batch: Vec<usize>,
     /// Tasks a worker may have submitted and unfinished (MaxTasksToSubmit), both policies.
     #[arg(long, default_value_t = 5, value_parser = positive())]
