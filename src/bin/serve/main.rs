@@ -141,6 +141,21 @@ fn positive_f64(s: &str) -> Result<f64, String> {
     if v.is_finite() && v > 0.0 { Ok(v) } else { Err(format!("`{s}` must be a positive finite number")) }
 }
 
+/// Longest duration option (`--duration-s`, `--capacity-s`): one hour.
+const MAX_SECONDS: f64 = 3600.0;
+
+/// A duration in seconds: positive, at most [`MAX_SECONDS`].
+fn seconds(s: &str) -> Result<f64, String> {
+    let v = positive_f64(s)?;
+    if v <= MAX_SECONDS { Ok(v) } else { Err(format!("`{s}` is more than {MAX_SECONDS} s")) }
+}
+
+/// A latency target in milliseconds: positive, at most [`MAX_SECONDS`].
+fn millis(s: &str) -> Result<f64, String> {
+    let v = positive_f64(s)?;
+    if v <= MAX_SECONDS * 1e3 { Ok(v) } else { Err(format!("`{s}` is more than {} ms", MAX_SECONDS * 1e3)) }
+}
+
 #[derive(Args, Debug, Clone, Copy)]
 struct RuntimeArgs {
     /// Backend to run on.
@@ -195,8 +210,8 @@ struct BenchMlpArgs {
     /// Requests per offered rate (default: rate × --duration-s).
     #[arg(long, value_parser = positive())]
     requests: Option<usize>,
-    /// Seconds of arrivals per offered rate, when --requests is not given.
-    #[arg(long, default_value_t = 2.0, value_parser = positive_f64)]
+    /// Seconds of arrivals per offered rate, when --requests is not given (at most 3600).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
     duration_s: f64,
     /// Most requests in one batched task (the policy `timeout(s, t)`; at most 65536).
     #[arg(long, default_value_t = 32, value_parser = in_range(1, MAX_BATCH_LIMIT))]
@@ -216,15 +231,16 @@ struct BenchMlpArgs {
     /// Write the results as one JSON object (DESIGN §8) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Latency target in ms: also report goodput (requests per second completed within it).
-    #[arg(long, value_parser = positive_f64)]
+    /// Latency target in ms: also report goodput (requests per second completed within it; at
+    /// most 3600000).
+    #[arg(long, value_parser = millis)]
     qos_ms: Option<f64>,
     /// Also run without batching (max batch 1) at the same offered rates and print the ratios
     /// batched / unbatched.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     compare_batch: bool,
-    /// Seconds of closed-loop load used to measure capacity when no --rate is given.
-    #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
+    /// Seconds of closed-loop load used to measure capacity when no --rate is given (at most 3600).
+    #[arg(long, default_value_t = 1.0, value_parser = seconds)]
     capacity_s: f64,
 }
 
@@ -315,8 +331,9 @@ struct BenchRnnArgs {
     /// Measure every policy's peak throughput (default: yes unless --rate is given).
     #[arg(long, action = ArgAction::Set)]
     measure_peak: Option<bool>,
-    /// Seconds of saturating closed-loop load per policy to measure its peak throughput.
-    #[arg(long, default_value_t = 3.0, value_parser = positive_f64)]
+    /// Seconds of saturating closed-loop load per policy to measure its peak throughput (at most
+    /// 3600).
+    #[arg(long, default_value_t = 3.0, value_parser = seconds)]
     capacity_s: f64,
     /// Requests kept in flight while measuring peaks (default: 4× the largest max batch, at least
     /// 256, at most the admission bound 4096; the same for every policy).
@@ -325,11 +342,12 @@ struct BenchRnnArgs {
     /// Requests per offered rate (default: rate × --duration-s).
     #[arg(long, value_parser = positive())]
     requests: Option<usize>,
-    /// Seconds of arrivals per offered rate, when --requests is not given.
-    #[arg(long, alias = "duration", default_value_t = 2.0, value_parser = positive_f64)]
+    /// Seconds of arrivals per offered rate, when --requests is not given (at most 3600).
+    #[arg(long, alias = "duration", default_value_t = 2.0, value_parser = seconds)]
     duration_s: f64,
-    /// Latency target in ms: also report goodput (requests per second completed within it).
-    #[arg(long, value_parser = positive_f64)]
+    /// Latency target in ms: also report goodput (requests per second completed within it; at
+    /// most 3600000).
+    #[arg(long, value_parser = millis)]
     qos_ms: Option<f64>,
     #[command(flatten)]
     rt: RuntimeArgs,
