@@ -243,6 +243,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn lengths_over_the_model_maximum_are_refused_without_reading() {
+        // Run under Miri in CI: a read past the 3 elements, or a slice of more than isize::MAX
+        // bytes, would be reported as UB.
+        let lstm = Network::Lstm(crate::model::Lstm::random(8, 2, 2, 1, 1));
+        let mlp = Network::Mlp(crate::model::Mlp::random(&[3, 1], 1));
+        let three = [1u32, 2, 3];
+        for len in [lstm.max_input_len() + 1, usize::MAX / 4 + 1, usize::MAX] {
+            // SAFETY: refused before `three` is read (the point of the test).
+            let e = unsafe { input_arg(&lstm, three.as_ptr(), len, "tokens") }.unwrap_err();
+            assert_eq!(e.code(), crate::Code::InvalidArgument);
+            assert!(e.message().contains(&format!("`tokens` has length {len}")), "{e}");
+        }
+        let x = [0.5f32; 3];
+        // SAFETY: as above.
+        let e = unsafe { input_arg(&mlp, x.as_ptr(), 4, "input") }.unwrap_err();
+        assert!(e.message().contains("this mlp takes exactly 3"), "{e}");
+        // SAFETY: `three` has 3 elements.
+        assert_eq!(unsafe { input_arg(&lstm, three.as_ptr(), 3, "tokens") }.unwrap(), &three);
+        // SAFETY: no element is read for a length no buffer can have.
+        let e = unsafe { slice_arg(x.as_ptr(), isize::MAX as usize / 4 + 1, "input") }.unwrap_err();
+        assert!(e.message().contains("larger than any buffer"), "{e}");
+    }
+
+    #[test]
     fn absolute_deadline_in_the_past_maps_to_now_or_earlier() {
         let o = serve_submit_options { deadline_ns: Some(1), timeout_ns: None, priority: 3 };
         let s = submit_options(Some(&o));
