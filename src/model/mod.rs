@@ -201,11 +201,6 @@ impl Network {
     /// Check a request's input against the model; the error says what is wrong and where.
     /// f32 inputs must be finite (see [`Input::F32`]).
     pub fn validate(&self, input: &Input) -> Result<()> {
-        let want = match self {
-            Network::Mlp(m) => format!("an f32 vector of length {}", m.input_len()),
-            Network::Lstm(_) | Network::Seq2Seq(_) => "a token sequence".to_string(),
-            Network::TreeLstm(_) => "a tree (tokens and parents)".to_string(),
-        };
         match (self, input) {
             (Network::Mlp(m), Input::F32(v)) if v.len() == m.input_len() => check_finite(v),
             (Network::Mlp(m), Input::F32(v)) if v.is_empty() => Err(Error::invalid(format!(
@@ -222,11 +217,18 @@ impl Network {
             (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
                 m.validate(tokens, parents).map(|_| ())
             }
-            (net, other) => Err(Error::invalid(format!(
-                "input is {}; a {} model takes {want}",
-                other.describe(),
-                net.kind()
-            ))),
+            (net, other) => {
+                let want = match net {
+                    Network::Mlp(m) => format!("an f32 vector of length {}", m.input_len()),
+                    Network::Lstm(_) | Network::Seq2Seq(_) => "a token sequence".to_string(),
+                    Network::TreeLstm(_) => "a tree (tokens and parents)".to_string(),
+                };
+                Err(Error::invalid(format!(
+                    "input is {}; a {} model takes {want}",
+                    other.describe(),
+                    net.kind()
+                )))
+            }
         }
     }
 
