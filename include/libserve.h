@@ -408,9 +408,13 @@ uint64_t serve_now_ns(void);
 // this returns. The request's completion goes to `queue` with `tag`. `options` may be NULL.
 // `request_id` may be NULL; otherwise it receives the id for `serve_runtime_cancel`.
 //
+// `len` is checked against the model before `input` is read: a `len` other than the model's
+// input length (up to `SIZE_MAX`) is refused without touching `input`. Every element must be
+// finite: NaN or ±infinity is refused naming the first such element.
+//
 // Errors (returned here; the request is then not submitted and produces no completion):
-// `SERVE_CODE_INVALID_ARGUMENT` (NULL handle, empty or wrong-length input, input of the wrong
-// kind for the model), `SERVE_CODE_DEADLINE_EXCEEDED` (deadline already passed),
+// `SERVE_CODE_INVALID_ARGUMENT` (NULL handle, empty or wrong-length input, a non-finite
+// element, input of the wrong kind for the model), `SERVE_CODE_DEADLINE_EXCEEDED` (deadline already passed),
 // `SERVE_CODE_BUSY` (the model's admission bound is full: retry later),
 // `SERVE_CODE_SHUTDOWN`. Otherwise exactly one completion is delivered to `queue`.
 serve_error *serve_submit_f32(const serve_model *model,
@@ -423,7 +427,8 @@ serve_error *serve_submit_f32(const serve_model *model,
 
 // Submit a token sequence (`lstm`, `seq2seq`): `tokens[0..len]`, copied before this returns.
 // Same contract and errors as `serve_submit_f32`; a token id ≥ the model's vocabulary or a
-// sequence longer than its maximum is `SERVE_CODE_INVALID_ARGUMENT`.
+// sequence longer than its maximum is `SERVE_CODE_INVALID_ARGUMENT` (a `len` over the maximum is
+// refused before `tokens` is read).
 serve_error *serve_submit_tokens(const serve_model *model,
                                  const serve_queue *queue,
                                  uint64_t tag,
@@ -435,7 +440,8 @@ serve_error *serve_submit_tokens(const serve_model *model,
 // Submit a tree (`treelstm`): node `i` has token `tokens[i]` (4294967295 = no input) and parent
 // `parents[i]` (−1 for the root), for `i < len`; any node order. Copied before this returns.
 // Same contract and errors as `serve_submit_f32`; a malformed tree (no root, two roots, a cycle,
-// a parent out of range) is `SERVE_CODE_INVALID_ARGUMENT` naming the node.
+// a parent out of range) is `SERVE_CODE_INVALID_ARGUMENT` naming the node, and so is a `len`
+// over the model's most nodes (refused before either array is read).
 serve_error *serve_submit_tree(const serve_model *model,
                                const serve_queue *queue,
                                uint64_t tag,

@@ -368,6 +368,13 @@ fn bench_rejects_bad_arguments() {
         &["bench", "mlp", "--rate", "0"][..],
         &["bench", "mlp", "--rate", "-5"],
         &["bench", "mlp", "--max-batch", "0"],
+        &["bench", "mlp", "--max-batch", "65537"],
+        &["bench", "mlp", "--max-wait-us", "60000001"],
+        &["bench", "mlp", "--workers", "257"],
+        &["bench", "mlp", "--capacity-s", "1e300"],
+        &["bench", "mlp", "--duration-s", "3601"],
+        &["bench", "mlp", "--qos-ms", "1e300"],
+        &["bench", "lstm", "--capacity-s", "1e300"],
         &["bench", "mlp", "--sizes", "8"],
         &["bench", "mlp", "--model", "/nonexistent/serve-model", "--rate", "10", "--requests", "1"],
         &["bench", "mlp", "--rate", "10", "--requests", "1", "--json", "/nonexistent/serve-dir/out.json"],
@@ -375,6 +382,7 @@ fn bench_rejects_bad_arguments() {
         let o = serve(args);
         assert!(!o.status.success(), "{args:?} should fail");
         assert!(!stderr(&o).is_empty(), "{args:?} says why");
+        assert!(!stderr(&o).contains("panicked"), "{args:?}: {}", stderr(&o));
     }
 }
 

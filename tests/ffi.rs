@@ -177,3 +177,173 @@ fn callback_queues_cannot_be_drained_or_polled() {
     assert_eq!(fd, -7);
     serve_queue_free(q);
 }
+
+/// `count` `T`s ending exactly at a page boundary followed by an inaccessible page: reading one
+/// element past them faults, so a submit that reads beyond what it was given crashes the test
+/// instead of passing by luck. Returns the elements' pointer and the mapping (to unmap).
+fn guarded<T: Copy>(values: &[T]) -> (*const T, *mut libc::c_void, usize) {
+    // SAFETY: plain libc calls on a fresh private anonymous mapping of two pages; the values are
+    // written inside the first page, which is readable and writable.
+    unsafe {
+        let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+        let bytes = std::mem::size_of_val(values);
+        assert!(bytes <= page);
+        let base = libc::mmap(
+            null_mut(),
+            2 * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(base, libc::MAP_FAILED);
+        assert_eq!(libc::mprotect(base.cast::<u8>().add(page).cast(), page, libc::PROT_NONE), 0);
+        let p = base.cast::<u8>().add(page - bytes).cast::<T>();
+        ptr::copy_nonoverlapping(values.as_ptr(), p, values.len());
+        (p, base, 2 * page)
+    }
+}
+
+fn load(rt: *mut serve_runtime, dir: &std::path::Path) -> *mut serve_model {
+    let path = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+    let mut model = null_mut();
+    ok(serve_runtime_load_model(rt, path.as_ptr(), null(), &mut model));
+    model
+}
+
+fn refused(e: *mut serve_error, want: &[&str]) {
+    let (code, msg) = take(e);
+    assert_eq!(code, Code::InvalidArgument, "{msg}");
+    for w in want {
+        assert!(msg.contains(w), "`{w}` not in: {msg}");
+    }
+}
+
+#[test]
+fn submit_lengths_are_checked_against_the_model_before_the_input_is_read() {
+    let rt = cpu_runtime();
+    let (dir, _) = common::mlp_dir("ffi-len", &[4, 2], 1);
+    let mlp = load(rt, &dir);
+    let testdata = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata");
+    let lstm = load(rt, &testdata.join("lstm_small"));
+    let tree = load(rt, &testdata.join("treelstm_small"));
+    let max_len = 1024; // lstm.rs DEFAULT_MAX_LEN and treelstm.rs DEFAULT_MAX_NODES (no key set)
+    let mut q = null_mut();
+    ok(serve_queue_new(&mut q));
+
+    // SIZE_MAX: refused naming the argument, the length and the model's maximum (it used to be
+    // UB: `slice::from_raw_parts` with more than isize::MAX bytes).
+    let x = [1.0f32; 4];
+    let max = usize::MAX.to_string();
+    refused(
+        serve_submit_f32(mlp, q, 1, x.as_ptr(), usize::MAX, null(), null_mut()),
+        &["`input`", &max, "exactly 4"],
+    );
+    let t = [1u32; 4];
+    refused(
+        serve_submit_tokens(lstm, q, 1, t.as_ptr(), usize::MAX, null(), null_mut()),
+        &["`tokens`", &max, "at most 1024"],
+    );
+    let p = [-1i32, 0, 0, 0];
+    refused(
+        serve_submit_tree(tree, q, 1, t.as_ptr(), p.as_ptr(), usize::MAX, null(), null_mut()),
+        &["`tokens`", &max, "at most 1024"],
+    );
+    refused(
+        serve_submit_f32(lstm, q, 1, x.as_ptr(), usize::MAX, null(), null_mut()),
+        &["`input`", &max, "at most 1024"],
+    );
+
+    // The model's maximum + 1, with a buffer that really has that many elements.
+    let tokens = vec![1u32; max_len + 1];
+    let parents: Vec<i32> = (0..=max_len as i32).map(|i| i - 1).collect();
+    refused(
+        serve_submit_tokens(lstm, q, 1, tokens.as_ptr(), max_len + 1, null(), null_mut()),
+        &["`tokens` has length 1025", "at most 1024"],
+    );
+    refused(
+        serve_submit_tree(tree, q, 1, tokens.as_ptr(), parents.as_ptr(), max_len + 1, null(), null_mut()),
+        &["has length 1025", "at most 1024"],
+    );
+    let x5 = [1.0f32; 5];
+    refused(
+        serve_submit_f32(mlp, q, 1, x5.as_ptr(), 5, null(), null_mut()),
+        &["`input` has length 5", "exactly 4"],
+    );
+
+    // A length beyond the buffer: the pointer is valid for 3 elements only, and the page after
+    // them is inaccessible. Sound only because nothing is read: the length is refused first (a
+    // read past the 3 elements would fault).
+    let (tp, map, map_len) = guarded(&[1u32, 2, 3]);
+    let (pp, pmap, pmap_len) = guarded(&[-1i32, 0, 0]);
+    let (xp, xmap, xmap_len) = guarded(&[1.0f32, 2.0, 3.0]);
+    refused(serve_submit_tokens(lstm, q, 1, tp, max_len + 1, null(), null_mut()), &["has length 1025"]);
+    refused(serve_submit_tree(tree, q, 1, tp, pp, 1 << 40, null(), null_mut()), &["at most 1024"]);
+    refused(serve_submit_f32(mlp, q, 1, xp, 5, null(), null_mut()), &["has length 5"]);
+    // The same buffers with their true lengths are read (and the mlp's is 1 short).
+    let mut id = 0;
+    ok(serve_submit_tokens(lstm, q, 2, tp, 3, null(), &mut id));
+    ok(serve_submit_tree(tree, q, 3, tp, pp, 3, null(), &mut id));
+    refused(serve_submit_f32(mlp, q, 1, xp, 3, null(), null_mut()), &["input has length 3"]);
+
+    // len 0 with a non-NULL pointer is the empty-input error, as with NULL.
+    refused(serve_submit_f32(mlp, q, 1, x.as_ptr(), 0, null(), null_mut()), &["empty input"]);
+    refused(serve_submit_tokens(lstm, q, 1, t.as_ptr(), 0, null(), null_mut()), &["empty token sequence"]);
+    refused(serve_submit_tree(tree, q, 1, t.as_ptr(), p.as_ptr(), 0, null(), null_mut()), &["empty"]);
+
+    let mut out = [null_mut(); 4];
+    let (mut got, mut n) = (0, 0);
+    while got < 2 {
+        ok(serve_queue_next(q, out.as_mut_ptr(), 4, 10_000_000_000, &mut n));
+        for c in &out[..n] {
+            assert_eq!(serve_completion_code(*c), Code::Ok);
+            serve_completion_free(*c);
+        }
+        got += n;
+    }
+    assert_eq!(got, 2, "only the two good requests complete");
+    // SAFETY: the mappings made by `guarded`, no longer used.
+    unsafe {
+        libc::munmap(map, map_len);
+        libc::munmap(pmap, pmap_len);
+        libc::munmap(xmap, xmap_len);
+    }
+    serve_queue_free(q);
+    for m in [mlp, lstm, tree] {
+        serve_model_free(m);
+    }
+    serve_runtime_free(rt);
+}
+
+#[test]
+fn non_finite_inputs_are_refused_through_the_c_abi_and_the_rust_api() {
+    let (dir, _) = common::mlp_dir("ffi-nan", &[4, 2], 1);
+    let rt = cpu_runtime();
+    let model = load(rt, &dir);
+    let mut q = null_mut();
+    ok(serve_queue_new(&mut q));
+    for (i, bad, name) in [(3, f32::NAN, "NaN"), (0, f32::INFINITY, "inf"), (2, f32::NEG_INFINITY, "-inf")] {
+        let mut x = [0.5f32; 4];
+        x[i] = bad;
+        let want = format!("input element {i} is {name}; inputs must be finite");
+        refused(serve_submit_f32(model, q, 1, x.as_ptr(), 4, null(), null_mut()), &[&want]);
+    }
+    let mut stats = null_mut();
+    ok(serve_runtime_stats(rt, &mut stats));
+    assert_eq!((serve_stats_rejected(stats), serve_stats_submitted(stats)), (3, 0));
+    serve_stats_free(stats);
+    serve_queue_free(q);
+    serve_model_free(model);
+    serve_runtime_free(rt);
+
+    let rt = serve::Runtime::builder().backend(serve::BackendChoice::Cpu).build().unwrap();
+    let model = rt.load_model(&dir, serve::ModelOptions::default()).unwrap();
+    let Err(e) = model.submit(serve::Input::F32(vec![1.0, 2.0, 3.0, f32::NAN]), Default::default()) else {
+        panic!("a NaN input was accepted")
+    };
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("input element 3 is NaN; inputs must be finite"), "{e}");
+    // The model keeps serving.
+    let y = model.submit(serve::Input::F32(vec![1.0; 4]), Default::default()).unwrap().wait().unwrap();
+    assert!(matches!(y, serve::Output::F32(v) if v.iter().all(|x| x.is_finite())));
+}

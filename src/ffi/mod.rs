@@ -140,7 +140,10 @@ pub(crate) unsafe fn str_arg<'a>(p: *const c_char, name: &str) -> Result<&'a str
     unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| Error::invalid(format!("`{name}` is not valid UTF-8")))
 }
 
-/// A slice from a (pointer, length) pair; NULL is allowed only with length 0.
+/// A slice from a (pointer, length) pair; NULL is allowed only with length 0. A length no
+/// buffer can have (more than `isize::MAX` bytes, `slice::from_raw_parts`'s precondition) is
+/// `INVALID_ARGUMENT` without touching `p`. Callers that know a tighter bound check it first
+/// (the submit functions check the model's maximum input length).
 ///
 /// # Safety
 /// If `len > 0`, `p` points to `len` readable, initialised `T`s.
@@ -148,10 +151,14 @@ pub(crate) unsafe fn slice_arg<'a, T>(p: *const T, len: usize, name: &str) -> Re
     if len == 0 {
         return Ok(&[]);
     }
+    if len > isize::MAX as usize / size_of::<T>().max(1) {
+        return Err(Error::invalid(format!("`{name}` has length {len}: larger than any buffer can be")));
+    }
     if p.is_null() {
         return Err(null_arg(name));
     }
-    // SAFETY: non-NULL with `len` elements by the caller's contract.
+    // SAFETY: non-NULL with `len` elements by the caller's contract; `len * size_of::<T>()` is at
+    // most `isize::MAX` (checked above).
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
 

@@ -2,13 +2,13 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ffi::error::serve_error;
 use crate::ffi::model::serve_model;
 use crate::ffi::queue::serve_queue;
 use crate::ffi::{arg, arg_mut, free_handle, into_handle, out_arg, slice_arg, write_out};
 use crate::ffi_boundary;
-use crate::model::Input;
+use crate::model::{Input, Network};
 use crate::runtime::SubmitOptions;
 
 /// Per-request options: deadline and priority. An opaque builder, reusable across submits. Not
@@ -117,12 +117,33 @@ fn submit_options(o: Option<&serve_submit_options>) -> SubmitOptions {
     SubmitOptions { deadline: absolute.into_iter().chain(relative).min(), priority: o.priority }
 }
 
-/// Shared body of every submit function.
+/// A caller's input array, its length checked against the model (`Network::max_input_len`)
+/// before the memory is touched: a length the model cannot take is refused without reading, so
+/// an over-long `len` (up to `SIZE_MAX`) is `INVALID_ARGUMENT`, never an out-of-bounds read.
+///
+/// # Safety
+/// If `len` is at most the model's maximum, `p` points to `len` readable, initialised `T`s (or
+/// is NULL, or `len` is 0).
+unsafe fn input_arg<'a, T>(net: &Network, p: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+    let max = net.max_input_len();
+    if len > max {
+        let takes = match net {
+            Network::Mlp(_) => format!("this mlp takes exactly {max}"),
+            _ => format!("this {} model takes at most {max}", net.kind()),
+        };
+        return Err(Error::invalid(format!("`{name}` has length {len}; {takes}")));
+    }
+    // SAFETY: `len` is within what the caller promised readable (contract above).
+    unsafe { slice_arg(p, len, name) }
+}
+
+/// Shared body of every submit function. `input` builds the request from the caller's arrays,
+/// given the model to check their lengths against first ([`input_arg`]).
 fn submit(
     model: *const serve_model,
     queue: *const serve_queue,
     tag: u64,
-    input: impl FnOnce() -> Result<Input>,
+    input: impl FnOnce(&Network) -> Result<Input>,
     options: *const serve_submit_options,
     request_id: *mut u64,
 ) -> Result<()> {
@@ -130,7 +151,7 @@ fn submit(
     let m = unsafe { arg(model, "model") }?;
     // Refusals from here on are counted in the model's runtime stats.
     let q = unsafe { arg(queue, "queue") }.inspect_err(|_| m.model.record_reject())?;
-    let input = input().inspect_err(|_| m.model.record_reject())?;
+    let input = input(m.model.network()).inspect_err(|_| m.model.record_reject())?;
     // SAFETY: NULL or a live options handle.
     let opts = submit_options(unsafe { options.as_ref() });
     let id = m.model.submit_to(input, opts, &q.q, tag)?;
@@ -145,9 +166,13 @@ fn submit(
 /// this returns. The request's completion goes to `queue` with `tag`. `options` may be NULL.
 /// `request_id` may be NULL; otherwise it receives the id for `serve_runtime_cancel`.
 ///
+/// `len` is checked against the model before `input` is read: a `len` other than the model's
+/// input length (up to `SIZE_MAX`) is refused without touching `input`. Every element must be
+/// finite: NaN or ±infinity is refused naming the first such element.
+///
 /// Errors (returned here; the request is then not submitted and produces no completion):
-/// `SERVE_CODE_INVALID_ARGUMENT` (NULL handle, empty or wrong-length input, input of the wrong
-/// kind for the model), `SERVE_CODE_DEADLINE_EXCEEDED` (deadline already passed),
+/// `SERVE_CODE_INVALID_ARGUMENT` (NULL handle, empty or wrong-length input, a non-finite
+/// element, input of the wrong kind for the model), `SERVE_CODE_DEADLINE_EXCEEDED` (deadline already passed),
 /// `SERVE_CODE_BUSY` (the model's admission bound is full: retry later),
 /// `SERVE_CODE_SHUTDOWN`. Otherwise exactly one completion is delivered to `queue`.
 #[unsafe(no_mangle)]
@@ -161,14 +186,15 @@ pub extern "C" fn serve_submit_f32(
     request_id: *mut u64,
 ) -> *mut serve_error {
     ffi_boundary! {
-        // SAFETY: `input` has `len` floats (contract); copied at once.
-        submit(model, queue, tag, || Ok(Input::F32(unsafe { slice_arg(input, len, "input") }?.to_vec())), options, request_id)
+        // SAFETY: `input` has `len` floats when `len` is one the model takes (contract); copied at once.
+        submit(model, queue, tag, |net| Ok(Input::F32(unsafe { input_arg(net, input, len, "input") }?.to_vec())), options, request_id)
     }
 }
 
 /// Submit a token sequence (`lstm`, `seq2seq`): `tokens[0..len]`, copied before this returns.
 /// Same contract and errors as `serve_submit_f32`; a token id ≥ the model's vocabulary or a
-/// sequence longer than its maximum is `SERVE_CODE_INVALID_ARGUMENT`.
+/// sequence longer than its maximum is `SERVE_CODE_INVALID_ARGUMENT` (a `len` over the maximum is
+/// refused before `tokens` is read).
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_submit_tokens(
     model: *const serve_model,
@@ -180,15 +206,16 @@ pub extern "C" fn serve_submit_tokens(
     request_id: *mut u64,
 ) -> *mut serve_error {
     ffi_boundary! {
-        // SAFETY: `tokens` has `len` ids (contract); copied at once.
-        submit(model, queue, tag, || Ok(Input::Tokens(unsafe { slice_arg(tokens, len, "tokens") }?.to_vec())), options, request_id)
+        // SAFETY: `tokens` has `len` ids when `len` is one the model takes (contract); copied at once.
+        submit(model, queue, tag, |net| Ok(Input::Tokens(unsafe { input_arg(net, tokens, len, "tokens") }?.to_vec())), options, request_id)
     }
 }
 
 /// Submit a tree (`treelstm`): node `i` has token `tokens[i]` (4294967295 = no input) and parent
 /// `parents[i]` (−1 for the root), for `i < len`; any node order. Copied before this returns.
 /// Same contract and errors as `serve_submit_f32`; a malformed tree (no root, two roots, a cycle,
-/// a parent out of range) is `SERVE_CODE_INVALID_ARGUMENT` naming the node.
+/// a parent out of range) is `SERVE_CODE_INVALID_ARGUMENT` naming the node, and so is a `len`
+/// over the model's most nodes (refused before either array is read).
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_submit_tree(
     model: *const serve_model,
@@ -201,10 +228,11 @@ pub extern "C" fn serve_submit_tree(
     request_id: *mut u64,
 ) -> *mut serve_error {
     ffi_boundary! {
-        submit(model, queue, tag, || {
-            // SAFETY: both arrays have `len` elements (contract); copied at once.
-            let tokens = unsafe { slice_arg(tokens, len, "tokens") }?.to_vec();
-            let parents = unsafe { slice_arg(parents, len, "parents") }?.to_vec();
+        submit(model, queue, tag, |net| {
+            // SAFETY: both arrays have `len` elements when `len` is one the model takes (contract);
+            // copied at once.
+            let tokens = unsafe { input_arg(net, tokens, len, "tokens") }?.to_vec();
+            let parents = unsafe { input_arg(net, parents, len, "parents") }?.to_vec();
             Ok(Input::Tree { tokens, parents })
         }, options, request_id)
     }
@@ -213,6 +241,30 @@ pub extern "C" fn serve_submit_tree(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lengths_over_the_model_maximum_are_refused_without_reading() {
+        // Run under Miri in CI: a read past the 3 elements, or a slice of more than isize::MAX
+        // bytes, would be reported as UB.
+        let lstm = Network::Lstm(crate::model::Lstm::random(8, 2, 2, 1, 1));
+        let mlp = Network::Mlp(crate::model::Mlp::random(&[3, 1], 1));
+        let three = [1u32, 2, 3];
+        for len in [lstm.max_input_len() + 1, usize::MAX / 4 + 1, usize::MAX] {
+            // SAFETY: refused before `three` is read (the point of the test).
+            let e = unsafe { input_arg(&lstm, three.as_ptr(), len, "tokens") }.unwrap_err();
+            assert_eq!(e.code(), crate::Code::InvalidArgument);
+            assert!(e.message().contains(&format!("`tokens` has length {len}")), "{e}");
+        }
+        let x = [0.5f32; 3];
+        // SAFETY: as above.
+        let e = unsafe { input_arg(&mlp, x.as_ptr(), 4, "input") }.unwrap_err();
+        assert!(e.message().contains("this mlp takes exactly 3"), "{e}");
+        // SAFETY: `three` has 3 elements.
+        assert_eq!(unsafe { input_arg(&lstm, three.as_ptr(), 3, "tokens") }.unwrap(), &three);
+        // SAFETY: no element is read for a length no buffer can have.
+        let e = unsafe { slice_arg(x.as_ptr(), isize::MAX as usize / 4 + 1, "input") }.unwrap_err();
+        assert!(e.message().contains("larger than any buffer"), "{e}");
+    }
 
     #[test]
     fn absolute_deadline_in_the_past_maps_to_now_or_earlier() {

@@ -71,7 +71,9 @@ impl fmt::Display for ModelKind {
 /// A request's input.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
-    /// A dense vector (`mlp`, custom fixed-shape models).
+    /// A dense vector (`mlp`, custom fixed-shape models). Every element must be finite: NaN or
+    /// ±infinity is refused at submit with `INVALID_ARGUMENT` naming the first such element
+    /// (a ReLU would otherwise turn NaN into a plausible 0).
     F32(Vec<f32>),
     /// A token sequence (`lstm`, `seq2seq`).
     Tokens(Vec<u32>),
@@ -190,15 +192,24 @@ impl Network {
         }
     }
 
+    /// The most elements an input of this model may have: the mlp's input length (exactly that
+    /// many), the most tokens of an lstm or seq2seq sequence, the most nodes of a treelstm tree.
+    /// Callers that copy an input from outside (the C ABI) check its length against this before
+    /// touching it.
+    pub fn max_input_len(&self) -> usize {
+        match self {
+            Network::Mlp(m) => m.input_len(),
+            Network::Lstm(m) => m.max_len(),
+            Network::Seq2Seq(m) => m.max_len(),
+            Network::TreeLstm(m) => m.max_nodes(),
+        }
+    }
+
     /// Check a request's input against the model; the error says what is wrong and where.
+    /// f32 inputs must be finite (see [`Input::F32`]).
     pub fn validate(&self, input: &Input) -> Result<()> {
-        let want = match self {
-            Network::Mlp(m) => format!("an f32 vector of length {}", m.input_len()),
-            Network::Lstm(_) | Network::Seq2Seq(_) => "a token sequence".to_string(),
-            Network::TreeLstm(_) => "a tree (tokens and parents)".to_string(),
-        };
         match (self, input) {
-            (Network::Mlp(m), Input::F32(v)) if v.len() == m.input_len() => Ok(()),
+            (Network::Mlp(m), Input::F32(v)) if v.len() == m.input_len() => check_finite(v),
             (Network::Mlp(m), Input::F32(v)) if v.is_empty() => Err(Error::invalid(format!(
                 "empty input; this mlp takes an f32 vector of length {}",
                 m.input_len()
@@ -213,11 +224,18 @@ impl Network {
             (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
                 m.validate(tokens, parents).map(|_| ())
             }
-            (net, other) => Err(Error::invalid(format!(
-                "input is {}; a {} model takes {want}",
-                other.describe(),
-                net.kind()
-            ))),
+            (net, other) => {
+                let want = match net {
+                    Network::Mlp(m) => format!("an f32 vector of length {}", m.input_len()),
+                    Network::Lstm(_) | Network::Seq2Seq(_) => "a token sequence".to_string(),
+                    Network::TreeLstm(_) => "a tree (tokens and parents)".to_string(),
+                };
+                Err(Error::invalid(format!(
+                    "input is {}; a {} model takes {want}",
+                    other.describe(),
+                    net.kind()
+                )))
+            }
         }
     }
 
@@ -267,6 +285,14 @@ impl Network {
 /// An inconsistent network built in code.
 pub(crate) fn config_error(what: &str) -> Error {
     Error::invalid(what.to_string())
+}
+
+/// Every element of an f32 input is finite; the error names the first that is not.
+fn check_finite(v: &[f32]) -> Result<()> {
+    match v.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::invalid(format!("input element {i} is {}; inputs must be finite", v[i]))),
+    }
 }
 
 /// A token sequence: non-empty, not longer than `max_len`, every id below `vocab`.
@@ -352,4 +378,34 @@ pub(crate) fn create_model_dir(dir: &Path, toml: &str) -> Result<()> {
     let io = |e: std::io::Error| Error::new(Code::Io, format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
     std::fs::write(dir.join(CONFIG_FILE), toml).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f32_inputs_must_be_finite_and_the_error_names_the_element() {
+        let net = Network::Mlp(Mlp::random(&[4, 2], 1));
+        assert!(net.validate(&Input::F32(vec![0.0, -1.0, 1e38, f32::MIN_POSITIVE])).is_ok());
+        for (i, bad, name) in
+            [(3, f32::NAN, "NaN"), (1, f32::INFINITY, "inf"), (0, f32::NEG_INFINITY, "-inf")]
+        {
+            let mut x = vec![0.5; 4];
+            x[i] = bad;
+            let e = net.validate(&Input::F32(x)).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert_eq!(e.message(), format!("input element {i} is {name}; inputs must be finite"));
+        }
+    }
+
+    #[test]
+    fn max_input_len_is_what_validate_accepts() {
+        let mlp = Network::Mlp(Mlp::random(&[5, 3], 1));
+        assert_eq!(mlp.max_input_len(), 5);
+        let lstm = Network::Lstm(Lstm::random(10, 4, 4, 1, 1));
+        let n = lstm.max_input_len();
+        assert!(lstm.validate(&Input::Tokens(vec![1; n])).is_ok());
+        assert!(lstm.validate(&Input::Tokens(vec![1; n + 1])).is_err());
+    }
 }

@@ -46,6 +46,8 @@ pub(crate) enum Event {
         model: usize,
         task: TaskId,
     },
+    /// The model's caller expects no more requests soon ([`Policy::flush`]).
+    Flush(usize),
     /// Stop accepting; finish what is pending until `drain_until`, then cancel the rest and exit.
     Shutdown {
         drain_until: Instant,
@@ -287,6 +289,10 @@ impl Engine {
                 }
             }
             Event::TaskDone { model, task } => self.task_done(model, task),
+            Event::Flush(model) => {
+                let now = self.now();
+                self.with_policy(model, |p| p.flush(now));
+            }
             Event::Shutdown { drain_until } => {
                 self.drain_until = Some(self.drain_until.map_or(drain_until, |d| d.min(drain_until)));
             }

@@ -498,6 +498,14 @@ impl Model {
         self.enqueue(input, opts, |_| Sink::Queue { queue: queue.shared().clone(), tag })
     }
 
+    /// A hint that no more requests are coming soon (the end of an input): the requests already
+    /// submitted do not wait for a fuller batch (timeout batching's max wait); later ones batch
+    /// as usual. Only the timeout policy holds requests back, so for the others it changes
+    /// nothing.
+    pub fn flush(&self) {
+        let _ = self.rt.events.send(Event::Flush(self.m.index));
+    }
+
     /// Count a submit refused before it reached the model (e.g. a NULL input pointer in the C ABI).
     pub(crate) fn record_reject(&self) {
         self.rt.stats.record_reject();

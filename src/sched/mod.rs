@@ -194,6 +194,12 @@ pub trait Policy: Send {
     fn end_early(&mut self, now: Time, id: RequestId);
     /// Time has advanced to `now` (timers, deadlines).
     fn tick(&mut self, now: Time);
+    /// The caller expects no more requests soon (its input ended): requests queued at `now` need
+    /// not wait for a fuller batch. Policies that never hold a request back for batching ignore
+    /// it (the default).
+    fn flush(&mut self, now: Time) {
+        let _ = now;
+    }
     /// The next decision, if any. Drain until `None` after every event.
     fn poll(&mut self) -> Option<Decision>;
     /// When the policy next needs a `tick` if no other event arrives first.

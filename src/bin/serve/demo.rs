@@ -14,7 +14,7 @@ use serve::model::Mlp;
 use serve::{ModelOptions, PolicyConfig};
 
 use crate::bench::{BenchPlan, random_inputs, run_bench, sizes_label};
-use crate::infer::{infer_stream, open_input};
+use crate::infer::{DEFAULT_MAX_LINE_BYTES, infer_stream, open_input};
 use crate::{BackendArg, CliResult, RuntimeArgs, build_runtime, fatal, timeout_policy};
 
 const DEMO_SIZES: [usize; 4] = [64, 256, 256, 10];
@@ -67,7 +67,7 @@ pub(crate) fn cmd_demo() -> CliResult<()> {
         .map_err(|e| fatal(format!("cannot write {}: {e}", requests.display())))?;
     println!("-- serve infer {} --input {}", model_dir.display(), requests.display());
     let mut captured = Vec::new();
-    let summary = infer_stream(&model, open_input(&requests)?, &mut captured)?;
+    let summary = infer_stream(&model, open_input(&requests)?, DEFAULT_MAX_LINE_BYTES, &mut captured)?;
     let text = String::from_utf8_lossy(&captured);
     print!("{text}");
     let mut worst = 0.0f64;

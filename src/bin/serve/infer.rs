@@ -1,21 +1,36 @@
 //! `serve infer MODEL_DIR --input FILE.jsonl` (DESIGN §6): one request per line, one result line
 //! per request, in input order.
+//!
+//! Memory is bounded whatever the input: a line is stored only up to `--max-line-bytes` (longer
+//! ones are skipped to their newline and answered with an error line), at most
+//! [`READ_AHEAD_BYTES`] of lines wait between the reader thread and the submitting loop, and a
+//! line is parsed straight into its typed request (`request.rs`).
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, IsTerminal, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, IsTerminal, Read, Write};
 use std::path::Path;
 use std::sync::mpsc::{self, SyncSender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serve::{Code, Completion, CompletionQueue, Model, ModelOptions, Output, PolicyConfig, SubmitOptions};
 
-use serve::{
-    Code, Completion, CompletionQueue, Input, Model, ModelOptions, Output, PolicyConfig, SubmitOptions,
-};
-
+use crate::request::{F32s, ResultLine, error_line, parse_request};
 use crate::{CliResult, InferArgs, build_runtime, fatal, stdout_err, timeout_policy};
+
+/// `--max-line-bytes` default: the longest request line read (not counting its `\n`). A flat
+/// 16 MiB: about 700 000 f32s or tokens in JSON, far more than any model's input (an mlp's input
+/// width; 1024 tokens or tree nodes by default), and small enough that a bad line costs little.
+pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 16 << 20;
+/// The most `--max-line-bytes` may be set to (1 GiB).
+pub(crate) const MAX_LINE_BYTES_LIMIT: usize = 1 << 30;
+/// A line over the limit is skipped to its newline; one still without a newline after this many
+/// more bytes (a source with no newlines, such as `/dev/zero`) ends the input there.
+pub(crate) const MAX_SKIP_BYTES: u64 = 1 << 30;
+/// Bytes of lines read ahead of the submitting loop (beyond the line being handed over).
+const READ_AHEAD_BYTES: usize = 64 << 20;
 
 pub(crate) fn cmd_infer(a: InferArgs) -> CliResult<()> {
     let reader = open_input(&a.input)?;
@@ -33,7 +48,7 @@ pub(crate) fn cmd_infer(a: InferArgs) -> CliResult<()> {
         .map_err(|e| fatal(format!("cannot load model {}: {e}", a.model_dir.display())))?;
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
-    let summary = infer_stream(&model, reader, &mut out);
+    let summary = infer_stream(&model, reader, a.max_line_bytes, &mut out);
     out.flush().map_err(stdout_err)?;
     let summary = summary?;
     if io::stderr().is_terminal() {
@@ -65,31 +80,129 @@ pub(crate) struct InferSummary {
 
 enum LineMsg {
     Line(Vec<u8>),
+    /// A line longer than the limit, skipped: its length before the `\n`; `ended` is false when
+    /// no newline came within [`MAX_SKIP_BYTES`] and reading stopped.
+    TooLong {
+        bytes: u64,
+        ended: bool,
+    },
     Failed(io::Error),
 }
 
-/// Reads lines (without their `\n` / `\r\n`) and hands them over until end of input, a read
-/// error, or the receiver hanging up.
-fn read_lines(mut r: Box<dyn BufRead + Send>, tx: SyncSender<LineMsg>) {
+/// Bytes of lines sent to the submitting loop and not yet taken by it, bounded by
+/// [`READ_AHEAD_BYTES`]. `closed` when the loop has ended (the reader then stops).
+#[derive(Default)]
+struct ReadAhead {
+    state: Mutex<(usize, bool)>,
+    changed: Condvar,
+}
+
+impl ReadAhead {
+    /// Wait until `n` more bytes fit (a line always fits when nothing else is held); false when
+    /// the loop has ended.
+    fn reserve(&self, n: usize) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while !s.1 && s.0 > 0 && s.0 + n > READ_AHEAD_BYTES {
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        s.0 += n;
+        !s.1
+    }
+
+    fn release(&self, n: usize) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 -= n;
+        self.changed.notify_one();
+    }
+
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.changed.notify_one();
+    }
+}
+
+/// Closes the read-ahead however the submitting loop ends.
+struct CloseOnDrop(Arc<ReadAhead>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// How a skipped line ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Skipped {
+    /// At a newline (consumed) or at the end of input.
+    Ended,
+    /// Not within [`MAX_SKIP_BYTES`].
+    Unending,
+}
+
+/// Skip the rest of a line without storing it: the bytes skipped before its `\n`, and whether
+/// it ended within `cap` bytes.
+fn skip_line(r: &mut dyn BufRead, cap: u64) -> io::Result<(u64, Skipped)> {
+    let mut skipped = 0u64;
     loop {
-        let mut buf = Vec::new();
-        match r.read_until(b'\n', &mut buf) {
-            Ok(0) => return,
-            Ok(_) => {
-                if buf.last() == Some(&b'\n') {
-                    buf.pop();
-                    if buf.last() == Some(&b'\r') {
-                        buf.pop();
-                    }
-                }
-                if tx.send(LineMsg::Line(buf)).is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                let _ = tx.send(LineMsg::Failed(e));
-                return;
-            }
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok((skipped, Skipped::Ended));
+        }
+        if let Some(i) = memchr::memchr(b'\n', chunk) {
+            r.consume(i + 1);
+            return Ok((skipped + i as u64, Skipped::Ended));
+        }
+        let n = chunk.len();
+        r.consume(n);
+        skipped += n as u64;
+        if skipped >= cap {
+            return Ok((skipped, Skipped::Unending));
+        }
+    }
+}
+
+/// Read one line of at most `limit` bytes before its `\n` (the `\n`, and a `\r` before it,
+/// removed); a longer one is skipped ([`skip_line`]). `None` at the end of input.
+fn read_line(r: &mut dyn BufRead, limit: usize) -> io::Result<Option<LineMsg>> {
+    let mut buf = Vec::new();
+    // At most limit + 1 bytes: the line and its newline, or one byte too many.
+    let n = r.take(limit as u64 + 1).read_until(b'\n', &mut buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    } else if buf.len() > limit {
+        let (more, how) = skip_line(r, MAX_SKIP_BYTES)?;
+        return Ok(Some(LineMsg::TooLong { bytes: buf.len() as u64 + more, ended: how == Skipped::Ended }));
+    }
+    Ok(Some(LineMsg::Line(buf)))
+}
+
+/// Reads lines and hands them over until end of input, a read error, an unending line, or the
+/// receiver hanging up.
+fn read_lines(mut r: Box<dyn BufRead + Send>, limit: usize, tx: SyncSender<LineMsg>, ahead: Arc<ReadAhead>) {
+    loop {
+        let msg = match read_line(&mut r, limit) {
+            Ok(None) => return,
+            Ok(Some(m)) => m,
+            Err(e) => LineMsg::Failed(e),
+        };
+        let stop = matches!(msg, LineMsg::Failed(_) | LineMsg::TooLong { ended: false, .. });
+        if let LineMsg::Line(l) = &msg
+            && !ahead.reserve(l.len())
+        {
+            return;
+        }
+        if tx.send(msg).is_err() || stop {
+            return;
         }
     }
 }
@@ -124,23 +237,9 @@ impl Ordered<'_> {
     }
 }
 
-fn error_line(code: Code, message: &str) -> String {
-    json!({"error": {"code": code.name(), "message": message}}).to_string()
-}
-
-/// A successful result line. Serialized straight from the `f32`s (not through `Value`, which
-/// would widen them to `f64` and print digits the model never computed).
-#[derive(serde::Serialize)]
-enum ResultLine<'a> {
-    #[serde(rename = "output")]
-    F32(&'a [f32]),
-    #[serde(rename = "tokens")]
-    Tokens(&'a [u32]),
-}
-
 fn render(index: usize, result: serve::Result<Output>) -> (String, bool) {
     let encoded = match &result {
-        Ok(Output::F32(v)) => serde_json::to_string(&ResultLine::F32(v)),
+        Ok(Output::F32(v)) => serde_json::to_string(&ResultLine::F32(F32s(v))),
         Ok(Output::Tokens(t)) => serde_json::to_string(&ResultLine::Tokens(t)),
         Err(e) => return (error_line(e.code(), &format!("line {}: {}", index + 1, e.message())), true),
     };
@@ -154,16 +253,22 @@ fn render(index: usize, result: serve::Result<Output>) -> (String, bool) {
 
 /// Run every line of `reader` as a request of `model` and write one line per request to `out`,
 /// in input order. Requests are submitted as they are read (so they batch); completions arrive
-/// on one completion queue tagged with the line index. Only an unreadable input is fatal.
+/// on one completion queue tagged with the line index. At the end of input the model is flushed
+/// (its last partial batch does not wait out the max wait). A line over `max_line_bytes` is an
+/// error line. Only an unreadable input is fatal.
 pub(crate) fn infer_stream(
     model: &Model,
     reader: Box<dyn BufRead + Send>,
+    max_line_bytes: usize,
     out: &mut dyn Write,
 ) -> CliResult<InferSummary> {
     let (tx, rx) = mpsc::sync_channel::<LineMsg>(1024);
+    let ahead = Arc::new(ReadAhead::default());
+    let _close = CloseOnDrop(ahead.clone());
+    let reader_ahead = ahead.clone();
     std::thread::Builder::new()
         .name("serve-infer-reader".into())
-        .spawn(move || read_lines(reader, tx))
+        .spawn(move || read_lines(reader, max_line_bytes, tx, reader_ahead))
         .map_err(|e| fatal(format!("cannot start the input reader thread: {e}")))?;
     let queue = CompletionQueue::new()?;
     let mut ordered = Ordered { out, next: 0, pending: VecDeque::new(), errors: 0 };
@@ -216,18 +321,39 @@ pub(crate) fn infer_stream(
         let bytes = match msg {
             None => {
                 eof = true;
+                // No more requests: the last partial batch need not wait for a fuller one.
+                model.flush();
                 continue;
             }
             Some(LineMsg::Failed(e)) => {
                 read_error = Some(e);
                 eof = true;
+                model.flush();
+                continue;
+            }
+            Some(LineMsg::TooLong { bytes, ended }) => {
+                let index = lines;
+                lines += 1;
+                let limit = format!("the limit is {max_line_bytes} (--max-line-bytes)");
+                let msg = if ended {
+                    format!("line {} is {bytes} bytes; {limit}", index + 1)
+                } else {
+                    format!(
+                        "line {} has no newline in its first {bytes} bytes ({limit}); the input is read no further",
+                        index + 1
+                    )
+                };
+                ordered.set(index, error_line(Code::InvalidArgument, &msg), true);
                 continue;
             }
             Some(LineMsg::Line(bytes)) => bytes,
         };
         let index = lines;
         lines += 1;
-        let input = match parse_request(&bytes) {
+        let parsed = parse_request(&bytes);
+        ahead.release(bytes.len());
+        drop(bytes);
+        let input = match parsed {
             Ok(input) => input,
             Err(msg) => {
                 ordered.set(
@@ -272,147 +398,51 @@ pub(crate) fn infer_stream(
     Ok(InferSummary { lines, errors: ordered.errors })
 }
 
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-fn json_array<'v>(key: &str, v: &'v Value, what: &str) -> Result<&'v Vec<Value>, String> {
-    match v {
-        Value::Array(a) => Ok(a),
-        other => Err(format!("`{key}` must be an array of {what}, found {}", json_kind(other))),
-    }
-}
-
-fn parse_f32s(key: &str, v: &Value) -> Result<Vec<f32>, String> {
-    json_array(key, v, "numbers")?
-        .iter()
-        .enumerate()
-        .map(|(j, x)| match x.as_f64() {
-            Some(f) if (f as f32).is_finite() => Ok(f as f32),
-            Some(_) => Err(format!("`{key}[{j}]` = {x} is outside the f32 range")),
-            None => Err(format!("`{key}[{j}]` is {}, expected a number", json_kind(x))),
-        })
-        .collect()
-}
-
-fn parse_tokens(v: &Value) -> Result<Vec<u32>, String> {
-    json_array("tokens", v, "token ids")?
-        .iter()
-        .enumerate()
-        .map(|(j, x)| match x {
-            Value::Number(n) => n.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| {
-                format!("`tokens[{j}]` = {n} is not a token id (an integer in 0..={})", u32::MAX)
-            }),
-            other => Err(format!("`tokens[{j}]` is {}, expected an integer token id", json_kind(other))),
-        })
-        .collect()
-}
-
-fn parse_parents(v: &Value) -> Result<Vec<i32>, String> {
-    json_array("parents", v, "parent indices")?
-        .iter()
-        .enumerate()
-        .map(|(j, x)| match x {
-            Value::Number(n) => {
-                n.as_i64().and_then(|p| i32::try_from(p).ok()).filter(|&p| p >= -1).ok_or_else(|| {
-                    format!("`parents[{j}]` = {n} is not a parent index (-1 for the root, else a node index)")
-                })
-            }
-            other => Err(format!("`parents[{j}]` is {}, expected an integer parent index", json_kind(other))),
-        })
-        .collect()
-}
-
-/// Parse one request line: `{"input":[…]}`, `{"tokens":[…]}` or `{"tokens":[…],"parents":[…]}`.
-/// The error says what is wrong and where within the line (the caller adds the line number).
-fn parse_request(bytes: &[u8]) -> Result<Input, String> {
-    let text = std::str::from_utf8(bytes).map_err(|e| format!("not valid UTF-8 ({e})"))?;
-    if text.trim().is_empty() {
-        return Err("empty line; expected a JSON object such as {\"input\":[…]} or {\"tokens\":[…]}".into());
-    }
-    let v: Value = serde_json::from_str(text).map_err(|e| {
-        let full = e.to_string();
-        let suffix = format!(" at line {} column {}", e.line(), e.column());
-        format!("malformed JSON at column {}: {}", e.column(), full.strip_suffix(&suffix).unwrap_or(&full))
-    })?;
-    let Value::Object(map) = v else {
-        return Err(format!("expected a JSON object, found {}", json_kind(&v)));
-    };
-    if let Some(k) = map.keys().find(|k| !matches!(k.as_str(), "input" | "tokens" | "parents")) {
-        return Err(format!(
-            "unknown key `{k}` (a request has `input`, or `tokens` and optionally `parents`)"
-        ));
-    }
-    match (map.get("input"), map.get("tokens"), map.get("parents")) {
-        (Some(_), Some(_), _) => Err("a request has `input` or `tokens`, not both".into()),
-        (Some(_), None, Some(_)) => Err("`parents` goes with `tokens`, not with `input`".into()),
-        (Some(x), None, None) => Ok(Input::F32(parse_f32s("input", x)?)),
-        (None, Some(t), None) => Ok(Input::Tokens(parse_tokens(t)?)),
-        (None, Some(t), Some(p)) => {
-            let tokens = parse_tokens(t)?;
-            let parents = parse_parents(p)?;
-            if tokens.len() != parents.len() {
-                return Err(format!(
-                    "`tokens` has {} entries but `parents` has {}; a tree needs one parent per node",
-                    tokens.len(),
-                    parents.len()
-                ));
-            }
-            Ok(Input::Tree { tokens, parents })
-        }
-        (None, None, Some(_)) => Err("missing key `tokens` (`parents` needs the tree's `tokens`)".into()),
-        (None, None, None) => {
-            Err("missing key: a request needs `input` (mlp) or `tokens` (lstm, seq2seq, treelstm)".into())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(s: &str) -> Result<Input, String> {
-        parse_request(s.as_bytes())
+    fn read_all(text: &[u8], limit: usize) -> Vec<Result<String, (u64, bool)>> {
+        let mut r = BufReader::with_capacity(8, text);
+        let mut out = Vec::new();
+        while let Some(m) = read_line(&mut r, limit).unwrap() {
+            out.push(match m {
+                LineMsg::Line(l) => Ok(String::from_utf8(l).unwrap()),
+                LineMsg::TooLong { bytes, ended } => Err((bytes, ended)),
+                LineMsg::Failed(e) => panic!("{e}"),
+            });
+        }
+        out
     }
 
     #[test]
-    fn parses_the_three_request_shapes() {
-        assert_eq!(parse(r#"{"input":[1, 2.5, -3e2]}"#), Ok(Input::F32(vec![1.0, 2.5, -300.0])));
-        assert_eq!(parse(r#"{"tokens":[0, 4294967295]}"#), Ok(Input::Tokens(vec![0, u32::MAX])));
+    fn lines_are_read_up_to_the_limit_and_longer_ones_skipped_to_their_end() {
+        let text = b"1234\n12345\r\n123456789012345678901234\nab\r\n\n12345";
         assert_eq!(
-            parse(r#" {"parents":[-1,0], "tokens":[5,6]} "#),
-            Ok(Input::Tree { tokens: vec![5, 6], parents: vec![-1, 0] })
+            read_all(text, 5),
+            vec![
+                Ok("1234".into()),
+                Err((6, true)), // the \r counts: 6 bytes before the \n
+                Err((24, true)),
+                Ok("ab".into()),
+                Ok(String::new()),
+                Ok("12345".into()), // the last line needs no newline
+            ]
         );
+        assert_eq!(read_all(b"123456", 5), vec![Err((6, true))]);
     }
 
     #[test]
-    fn rejects_bad_lines_saying_where() {
-        let err = |s: &str| parse(s).unwrap_err();
-        assert!(err(r#"{"tokens":[1, 1.5]}"#).contains("`tokens[1]` = 1.5"));
-        assert!(err(r#"{"tokens":[-1]}"#).contains("`tokens[0]` = -1"));
-        assert!(err(r#"{"tokens":[4294967296]}"#).contains("`tokens[0]` = 4294967296"));
-        assert!(err(r#"{"tokens":["a"]}"#).contains("`tokens[0]` is a string"));
-        assert!(err(r#"{"tokens":[1],"parents":["x"]}"#).contains("`parents[0]` is a string"));
-        assert!(err(r#"{"tokens":[1],"parents":[-2]}"#).contains("`parents[0]` = -2"));
-        assert!(err(r#"{"tokens":[1,2],"parents":[-1]}"#).contains("one parent per node"));
-        assert!(err(r#"{"tokens":[1],"parents":{}}"#).contains("`parents` must be an array"));
-        assert!(err(r#"{"input":[1e39]}"#).contains("outside the f32 range"));
-        assert!(err(r#"{"input":[null]}"#).contains("`input[0]` is null"));
-        assert!(err(r#"{"input":[1], "tokens":[1]}"#).contains("not both"));
-        assert!(err(r#"{"inputs":[1]}"#).contains("unknown key `inputs`"));
-        assert!(err("{}").contains("missing key"));
-        assert!(err("[1,2]").contains("expected a JSON object"));
-        assert!(err("").contains("empty line"));
-        let m = err(r#"{"input": [1, 2"#);
-        assert!(m.starts_with("malformed JSON at column"), "{m}");
-        assert!(!m.contains("at line"), "{m}");
-        assert!(parse_request(b"{\"input\":[1]}\xff").unwrap_err().contains("UTF-8"));
+    fn a_line_with_no_end_in_sight_is_skipped_at_most_cap_bytes() {
+        let zeros = [0u8; 100];
+        let mut r = BufReader::with_capacity(8, &zeros[..]);
+        let (n, how) = skip_line(&mut r, 40).unwrap();
+        assert_eq!(how, Skipped::Unending);
+        assert!((40..48).contains(&n), "{n}");
+        let mut r = BufReader::with_capacity(8, &b"abc\nrest"[..]);
+        assert_eq!(skip_line(&mut r, 40).unwrap(), (3, Skipped::Ended));
+        let mut rest = String::new();
+        r.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "rest");
     }
 }

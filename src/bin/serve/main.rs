@@ -17,6 +17,7 @@ mod bench_step;
 mod demo;
 mod infer;
 mod info;
+mod request;
 
 use std::fmt;
 use std::io;
@@ -27,13 +28,14 @@ use std::time::Duration;
 use clap::builder::{RangedU64ValueParser, TypedValueParser};
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
+use serve::runtime::{MAX_BATCH_LIMIT, MAX_CPU_THREADS, MAX_WORKERS};
 use serve::{BackendChoice, Error, Runtime, TimeoutConfig};
 
 use crate::bench::cmd_bench_mlp;
 use crate::bench_rnn::{RnnKind, cmd_bench_rnn};
 use crate::bench_step::cmd_bench_step;
 use crate::demo::cmd_demo;
-use crate::infer::cmd_infer;
+use crate::infer::{DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_LIMIT, cmd_infer};
 use crate::info::cmd_info;
 
 // ---------------------------------------------------------------------------------------------
@@ -118,10 +120,40 @@ fn positive() -> impl TypedValueParser<Value = usize> {
     RangedU64ValueParser::<usize>::new().range(1..)
 }
 
+/// A `usize` option in `min..=max` (clap names the range when a value is outside it).
+fn in_range(min: usize, max: usize) -> impl TypedValueParser<Value = usize> {
+    RangedU64ValueParser::<usize>::new().range(min as u64..=max as u64)
+}
+
+/// Longest `--max-wait-us`: 60 s (a batching wait is normally well under a millisecond).
+const MAX_WAIT_US: u64 = 60_000_000;
+/// Most `--max-inflight`: requests (and their inputs) `serve infer` keeps in flight at once.
+const MAX_INFLIGHT: usize = 1 << 20;
+
+/// `--max-wait-us`: 0..=[`MAX_WAIT_US`].
+fn max_wait_us() -> impl TypedValueParser<Value = u64> {
+    clap::value_parser!(u64).range(0..=MAX_WAIT_US)
+}
+
 /// A finite `f64` option that must be greater than 0.
 fn positive_f64(s: &str) -> Result<f64, String> {
     let v: f64 = s.trim().parse().map_err(|e| format!("`{s}` is not a number: {e}"))?;
     if v.is_finite() && v > 0.0 { Ok(v) } else { Err(format!("`{s}` must be a positive finite number")) }
+}
+
+/// Longest duration option (`--duration-s`, `--capacity-s`): one hour.
+const MAX_SECONDS: f64 = 3600.0;
+
+/// A duration in seconds: positive, at most [`MAX_SECONDS`].
+fn seconds(s: &str) -> Result<f64, String> {
+    let v = positive_f64(s)?;
+    if v <= MAX_SECONDS { Ok(v) } else { Err(format!("`{s}` is more than {MAX_SECONDS} s")) }
+}
+
+/// A latency target in milliseconds: positive, at most [`MAX_SECONDS`].
+fn millis(s: &str) -> Result<f64, String> {
+    let v = positive_f64(s)?;
+    if v <= MAX_SECONDS * 1e3 { Ok(v) } else { Err(format!("`{s}` is more than {} ms", MAX_SECONDS * 1e3)) }
 }
 
 #[derive(Args, Debug, Clone, Copy)]
@@ -129,8 +161,8 @@ struct RuntimeArgs {
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
-    /// CPU compute threads (0 = one per core).
-    #[arg(long, default_value_t = 0)]
+    /// CPU compute threads (0 = one per core; at most 1024).
+    #[arg(long, default_value_t = 0, value_parser = in_range(0, MAX_CPU_THREADS))]
     threads: usize,
 }
 
@@ -144,16 +176,22 @@ struct InferArgs {
     input: PathBuf,
     #[command(flatten)]
     rt: RuntimeArgs,
-    /// Most requests in one batched task.
-    #[arg(long, default_value_t = 32, value_parser = positive())]
+    /// Most requests in one batched task (at most 65536).
+    #[arg(long, default_value_t = 32, value_parser = in_range(1, MAX_BATCH_LIMIT))]
     max_batch: usize,
-    /// How long the oldest queued request may wait for a fuller batch (0 = no wait).
-    #[arg(long, default_value_t = 0)]
+    /// How long the oldest queued request may wait for a fuller batch (0 = no wait; at most
+    /// 60000000 = 60 s). The last requests do not wait at the end of the input.
+    #[arg(long, default_value_t = 0, value_parser = max_wait_us())]
     max_wait_us: u64,
-    /// Admission bound: requests in flight at once (default: the runtime's, 4096). Submits
-    /// refused BUSY wait for completions and are retried.
-    #[arg(long, value_parser = positive())]
+    /// Admission bound: requests in flight at once (default: the runtime's, 4096; at most
+    /// 1048576). Submits refused BUSY wait for completions and are retried.
+    #[arg(long, value_parser = in_range(1, MAX_INFLIGHT))]
     max_inflight: Option<usize>,
+    /// Longest request line in bytes, not counting its newline (at most 1073741824 = 1 GiB). A
+    /// longer line is skipped without being stored and answered with an INVALID_ARGUMENT error
+    /// line; one with no newline within a further 1 GiB (e.g. /dev/zero) ends the input there.
+    #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES, value_parser = in_range(1, MAX_LINE_BYTES_LIMIT))]
+    max_line_bytes: usize,
 }
 
 #[derive(Args, Debug)]
@@ -172,17 +210,18 @@ struct BenchMlpArgs {
     /// Requests per offered rate (default: rate × --duration-s).
     #[arg(long, value_parser = positive())]
     requests: Option<usize>,
-    /// Seconds of arrivals per offered rate, when --requests is not given.
-    #[arg(long, default_value_t = 2.0, value_parser = positive_f64)]
+    /// Seconds of arrivals per offered rate, when --requests is not given (at most 3600).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
     duration_s: f64,
-    /// Most requests in one batched task (the policy `timeout(s, t)`).
-    #[arg(long, default_value_t = 32, value_parser = positive())]
+    /// Most requests in one batched task (the policy `timeout(s, t)`; at most 65536).
+    #[arg(long, default_value_t = 32, value_parser = in_range(1, MAX_BATCH_LIMIT))]
     max_batch: usize,
-    /// Longest the oldest queued request waits for a fuller batch (0 = NO_Wait).
-    #[arg(long, default_value_t = 0)]
+    /// Longest the oldest queued request waits for a fuller batch (0 = NO_Wait; at most
+    /// 60000000 = 60 s).
+    #[arg(long, default_value_t = 0, value_parser = max_wait_us())]
     max_wait_us: u64,
-    /// Workers (concurrent streams) of the policy.
-    #[arg(long, default_value_t = 1, value_parser = positive())]
+    /// Workers (concurrent streams) of the policy (at most 256).
+    #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_WORKERS))]
     workers: usize,
     #[command(flatten)]
     rt: RuntimeArgs,
@@ -192,15 +231,16 @@ struct BenchMlpArgs {
     /// Write the results as one JSON object (DESIGN §8) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Latency target in ms: also report goodput (requests per second completed within it).
-    #[arg(long, value_parser = positive_f64)]
+    /// Latency target in ms: also report goodput (requests per second completed within it; at
+    /// most 3600000).
+    #[arg(long, value_parser = millis)]
     qos_ms: Option<f64>,
     /// Also run without batching (max batch 1) at the same offered rates and print the ratios
     /// batched / unbatched.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     compare_batch: bool,
-    /// Seconds of closed-loop load used to measure capacity when no --rate is given.
-    #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
+    /// Seconds of closed-loop load used to measure capacity when no --rate is given (at most 3600).
+    #[arg(long, default_value_t = 1.0, value_parser = seconds)]
     capacity_s: f64,
 }
 
@@ -266,13 +306,13 @@ struct BenchRnnArgs {
     /// Policies to compare (default: cellular,padding).
     #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
     policy: Vec<PolicyArg>,
-    /// Workers (streams) of each policy.
-    #[arg(long, default_value_t = 1, value_parser = positive())]
+    /// Workers (streams) of each policy (at most 256).
+    #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_WORKERS))]
     workers: usize,
     /// Max batch. Cellular: per cell type (`512,256` for a seq2seq's encoder, decoder; one value
     /// = every type; default 512, the seq2seq decoder 256). Padding: requests per batch, one
-    /// value (default 64).
-    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = positive())]
+    /// value (default 64). At most 65536.
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
     max_batch: Vec<usize>,
     /// Tasks a worker may have submitted and unfinished (MaxTasksToSubmit), both policies.
     #[arg(long, default_value_t = 5, value_parser = positive())]
@@ -291,8 +331,9 @@ struct BenchRnnArgs {
     /// Measure every policy's peak throughput (default: yes unless --rate is given).
     #[arg(long, action = ArgAction::Set)]
     measure_peak: Option<bool>,
-    /// Seconds of saturating closed-loop load per policy to measure its peak throughput.
-    #[arg(long, default_value_t = 3.0, value_parser = positive_f64)]
+    /// Seconds of saturating closed-loop load per policy to measure its peak throughput (at most
+    /// 3600).
+    #[arg(long, default_value_t = 3.0, value_parser = seconds)]
     capacity_s: f64,
     /// Requests kept in flight while measuring peaks (default: 4× the largest max batch, at least
     /// 256, at most the admission bound 4096; the same for every policy).
@@ -301,11 +342,12 @@ struct BenchRnnArgs {
     /// Requests per offered rate (default: rate × --duration-s).
     #[arg(long, value_parser = positive())]
     requests: Option<usize>,
-    /// Seconds of arrivals per offered rate, when --requests is not given.
-    #[arg(long, alias = "duration", default_value_t = 2.0, value_parser = positive_f64)]
+    /// Seconds of arrivals per offered rate, when --requests is not given (at most 3600).
+    #[arg(long, alias = "duration", default_value_t = 2.0, value_parser = seconds)]
     duration_s: f64,
-    /// Latency target in ms: also report goodput (requests per second completed within it).
-    #[arg(long, value_parser = positive_f64)]
+    /// Latency target in ms: also report goodput (requests per second completed within it; at
+    /// most 3600000).
+    #[arg(long, value_parser = millis)]
     qos_ms: Option<f64>,
     #[command(flatten)]
     rt: RuntimeArgs,

@@ -7,6 +7,8 @@
 //! * While every worker is busy the batch keeps filling up to `s` (TF-Serving's open batch), so the
 //!   `t` timer only makes a batch eligible; it never closes a batch that `s` already closed.
 //! * **Static** (`pad_to_max`): every task computes `s` rows, the missing ones being padding.
+//! * A *flush* (the caller expects no more arrivals) makes every request queued at that moment
+//!   ready at once: the end of an input does not wait out `t`.
 //! * Requests are taken by priority (larger first), then by arrival order.
 //! * Deadlines are checked while queued (at `tick`) and when the request's task finishes; cancel
 //!   removes a queued request at once and a running one when its task finishes.
@@ -67,6 +69,8 @@ pub struct TimeoutPolicy {
     running: usize,
     next_task: TaskId,
     out: VecDeque<Decision>,
+    /// The last flush: requests that arrived by then are ready without waiting out `max_wait`.
+    flushed: Option<Time>,
 }
 
 impl TimeoutPolicy {
@@ -84,6 +88,7 @@ impl TimeoutPolicy {
             running: 0,
             next_task: 0,
             out: VecDeque::new(),
+            flushed: None,
         }
     }
 
@@ -141,7 +146,10 @@ impl TimeoutPolicy {
     }
 
     fn ready(&self, now: Time) -> bool {
-        self.queued >= self.cfg.max_batch || self.oldest().is_some_and(|t0| now >= t0 + self.cfg.max_wait)
+        self.queued >= self.cfg.max_batch
+            || self
+                .oldest()
+                .is_some_and(|t0| now >= t0 + self.cfg.max_wait || self.flushed.is_some_and(|f| t0 <= f))
     }
 
     /// Start ready batches on idle workers.
@@ -233,6 +241,11 @@ impl Policy for TimeoutPolicy {
         self.dispatch(now);
     }
 
+    fn flush(&mut self, now: Time) {
+        self.flushed = Some(now);
+        self.dispatch(now);
+    }
+
     fn poll(&mut self) -> Option<Decision> {
         self.out.pop_front()
     }
@@ -315,6 +328,28 @@ mod tests {
         assert!(drain(&mut p).is_empty());
         p.tick(us(1100));
         assert_eq!(drain(&mut p), vec![launch(0, 0, &[1, 2], 2)]);
+    }
+
+    #[test]
+    fn flush_launches_what_is_queued_without_waiting_and_later_arrivals_wait_again() {
+        let mut p = policy(8, 1_000_000, 1);
+        arrive(&mut p, us(0), 1);
+        arrive(&mut p, us(10), 2);
+        assert!(drain(&mut p).is_empty());
+        p.flush(us(20));
+        assert_eq!(drain(&mut p), vec![launch(0, 0, &[1, 2], 2)]);
+        // Queued while the worker is busy, before and after a second flush.
+        arrive(&mut p, us(30), 3);
+        p.flush(us(40));
+        arrive(&mut p, us(50), 4);
+        assert!(drain(&mut p).is_empty());
+        p.task_done(us(60), 0);
+        assert_eq!(drain(&mut p), vec![ok(1), ok(2), launch(1, 0, &[3, 4], 2)]);
+        // Arrived after the last flush: waits for its batch again.
+        p.task_done(us(70), 1);
+        arrive(&mut p, us(80), 5);
+        assert_eq!(drain(&mut p), vec![ok(3), ok(4)]);
+        assert_eq!(p.next_wakeup(), Some(us(1_000_080)));
     }
 
     #[test]
