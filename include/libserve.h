@@ -106,7 +106,8 @@ typedef struct serve_completion serve_completion;
 typedef struct serve_error serve_error;
 
 // A model loaded into a runtime. Thread-safe: submit to it from any number of threads. Valid
-// until freed, even after its runtime is freed (submits then fail with `SERVE_CODE_SHUTDOWN`).
+// until freed with `serve_model_free`, even after its runtime is freed (submits then fail with
+// `SERVE_CODE_SHUTDOWN`).
 typedef struct serve_model serve_model;
 
 // Options for `serve_runtime_load_model`: an opaque builder. Not thread-safe while being set; a
@@ -252,7 +253,11 @@ serve_error *serve_runtime_load_model(const serve_runtime *runtime,
                                       const serve_model_options *options,
                                       serve_model **out);
 
-// Release a model handle. Requests already submitted still complete. NULL is allowed.
+// Free a model. Requests already submitted to it still complete as usual (each exactly once,
+// with its normal result, into its queue); once they have, the runtime releases the model's
+// worker threads, state and buffers. The handle is invalid as soon as this is called: it must
+// not be used again, nor be in use by another thread (a submit in progress). Never blocks on the
+// model's requests. NULL is allowed.
 void serve_model_free(serve_model *model);
 
 // The model's kind: "mlp", "lstm", "seq2seq" or "treelstm" (static storage); "" if NULL.

@@ -265,8 +265,9 @@ func (m *Model) InputLen() int { return m.inputLen }
 // output size, else 0.
 func (m *Model) OutputLen() int { return m.outputLen }
 
-// Close releases the model handle. Requests already submitted still complete. Later submits
-// fail with ErrClosed. Idempotent and safe for concurrent use; it waits for submits in progress
+// Close releases the model handle. Requests already submitted still complete normally; once
+// they have, libserve releases the model's threads, state and buffers. Later submits fail with
+// ErrClosed. Idempotent and safe for concurrent use; it waits for submits in progress
 // to hand their request to libserve.
 func (m *Model) Close() error {
 	m.s.close()

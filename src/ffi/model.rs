@@ -95,7 +95,8 @@ impl Knobs {
 }
 
 /// A model loaded into a runtime. Thread-safe: submit to it from any number of threads. Valid
-/// until freed, even after its runtime is freed (submits then fail with `SERVE_CODE_SHUTDOWN`).
+/// until freed with `serve_model_free`, even after its runtime is freed (submits then fail with
+/// `SERVE_CODE_SHUTDOWN`).
 pub struct serve_model {
     pub(crate) model: Model,
 }
@@ -335,7 +336,11 @@ unsafe fn path_arg<'a>(p: *const c_char) -> crate::Result<&'a Path> {
     }
 }
 
-/// Release a model handle. Requests already submitted still complete. NULL is allowed.
+/// Free a model. Requests already submitted to it still complete as usual (each exactly once,
+/// with its normal result, into its queue); once they have, the runtime releases the model's
+/// worker threads, state and buffers. The handle is invalid as soon as this is called: it must
+/// not be used again, nor be in use by another thread (a submit in progress). Never blocks on the
+/// model's requests. NULL is allowed.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_free(model: *mut serve_model) {
     ffi_boundary! {

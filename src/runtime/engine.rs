@@ -1,11 +1,25 @@
 //! The engine thread: drives each model's sans-IO policy with the wall clock and carries out its
 //! decisions (launch a task on a worker's stream, complete a request).
 //!
-//! Every event (arrival, cancel, task done, shutdown) arrives through one channel; the engine owns
-//! all request and task state, so nothing here is shared or locked.
+//! Every event (arrival, cancel, task done, model added or freed, shutdown) arrives through one
+//! channel; the engine owns all request and task state, so nothing here is shared or locked (but
+//! the pool of model indices, which submitters' threads take from when they add a model).
+//!
+//! # Freeing a model
+//!
+//! When the last handle of a model is dropped, [`Event::RemoveModel`] marks it *closing*. No
+//! request can arrive for it any more (every submit went through a handle, and sent its arrival
+//! before the handle's drop sent the removal). Its pending requests complete as usual; once it
+//! has no request left and no task in flight (the poller has reported every launched task), the
+//! engine tells the poller to forget its workers, empties its slot, returns its index to the
+//! [`ModelIndices`] pool (a later model may reuse the slot: the engine's per-model storage is as
+//! long as the most models ever loaded at once), and drops its policy and runner (joining its
+//! stream threads, which by then have nothing left to run, and freeing its arena and buffers).
 
-use std::sync::Arc;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::backend::{CellTask, Runner, TaskData, Work};
@@ -40,6 +54,8 @@ pub(crate) struct EngineModel {
 
 pub(crate) enum Event {
     AddModel(usize, Box<EngineModel>),
+    /// The model's last handle was dropped: release it once its requests have completed.
+    RemoveModel(usize),
     Arrive(Box<Pending>),
     Cancel(RequestId),
     TaskDone {
@@ -83,11 +99,44 @@ struct ModelState {
     io: (usize, usize),
     /// State slots of a recurrent model, and the requests waiting for them.
     slots: SlotPool,
+    /// Requests of the model the engine holds (arrived, not completed).
+    requests: usize,
+    /// Its last handle is gone: released once `requests` is 0 and `tasks` is empty.
+    closing: bool,
+}
+
+/// The indices of the engine's model slots: taken when a model is added, returned by the engine
+/// once the model is released (see the module docs), the lowest free one reused first.
+#[derive(Default)]
+pub(crate) struct ModelIndices {
+    /// One more than the highest index handed out so far.
+    next: usize,
+    free: BinaryHeap<Reverse<usize>>,
+}
+
+impl ModelIndices {
+    pub(crate) fn take(&mut self) -> usize {
+        match self.free.pop() {
+            Some(Reverse(i)) => i,
+            None => {
+                self.next += 1;
+                self.next - 1
+            }
+        }
+    }
+
+    fn give_back(&mut self, index: usize) {
+        self.free.push(Reverse(index));
+    }
 }
 
 pub(crate) struct Engine {
     epoch: Instant,
+    /// Indexed by model index; `None` for a free index.
     models: Vec<Option<ModelState>>,
+    indices: Arc<Mutex<ModelIndices>>,
+    /// Closing models (see the module docs), released once idle.
+    closing: Vec<usize>,
     /// Keyed with the cheap id hash: looked up for every row of every task.
     requests: IdMap<Request>,
     poller: Sender<PollerCmd>,
@@ -108,10 +157,13 @@ impl Engine {
         poller: Sender<PollerCmd>,
         poller_thread: std::thread::Thread,
         stats: Arc<Stats>,
+        indices: Arc<Mutex<ModelIndices>>,
     ) -> Engine {
         Engine {
             epoch,
             models: Vec::new(),
+            indices,
+            closing: Vec::new(),
             requests: IdMap::default(),
             poller,
             poller_thread,
@@ -155,6 +207,7 @@ impl Engine {
             }
             self.tick_due();
             self.admit_deferred();
+            self.release_closed();
             self.publish();
             if let Some(until) = self.drain_until {
                 if self.requests.is_empty() {
@@ -259,15 +312,29 @@ impl Engine {
                 }
                 let io = m.runner.io_lens();
                 let slots = SlotPool::new(m.runner.state_slots());
-                self.models[idx] = Some(ModelState { m: *m, tasks: IdMap::default(), io, slots });
+                debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
+                let state =
+                    ModelState { m: *m, tasks: IdMap::default(), io, slots, requests: 0, closing: false };
+                self.models[idx] = Some(state);
+            }
+            Event::RemoveModel(idx) => {
+                if let Some(Some(state)) = self.models.get_mut(idx)
+                    && !state.closing
+                {
+                    state.closing = true;
+                    self.closing.push(idx);
+                }
             }
             Event::Arrive(mut p) => {
                 let id = p.reply.id();
                 let model = p.model;
                 let cells = p.cells.take().map(RequestCells::new);
                 let recurrent = cells.is_some();
-                self.requests.insert(id, Request { pending: *p, result: None, cells, started: false });
+                // A handle is alive while it submits, so its model is here and not closing;
+                // were it not, the dropped reply completes the request `Cancelled`.
                 let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+                state.requests += 1;
+                self.requests.insert(id, Request { pending: *p, result: None, cells, started: false });
                 if recurrent {
                     // Requests take their state slots in arrival order.
                     state.slots.waiting.push_back(id);
@@ -501,10 +568,39 @@ impl Engine {
 
     /// Release the request's admission slot and complete it.
     fn finish(&mut self, p: Pending, result: Result<Output>) {
-        if let Some(Some(s)) = self.models.get(p.model) {
+        if let Some(Some(s)) = self.models.get_mut(p.model) {
+            s.requests -= 1;
             (s.m.on_complete)();
         }
         p.reply.complete(result, &mut self.outbox);
+    }
+
+    /// Release every closing model that has no request left and no task in flight: the poller
+    /// forgets its workers, its policy and runner are dropped, and its index becomes free.
+    ///
+    /// Dropping the runner joins its stream threads. None has a task left (the poller saw every
+    /// task's count, which a stream advances after the task), so each only returns from its
+    /// last notify and sees its queue closed: the wait is short and bounded. (A CUDA runner's
+    /// drop waits for the device context to be idle, so at most for the work other models have
+    /// in flight.)
+    fn release_closed(&mut self) {
+        let mut k = 0;
+        while k < self.closing.len() {
+            let idx = self.closing[k];
+            let idle = matches!(&self.models[idx], Some(s) if s.requests == 0 && s.tasks.is_empty());
+            if !idle {
+                k += 1;
+                continue;
+            }
+            self.closing.swap_remove(k);
+            // Sent before the index is free, so it reaches the poller before any watch of a
+            // model that reuses the index. (The slot is empty before the index is free, and a
+            // model added under it is seen by this thread only after the drop.)
+            let _ = self.poller.send(PollerCmd::Forget { model: idx });
+            let state = self.models[idx].take();
+            self.indices.lock().unwrap_or_else(|p| p.into_inner()).give_back(idx);
+            drop(state);
+        }
     }
 
     /// Shutdown deadline reached: every request still pending completes `Cancelled` now.

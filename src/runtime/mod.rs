@@ -30,7 +30,7 @@ use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
 use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy, DEFAULT_MAX_TASKS_TO_SUBMIT};
 use crate::sched::{Policy, RequestId};
 
-use engine::{Engine, EngineModel, Event, Pending};
+use engine::{Engine, EngineModel, Event, ModelIndices, Pending};
 pub use queue::{Completion, CompletionQueue};
 use request::{Reply, Sink};
 pub use request::{SubmitOptions, Ticket};
@@ -257,6 +257,7 @@ pub struct ModelOptions {
     pub state_slots: Option<usize>,
 }
 
+/// What every handle of a model shares; dropped with the last one.
 struct ModelShared {
     index: usize,
     name: String,
@@ -265,6 +266,16 @@ struct ModelShared {
     bound: usize,
     /// State slots of a recurrent model (0 otherwise).
     state_slots: usize,
+    events: Sender<Event>,
+}
+
+impl Drop for ModelShared {
+    /// The last handle is gone: the engine releases the model once its pending requests have
+    /// completed (engine.rs, "Freeing a model"). Every submit through a handle has sent its
+    /// arrival before this. A runtime already stopped has released every model.
+    fn drop(&mut self) {
+        let _ = self.events.send(Event::RemoveModel(self.index));
+    }
 }
 
 struct Shared {
@@ -277,8 +288,8 @@ struct Shared {
     next_id: AtomicU64,
     stats: Arc<stats::Stats>,
     default_bound: usize,
-    /// Models added so far (the next model's index).
-    models: AtomicUsize,
+    /// The engine's model slots in use and free (a released model's index is reused).
+    model_indices: Arc<Mutex<ModelIndices>>,
     poller_thread: std::thread::Thread,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -291,6 +302,10 @@ pub struct Runtime {
 
 /// A model loaded into a runtime. Cheap to clone; thread-safe. Submitting after the runtime has
 /// shut down fails with `Shutdown`.
+///
+/// Dropping the last clone frees the model: requests already submitted still complete as usual
+/// (each exactly once, with its normal result), and once they have, the runtime releases the
+/// model's worker threads, state and buffers. A handle may outlive its runtime.
 #[derive(Clone)]
 pub struct Model {
     rt: Arc<Shared>,
@@ -313,7 +328,9 @@ impl Runtime {
             .spawn(move || poller::run(poll_rx, poller_events))
             .map_err(spawn_err)?;
         let epoch = Instant::now();
-        let engine = Engine::new(epoch, poll_tx, poller.thread().clone(), stats.clone());
+        let model_indices = Arc::new(Mutex::new(ModelIndices::default()));
+        let engine =
+            Engine::new(epoch, poll_tx, poller.thread().clone(), stats.clone(), model_indices.clone());
         let engine_thread = std::thread::Builder::new()
             .name("serve-engine".into())
             .spawn(move || engine.run(ev_rx))
@@ -326,7 +343,7 @@ impl Runtime {
             next_id: AtomicU64::new(0),
             stats,
             default_bound,
-            models: AtomicUsize::new(0),
+            model_indices,
             poller_thread: poller.thread().clone(),
             threads: Mutex::new(vec![engine_thread, poller]),
         });
@@ -385,7 +402,7 @@ impl Runtime {
         if !*gate {
             return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
         }
-        let index = self.shared.models.fetch_add(1, Ordering::AcqRel);
+        let index = self.shared.model_indices.lock().unwrap_or_else(|p| p.into_inner()).take();
         let on_done = admitted.clone();
         let em = EngineModel {
             net: net.clone(),
@@ -402,7 +419,15 @@ impl Runtime {
         drop(gate);
         Ok(Model {
             rt: self.shared.clone(),
-            m: Arc::new(ModelShared { index, name, net, admitted, bound, state_slots }),
+            m: Arc::new(ModelShared {
+                index,
+                name,
+                net,
+                admitted,
+                bound,
+                state_slots,
+                events: self.shared.events.clone(),
+            }),
         })
     }
 

@@ -33,6 +33,12 @@ pub(crate) enum PollerCmd {
         target: u64,
         signal: Arc<dyn CompletionSignal>,
     },
+    /// Drop the workers of a released model (their signals keep CUDA counters and streams
+    /// alive). The engine sends it once every task of the model has been reported, and before
+    /// the model's index can be reused.
+    Forget {
+        model: usize,
+    },
     Stop,
 }
 
@@ -115,6 +121,15 @@ fn run_with(cmds: Receiver<PollerCmd>, engine: Sender<Event>, mut park: impl FnM
                         quiet += 1;
                     }
                 }
+                PollerCmd::Forget { model } => streams.retain(|&(m, _), w| {
+                    if m == model {
+                        // Empty by the engine's contract; never leave counts for dropped tasks.
+                        debug_assert!(w.fifo.is_empty(), "model {model} forgotten with tasks in flight");
+                        in_flight -= w.fifo.len();
+                        quiet -= if w.notifies { 0 } else { w.fifo.len() };
+                    }
+                    m != model
+                }),
                 PollerCmd::Stop => return,
             }
         }
@@ -308,6 +323,30 @@ mod tests {
         sig.count.store(2, Ordering::Release);
         p.thread.as_ref().unwrap().thread().unpark();
         assert_eq!(p.done(), 3);
+    }
+
+    #[test]
+    fn a_forgotten_model_s_signals_are_dropped_and_others_still_watched() {
+        let p = Poller::start();
+        let freed = Arc::new(FakeSignal { notifies: true, ..FakeSignal::default() });
+        let kept = Arc::new(FakeSignal { notifies: true, ..FakeSignal::default() });
+        p.watch(0, 1, 1, &freed);
+        let signal: Arc<dyn CompletionSignal> = kept.clone();
+        p.cmds.send(PollerCmd::Watch { model: 1, worker: 0, task: 2, target: 1, signal }).unwrap();
+        freed.count.store(1, Ordering::Release);
+        p.thread.as_ref().unwrap().thread().unpark();
+        assert_eq!(p.done(), 1);
+        p.cmds.send(PollerCmd::Forget { model: 0 }).unwrap();
+        // The poller holds no clone of the freed model's signal any more (a CUDA signal keeps the
+        // model's stream and counters alive).
+        until(|| Arc::strong_count(&freed) == 1);
+        assert_eq!(Arc::strong_count(&kept), 2, "model 1 is still watched");
+        kept.count.store(1, Ordering::Release);
+        p.thread.as_ref().unwrap().thread().unpark();
+        match p.events.recv_timeout(Duration::from_secs(60)) {
+            Ok(Event::TaskDone { model: 1, task: 2 }) => {}
+            _ => panic!("model 1's task not reported"),
+        }
     }
 
     #[test]

@@ -10,16 +10,34 @@ use crate::backend::{BackendKind, CompletionSignal, Notify, Runner, RunnerShape,
 use crate::model::{Lstm, Output};
 
 /// The CPU backend, except that the launches numbered in `fail` (counting from 0, over the
-/// runner's life) fail.
+/// runner's life) fail; it counts the runners dropped in `dropped`.
 struct Flaky {
     cpu: CpuBackend,
     fail: HashSet<usize>,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl Flaky {
+    fn new(fail: &[usize]) -> Flaky {
+        Flaky {
+            cpu: CpuBackend::new(1).unwrap(),
+            fail: fail.iter().copied().collect(),
+            dropped: Arc::default(),
+        }
+    }
 }
 
 struct FlakyRunner {
     inner: Box<dyn Runner>,
     fail: HashSet<usize>,
     launches: AtomicUsize,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl Drop for FlakyRunner {
+    fn drop(&mut self) {
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Runner for FlakyRunner {
@@ -55,7 +73,8 @@ impl Backend for Flaky {
     }
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
         let inner = self.cpu.prepare(net, shape, notify)?;
-        Ok(Box::new(FlakyRunner { inner, fail: self.fail.clone(), launches: AtomicUsize::new(0) }))
+        let dropped = self.dropped.clone();
+        Ok(Box::new(FlakyRunner { inner, fail: self.fail.clone(), launches: AtomicUsize::new(0), dropped }))
     }
 }
 
@@ -69,8 +88,7 @@ fn wait(t: Ticket) -> Result<Output> {
 #[test]
 fn launches_failing_behind_running_tasks_finish_in_order_and_the_runtime_keeps_serving() {
     for fail in [vec![1], vec![1, 2], vec![0, 3]] {
-        let backend = Flaky { cpu: CpuBackend::new(1).unwrap(), fail: fail.iter().copied().collect() };
-        let rt = Runtime::start(Arc::new(backend), 64).unwrap();
+        let rt = Runtime::start(Arc::new(Flaky::new(&fail)), 64).unwrap();
         let net = Arc::new(Network::Lstm(Lstm::random(10, 4, 8, 1, 3)));
         // MaxTasksToSubmit 5: a chain's cells go back to back, so a failing launch has running
         // tasks ahead of it (`[0, 3]` needs four: launch 3 is still the first request's).
@@ -99,4 +117,48 @@ fn max_nodes_never_sizes_the_default_arena_past_its_budget() {
     for bound in [1, 64, 4096, usize::MAX] {
         assert_eq!(default_state_slots(&net, bound), budget, "bound {bound}");
     }
+}
+
+/// Wait until `n` runners have been dropped (a freed model is released on the engine thread a
+/// moment after its last request completed; the limit only makes a leak fail instead of hang).
+fn until_dropped(dropped: &AtomicUsize, n: usize) {
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
+    while dropped.load(Ordering::SeqCst) < n {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{} runners dropped, expected {n}",
+            dropped.load(Ordering::SeqCst)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Dropping a model's last handle lets its pending requests complete normally, then drops its
+/// runner (threads, arena, buffers) and frees its index, which the next model reuses: the
+/// engine's per-model storage does not grow over load/free cycles.
+#[test]
+fn a_freed_model_is_released_after_its_requests_and_its_index_reused() {
+    let backend = Flaky::new(&[]);
+    let dropped = backend.dropped.clone();
+    let rt = Runtime::start(Arc::new(backend), 64).unwrap();
+    let net = Arc::new(Network::Lstm(Lstm::random(10, 4, 8, 1, 3)));
+    let kept = rt.add_network(net.clone(), "kept".into(), ModelOptions::default()).unwrap();
+    for cycle in 0..50 {
+        let m = rt.add_network(net.clone(), "cycled".into(), ModelOptions::default()).unwrap();
+        assert_eq!(m.m.index, 1, "cycle {cycle}: the freed model's index is reused");
+        let tickets: Vec<_> =
+            (0..8).map(|k| m.submit(Input::Tokens(vec![k; 6]), SubmitOptions::default()).unwrap()).collect();
+        let clone = m.clone();
+        drop(m);
+        assert_eq!(dropped.load(Ordering::SeqCst), cycle, "a clone keeps the model");
+        drop(clone);
+        for (k, t) in tickets.into_iter().enumerate() {
+            let out = wait(t).unwrap_or_else(|e| panic!("cycle {cycle}, request {k} of a freed model: {e}"));
+            assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
+        }
+        until_dropped(&dropped, cycle + 1);
+    }
+    let out = wait(kept.submit(Input::Tokens(vec![3; 4]), SubmitOptions::default()).unwrap()).unwrap();
+    assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
+    assert_eq!(kept.m.index, 0);
 }
