@@ -2,7 +2,7 @@
 //!
 //! * Gives the shared library the SONAME `libserve.so.<major>`: the C ABI major version is the
 //!   crate's major version (`SERVE_VERSION_MAJOR`).
-//! * Compiles the hand-written kernels (`cuda/*.cu`, DESIGN §5) into one fatbin when nvcc is
+//! * Compiles the hand-written kernels (`cuda/*.cu`, ARCHITECTURE.md §5) into one fatbin when nvcc is
 //!   found: SASS for sm_80 and sm_90 plus compute_90 PTX (JIT-compiled by the driver on newer
 //!   GPUs). The kernels are compiled as one translation unit (the same program NVRTC compiles at
 //!   run time otherwise) and the fatbin is written to `OUT_DIR`; the crate embeds it with
@@ -14,7 +14,7 @@
 //! 1. `NVCC`: the compiler's path. Set but not runnable: a warning, then the NVRTC fallback.
 //! 2. `nvcc` on `PATH`.
 //! 3. `CUDA_HOME/bin/nvcc`, `CUDA_PATH/bin/nvcc`, `/usr/local/cuda/bin/nvcc`.
-//! 4. NVIDIA's pip wheels (`nvidia-cuda-nvcc` and friends, DESIGN §5), which put nvcc at
+//! 4. NVIDIA's pip wheels (`nvidia-cuda-nvcc` and friends, ARCHITECTURE.md §5), which put nvcc at
 //!    `site-packages/nvidia/cu13/bin/nvcc`: looked for only in the active virtual environment
 //!    (`VIRTUAL_ENV/lib/python3.*/site-packages`), a cheap directory listing — python itself is
 //!    never run.

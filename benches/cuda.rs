@@ -1,4 +1,4 @@
-//! GPU micro-benchmarks of the CUDA backend's kernels (DESIGN §5, §9; issue 4 item 8), each
+//! GPU micro-benchmarks of the CUDA backend's kernels (ARCHITECTURE.md §5, §9; issue 4 item 8), each
 //! against a baseline measured in the same run:
 //!
 //! (a) **LSTM step**, h = 1024, input = 1024, b ∈ {64, 512}: the full cellular-batching step —

@@ -1,4 +1,4 @@
-//! GEMM crate choice (DESIGN §5: "`gemm` or `matrixmultiply`; pick by benchmark").
+//! GEMM crate choice (ARCHITECTURE.md §5: "`gemm` or `matrixmultiply`; pick by benchmark").
 //!
 //! Times `y[b, n] += x[b, k] · Wᵀ` (a `torch.nn.Linear` / LSTM gate product) with both crates on
 //! the shapes libserve runs: tiny mlp rows, CPU-scale layers (h = 256), and the LSTM step of

@@ -12,7 +12,7 @@
 //! the state reached after a warm-up from the cold start (all `b` requests at t = 0) is what is
 //! measured.
 //!
-//! Workloads (DESIGN §8, `serve::workload`): `lstm` — one chain of WMT-like length (mean 24);
+//! Workloads (ARCHITECTURE.md §8, `serve::workload`): `lstm` — one chain of WMT-like length (mean 24);
 //! `seq2seq` — a WMT-like encoder chain then a WMT-like decoder chain, cell types encoder (max
 //! batch `b`, priority 0) and decoder (max batch `b / 2`, priority 1); `treelstm` — TreeBank-like
 //! random binary parse trees (mean 19 leaves), cell types leaf (priority 0) and internal

@@ -1,5 +1,5 @@
 /*
- * dense.cu: the pointwise half of a dense layer (DESIGN §5, serve_kernels.h): bias and ReLU after
+ * dense.cu: the pointwise half of a dense layer (ARCHITECTURE.md §5, serve_kernels.h): bias and ReLU after
  * the cuBLAS GEMM, as the CPU backend's `linear` (src/backend/cpu/gemm.rs).
  */
 #include "serve_device.cuh"

@@ -1,5 +1,5 @@
 /*
- * embedding.cu: zero-copy embedding gather (DESIGN §5, serve_kernels.h), the CUDA side of the CPU
+ * embedding.cu: zero-copy embedding gather (ARCHITECTURE.md §5, serve_kernels.h), the CUDA side of the CPU
  * backend's embed_rows, with the ids checked on the device.
  */
 #include "serve_device.cuh"

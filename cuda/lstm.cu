@@ -1,5 +1,5 @@
 /*
- * lstm.cu: the recurrent cells of cellular batching (DESIGN §5, serve_kernels.h), mirroring the
+ * lstm.cu: the recurrent cells of cellular batching (ARCHITECTURE.md §5, serve_kernels.h), mirroring the
  * CPU backend (src/backend/cpu/lstm_cell.rs, tree_cell.rs): gather → cuBLAS GEMM → fused
  * pointwise + scatter, for LSTM layers and Child-Sum TreeLSTM nodes, and the decoder's argmax.
  * Arithmetic follows the CPU code's order of operations; σ and tanh are IEEE expf / tanhf.

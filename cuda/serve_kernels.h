@@ -1,5 +1,5 @@
 /*
- * serve_kernels.h: the launch-parameter ABI of libserve's hand-written CUDA kernels (DESIGN §5).
+ * serve_kernels.h: the launch-parameter ABI of libserve's hand-written CUDA kernels (ARCHITECTURE.md §5).
  *
  * Shared by the kernels (the .cu files of cuda/, compiled by nvcc into the embedded fatbin or by NVRTC at run
  * time) and by Rust: src/backend/cuda/abi.rs is generated from this file by bindgen and committed;
@@ -18,7 +18,7 @@
  *   every kernel works with either. 0 means "absent" only where a field says so.
  * - Matrices are row-major; `*_ld` fields are row strides in elements (>= the row width).
  * - Float data is fp32. GEMMs are not here: cuBLAS does them, launched from Rust.
- * - The state arena is `arena_slots` slots of `arena_width` 32-bit words (DESIGN §5, as the CPU
+ * - The state arena is `arena_slots` slots of `arena_width` 32-bit words (ARCHITECTURE.md §5, as the CPU
  *   backend's StateArena): a request's (or tree node's) h and c per layer, and for a seq2seq
  *   decoder its last token as raw u32 bits. Slot ids come from the scheduler and are validated by
  *   the host; the kernels only range-check them so that a bad id can never cause a stray access

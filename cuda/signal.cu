@@ -1,5 +1,5 @@
 /*
- * signal.cu: the completion signal of a worker's stream (DESIGN §5, serve_kernels.h).
+ * signal.cu: the completion signal of a worker's stream (ARCHITECTURE.md §5, serve_kernels.h).
  *
  * The counter lives in pinned, mapped, not write-combined host memory; the poller thread only
  * does acquire loads of it. No stream callbacks or host functions are ever used for completion.

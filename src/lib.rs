@@ -1,7 +1,7 @@
 //! libserve: the scheduling and GPU-plumbing core of a deep-learning inference server.
 //!
 //! Rust users start with [`Runtime::builder`]; C users with `include/libserve.h` (the [`ffi`]
-//! module). The design is in `DESIGN.md`; the layout follows it: sans-IO policies in [`sched`],
+//! module). The design is in `ARCHITECTURE.md`; the layout follows it: sans-IO policies in [`sched`],
 //! model formats in [`model`], backends in [`backend`], the runtime's threads in [`runtime`].
 
 pub mod backend;

@@ -1,4 +1,4 @@
-//! The standard workloads of DESIGN §8, defined once for benches, the CLI and tests.
+//! The standard workloads of ARCHITECTURE.md §8, defined once for benches, the CLI and tests.
 //!
 //! Every generator is deterministic per seed: the same arguments give the same sequence on every
 //! machine (`StdRng` seeded with [`SeedableRng::seed_from_u64`]).
@@ -116,7 +116,7 @@ pub fn treebank_leaves<R: Rng + ?Sized>(rng: &mut R) -> usize {
 }
 
 /// One TreeBank-like tree as parent indices (`-1` for the root; the `parents` of a `treelstm`
-/// request, DESIGN §6).
+/// request, ARCHITECTURE.md §6).
 ///
 /// The leaf count comes from [`treebank_leaves`]; the shape is a random binary parse of the
 /// sentence: starting from the leaves as single-word spans, two *adjacent* spans chosen uniformly

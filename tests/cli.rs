@@ -1,5 +1,5 @@
-//! The `serve` binary end to end: `info`, `infer` (DESIGN §6; mlp and the recurrent fixtures),
-//! `bench mlp|lstm|seq2seq|treelstm|step` (DESIGN §8), `demo`.
+//! The `serve` binary end to end: `info`, `infer` (ARCHITECTURE.md §6; mlp and the recurrent fixtures),
+//! `bench mlp|lstm|seq2seq|treelstm|step` (ARCHITECTURE.md §8), `demo`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! Every hand-written CUDA kernel (`cuda/*.cu`) against the CPU backend on the same inputs
-//! (DESIGN §9, issue 4 item 7):
+//! (ARCHITECTURE.md §9, issue 4 item 7):
 //!
 //! * LSTM layer steps — embedding gather → `serve_lstm_gather` → cuBLAS GEMM →
 //!   `serve_lstm_pointwise` — for two stacked layers at batch sizes 1, 3, 64 and 512 (and
@@ -785,7 +785,7 @@ fn lstm_step_matches_the_cpu_at_batch_64_and_512() {
 #[test]
 fn lstm_step_matches_the_cpu_at_gpu_scale() {
     let Some(mut g) = gpu(true) else { return };
-    // h = 1024 as benchmarked (DESIGN §8's GPU scale), batch 64.
+    // h = 1024 as benchmarked (ARCHITECTURE.md §8's GPU scale), batch 64.
     check_lstm(&mut g, 64, 1024, 1024, 3, 5);
 }
 

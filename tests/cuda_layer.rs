@@ -3,7 +3,7 @@
 //!
 //! Tests that need a GPU ask [`device`] for one: with no CUDA device they print
 //! `skipped: no CUDA device` and pass, unless `SERVE_REQUIRE_GPU=1`, which makes a missing device a
-//! failure (DESIGN §9). Tests that also need NVRTC or cuBLAS skip the same way when that library
+//! failure (ARCHITECTURE.md §9). Tests that also need NVRTC or cuBLAS skip the same way when that library
 //! is missing (it is not part of the driver): with a message, or a failure under
 //! `SERVE_REQUIRE_GPU=1`. The other tests run everywhere and check
 //! that without CUDA nothing panics and every entry point answers `Unavailable` precisely.

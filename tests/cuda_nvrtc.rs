@@ -1,4 +1,4 @@
-//! The kernels' NVRTC fallback (DESIGN §5, src/backend/cuda/kernels.rs), compiled with no GPU.
+//! The kernels' NVRTC fallback (ARCHITECTURE.md §5, src/backend/cuda/kernels.rs), compiled with no GPU.
 //!
 //! build.rs compiles `cuda/*.cu` with nvcc; without nvcc, or for a device the fatbin cannot serve,
 //! the runtime compiles [`kernels::nvrtc_program`] with NVRTC at first use. NVRTC needs no GPU, so

@@ -1,4 +1,4 @@
-//! End to end on the CUDA backend (DESIGN §5, §9): lstm, seq2seq and treelstm under cellular
+//! End to end on the CUDA backend (ARCHITECTURE.md §5, §9): lstm, seq2seq and treelstm under cellular
 //! batching (one and two workers) and the padding baseline against the committed fixtures and
 //! against the CPU backend on larger random models, mlp against the CPU backend, cancel and
 //! deadline at cell boundaries, and many tasks in flight on several workers completing exactly

@@ -86,6 +86,16 @@ fn settle(all: usize, streams: usize, what: &str) {
     }
 }
 
+/// Wait until exactly `n` stream threads show (a new thread sets its name a moment after it is
+/// spawned, so a count taken at once may miss it).
+fn until_streams(n: usize, what: &str) {
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while threads().1 != n {
+        assert!(Instant::now() < give_up, "{what}: {} stream threads, expected {n}", threads().1);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn mlp_fixture() -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let text = std::fs::read_to_string(fixture("mlp_4_8_3").join("expected.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -161,7 +171,7 @@ fn a_model_freed_with_requests_in_flight_completes_them_then_is_released() {
             },
         )
         .unwrap();
-    assert_eq!(threads().1, streams0 + 4, "each worker has a stream thread");
+    until_streams(streams0 + 4, "each worker has a stream thread");
     let mut expected = HashMap::new();
     for k in 0..40u64 {
         let i = k as usize % inputs.len();
@@ -337,7 +347,7 @@ fn serve_model_free_completes_pending_requests_then_releases_the_model() {
     ok(serve_model_options_set_max_wait_ns(mo, 300_000_000));
     let m = c_load(rt, "mlp_4_8_3", mo);
     serve_model_options_free(mo);
-    assert_eq!(threads().1, streams0 + 2, "each worker has a stream thread");
+    until_streams(streams0 + 2, "each worker has a stream thread");
     for k in 0..32u64 {
         let x = &inputs[k as usize % inputs.len()];
         ok(serve_submit_f32(m, q, k, x.as_ptr(), x.len(), null(), null_mut()));

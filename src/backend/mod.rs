@@ -1,6 +1,6 @@
 //! Backends: where batched tasks execute.
 //!
-//! Every backend offers the same shape (DESIGN §1.2): a model is *prepared* on it as a
+//! Every backend offers the same shape (ARCHITECTURE.md §1.2): a model is *prepared* on it as a
 //! [`Runner`] with one ordered stream per worker; the runtime launches a task on a worker's stream
 //! and learns of its completion only through that worker's [`CompletionSignal`], a counter that
 //! the executing side increments once per finished task (a CPU thread's atomic store here; the

@@ -1,5 +1,5 @@
 //! Model formats: a directory with `model.toml` and `weights.safetensors` (fp32, PyTorch
-//! `state_dict` names). See DESIGN §6.
+//! `state_dict` names). See ARCHITECTURE.md §6.
 //!
 //! Every size a model directory declares is bounded before anything is allocated from it: the
 //! files are opened and checked to be regular files within their size limits before they are read
@@ -30,7 +30,7 @@ pub use treelstm::{NO_TOKEN, TreeLstm};
 pub const CONFIG_FILE: &str = "model.toml";
 pub const WEIGHTS_FILE: &str = "weights.safetensors";
 
-/// The model kinds of DESIGN §6.
+/// The model kinds of ARCHITECTURE.md §6.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ModelKind {
     Mlp,

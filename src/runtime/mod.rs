@@ -1,6 +1,6 @@
 //! The runtime: model loading, admission, request lifecycle, engine and poller threads.
 //!
-//! Lifecycle of a request (DESIGN §3): `submit` validates the input and deadline, passes
+//! Lifecycle of a request (ARCHITECTURE.md §3): `submit` validates the input and deadline, passes
 //! admission (bounded per model; `Busy` when full), and hands the request to the engine thread,
 //! whose policy forms batched tasks; a worker stream executes each task and advances its
 //! completion counter; the poller sees the counter move and reports `task_done` to the engine,
@@ -358,7 +358,7 @@ impl Runtime {
         self.shared.backend.describe()
     }
 
-    /// Load the model in `dir` (DESIGN §6) and prepare it on the backend.
+    /// Load the model in `dir` (ARCHITECTURE.md §6) and prepare it on the backend.
     pub fn load_model(&self, dir: impl AsRef<Path>, opts: ModelOptions) -> Result<Model> {
         self.load_model_with(dir, opts, |_, _| Ok(()))
     }

@@ -3,7 +3,7 @@
 //! per in-flight request — per tree node for `treelstm` — holding `h` and `c` of every layer);
 //! one stream per worker with its own step buffers, allocated at prepare and reused.
 //!
-//! A cell task runs the structure the CUDA kernels mirror (DESIGN §5): embedding gather into the
+//! A cell task runs the structure the CUDA kernels mirror (ARCHITECTURE.md §5): embedding gather into the
 //! batch input, then per layer one gather of `[x_t | h_{t-1}]`, one GEMM against
 //! `[W_ih | W_hh]`, and a fused pointwise + scatter back to the slots; a decoder step adds the
 //! projection and the argmax, whose token is fed back through the slot to the next step.

@@ -1,4 +1,4 @@
-//! cuBLAS, for the batched LSTM cell's one GEMM per step (DESIGN §5): `G = X · [W_ih | W_hh]ᵀ`.
+//! cuBLAS, for the batched LSTM cell's one GEMM per step (ARCHITECTURE.md §5): `G = X · [W_ih | W_hh]ᵀ`.
 
 use cudarc::cublas::result as blas;
 use cudarc::cublas::sys::{self as bsys, cublasMath_t, cublasOperation_t};

@@ -1,4 +1,4 @@
-//! The hand-written kernels as embedded in the crate (DESIGN §5; sources in `cuda/`, launch
+//! The hand-written kernels as embedded in the crate (ARCHITECTURE.md §5; sources in `cuda/`, launch
 //! parameters in [`abi`]).
 //!
 //! build.rs compiles `cuda/*.cu` with nvcc when it finds one, into one fatbin holding SASS for

@@ -1,4 +1,4 @@
-//! The CUDA backend's layers (DESIGN §5), and CUDA presence detection.
+//! The CUDA backend's layers (ARCHITECTURE.md §5), and CUDA presence detection.
 //!
 //! Nothing here is linked against CUDA: the driver, NVRTC and cuBLAS are opened at run time, so
 //! libserve builds and runs on machines with no CUDA at all.

@@ -1,6 +1,6 @@
 //! Recurrent models (`lstm`, `seq2seq`, `treelstm`) on CUDA, cell task by cell task for cellular
 //! batching — the same [`Work`] in and the same outputs and tokens out as the CPU runner
-//! (`backend/cpu/recurrent.rs`), with the structure of DESIGN §5:
+//! (`backend/cpu/recurrent.rs`), with the structure of ARCHITECTURE.md §5:
 //!
 //! * chain cells (an lstm step, a seq2seq encoder or decoder step): embedding gather into
 //!   `X = [x | h]`, then per layer the gather of `h_{t-1}` from the state arena, **one** cuBLAS GEMM

@@ -1,4 +1,4 @@
-//! The CUDA [`Runner`]: the machinery shared by the recurrent and mlp runners (DESIGN §5).
+//! The CUDA [`Runner`]: the machinery shared by the recurrent and mlp runners (ARCHITECTURE.md §5).
 //!
 //! A prepared model ([`DeviceModel`]: weights uploaded once to device memory, shared by every
 //! worker) runs on `workers` workers, each with its own [`Stream`], cuBLAS handle bound to that

@@ -1,4 +1,4 @@
-//! Completion counters in pinned, mapped host memory (DESIGN §5).
+//! Completion counters in pinned, mapped host memory (ARCHITECTURE.md §5).
 //!
 //! Each stream has one 64-bit counter on its own 64-byte line. The signaling kernel, queued on the
 //! stream after a task's work, does one system-scope release increment of it; the poller thread

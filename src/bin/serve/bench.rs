@@ -1,4 +1,4 @@
-//! `serve bench mlp …` (DESIGN §8): Poisson open-loop load against an mlp, batched and unbatched.
+//! `serve bench mlp …` (ARCHITECTURE.md §8): Poisson open-loop load against an mlp, batched and unbatched.
 //!
 //! Also the open-loop machinery every `serve bench <model>` shares ([`Workload`], [`PolicySpec`],
 //! [`measure_capacity`], [`run_open_loop`], the table and the JSON report): a workload is a
@@ -26,9 +26,9 @@ use serve::{
 
 use crate::{BenchMlpArgs, CliResult, RuntimeArgs, build_runtime, fatal, timeout_policy};
 
-/// CPU scale of DESIGN §8: hidden 256.
+/// CPU scale of ARCHITECTURE.md §8: hidden 256.
 const CPU_SCALE_SIZES: [usize; 4] = [256, 256, 256, 256];
-/// GPU scale of DESIGN §8 (the papers'): hidden 1024.
+/// GPU scale of ARCHITECTURE.md §8 (the papers'): hidden 1024.
 const GPU_SCALE_SIZES: [usize; 4] = [256, 1024, 1024, 256];
 /// Offered rates, as fractions of the measured capacity, when no --rate is given.
 const CAPACITY_FRACTIONS: [f64; 4] = [0.25, 0.5, 0.75, 0.9];
@@ -203,7 +203,7 @@ fn scale_note(sizes: &[usize]) -> String {
         _ => "custom scale",
     };
     format!(
-        "{scale}; DESIGN §8: CPU scale hidden 256 = 256,256,256,256, GPU scale hidden 1024 = 256,1024,1024,256"
+        "{scale}; ARCHITECTURE.md §8: CPU scale hidden 256 = 256,256,256,256, GPU scale hidden 1024 = 256,1024,1024,256"
     )
 }
 

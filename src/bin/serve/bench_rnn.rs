@@ -1,4 +1,4 @@
-//! `serve bench lstm|seq2seq|treelstm …` (DESIGN §7, §8): cellular batching against the padding
+//! `serve bench lstm|seq2seq|treelstm …` (ARCHITECTURE.md §7, §8): cellular batching against the padding
 //! baseline under Poisson open-loop load, with the shared machinery of [`crate::bench`].
 //!
 //! * Model: made in code at CPU scale by default (hidden 256, embed = hidden, vocab 30 000,
@@ -40,7 +40,7 @@ use crate::{BenchRnnArgs, CliResult, EosBias, PolicyArg, RuntimeArgs, build_runt
 
 /// Distinct requests generated per benchmark (cycled).
 pub(crate) const RNN_INPUTS: usize = 4096;
-/// Hidden size at CPU scale (DESIGN §8).
+/// Hidden size at CPU scale (ARCHITECTURE.md §8).
 pub(crate) const CPU_HIDDEN: usize = 256;
 /// Hidden size at GPU scale (the papers').
 pub(crate) const GPU_HIDDEN: usize = 1024;
@@ -115,7 +115,7 @@ fn scale_note(hidden: usize) -> String {
         h => format!("custom scale (hidden {h})"),
     };
     format!(
-        "{scale}; DESIGN §8: CPU scale h=256 (the CPU default), GPU scale h=1024 (the papers'; --hidden 1024)"
+        "{scale}; ARCHITECTURE.md §8: CPU scale h=256 (the CPU default), GPU scale h=1024 (the papers'; --hidden 1024)"
     )
 }
 

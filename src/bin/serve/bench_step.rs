@@ -1,4 +1,4 @@
-//! `serve bench step --model lstm …` (DESIGN §8 micro-benchmark): one batched LSTM layer step as
+//! `serve bench step --model lstm …` (ARCHITECTURE.md §8 micro-benchmark): one batched LSTM layer step as
 //! the CPU backend runs it for cellular batching — gather `[x | h_prev]` from the state arena,
 //! one GEMM against `[W_ih | W_hh]ᵀ`, fused pointwise gates and scatter of `h`, `c` back to the
 //! arena ([`lstm_layer_step`]) — and the bare GEMM of the same shape ([`matmul`]), in the same run,
@@ -204,7 +204,7 @@ fn print_timings(timings: &[Timing; 2], batch: usize, hidden: usize, flops: f64)
     r
 }
 
-/// The `results` of DESIGN §8 (`name`, `batch`, `hidden`, `time_us`, `gflops`), with `input`,
+/// The `results` of ARCHITECTURE.md §8 (`name`, `batch`, `hidden`, `time_us`, `gflops`), with `input`,
 /// `min_time_us` and the fields of `extra`.
 fn json_results(
     timings: &[Timing; 2],

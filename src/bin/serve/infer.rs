@@ -1,4 +1,4 @@
-//! `serve infer MODEL_DIR --input FILE.jsonl` (DESIGN §6): one request per line, one result line
+//! `serve infer MODEL_DIR --input FILE.jsonl` (ARCHITECTURE.md §6): one request per line, one result line
 //! per request, in input order.
 //!
 //! Memory is bounded whatever the input: a line is stored only up to `--max-line-bytes` (longer

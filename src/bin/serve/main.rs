@@ -1,12 +1,12 @@
 //! `serve`: the libserve command-line tool.
 //!
 //! * `serve info` — version, the backend `auto` picks, CPU features, CUDA driver / devices.
-//! * `serve infer MODEL_DIR --input FILE.jsonl` — DESIGN §6: one request per line, one result line
+//! * `serve infer MODEL_DIR --input FILE.jsonl` — ARCHITECTURE.md §6: one request per line, one result line
 //!   per request, in input order.
-//! * `serve bench mlp …` — DESIGN §8: Poisson open-loop load against an mlp, batched and unbatched.
-//! * `serve bench lstm|seq2seq|treelstm …` — DESIGN §7, §8: cellular batching against the padding
+//! * `serve bench mlp …` — ARCHITECTURE.md §8: Poisson open-loop load against an mlp, batched and unbatched.
+//! * `serve bench lstm|seq2seq|treelstm …` — ARCHITECTURE.md §7, §8: cellular batching against the padding
 //!   baseline (peak throughput, latency at equal offered rates, their ratios).
-//! * `serve bench step …` — DESIGN §8 micro-benchmark: one batched LSTM cell step against the
+//! * `serve bench step …` — ARCHITECTURE.md §8 micro-benchmark: one batched LSTM cell step against the
 //!   bare GEMM of the same shape.
 //! * `serve` / `serve demo` — the main job on the CPU default: a small mlp is written, loaded,
 //!   queried with `infer`, then benchmarked briefly.
@@ -64,7 +64,7 @@ enum Command {
     Info,
     /// Run one request per line of a JSON-lines file; print one result line per request, in order.
     Infer(InferArgs),
-    /// Open-loop benchmarks (DESIGN §8).
+    /// Open-loop benchmarks (ARCHITECTURE.md §8).
     Bench {
         #[command(subcommand)]
         what: BenchCommand,
@@ -200,7 +200,7 @@ struct BenchMlpArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Layer widths of the random mlp, input first. Default: CPU scale 256,256,256,256 (hidden 256)
-    /// on the CPU backend, GPU scale 256,1024,1024,256 (hidden 1024) on CUDA (DESIGN §8).
+    /// on the CPU backend, GPU scale 256,1024,1024,256 (hidden 1024) on CUDA (ARCHITECTURE.md §8).
     #[arg(long, value_delimiter = ',', value_parser = positive(), conflicts_with = "model")]
     sizes: Option<Vec<usize>>,
     /// Offered rates in requests per second (several allowed: `--rate 500 1000` or `--rate
@@ -228,7 +228,7 @@ struct BenchMlpArgs {
     /// Seed of the random mlp, its inputs and the arrival times.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Write the results as one JSON object (DESIGN §8) to this file.
+    /// Write the results as one JSON object (ARCHITECTURE.md §8) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Latency target in ms: also report goodput (requests per second completed within it; at
@@ -249,7 +249,7 @@ pub(crate) const DEFAULT_MAX_DECODE: usize = 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum PolicyArg {
-    /// BatchMaker's cellular batching (DESIGN §7).
+    /// BatchMaker's cellular batching (ARCHITECTURE.md §7).
     Cellular,
     /// Graph batching padded per bucket (the TF/MXNet baseline).
     Padding,
@@ -284,7 +284,7 @@ struct BenchRnnArgs {
     #[arg(long, conflicts_with_all = ["hidden", "embed", "vocab", "layers", "max_decode", "eos_bias"])]
     model_dir: Option<PathBuf>,
     /// Hidden size of the random model. Default: CPU scale 256 on the CPU backend, GPU scale 1024
-    /// on CUDA (DESIGN §8).
+    /// on CUDA (ARCHITECTURE.md §8).
     #[arg(long, value_parser = positive())]
     hidden: Option<usize>,
     /// Embedding size of the random model (default: the hidden size).
@@ -354,7 +354,7 @@ struct BenchRnnArgs {
     /// Seed of the random model, the requests and the arrival times.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Write the results as one JSON object (DESIGN §8) to this file.
+    /// Write the results as one JSON object (ARCHITECTURE.md §8) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -384,7 +384,7 @@ struct BenchStepArgs {
     iters: usize,
     #[command(flatten)]
     rt: RuntimeArgs,
-    /// Write `{"results":[…]}` (DESIGN §8) to this file.
+    /// Write `{"results":[…]}` (ARCHITECTURE.md §8) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -416,7 +416,7 @@ fn stdout_err(e: io::Error) -> Fatal {
 fn main() -> ExitCode {
     // Die quietly on a closed stdout (`serve infer … | head`) like other command-line tools,
     // instead of failing every later write. Only the binary does this; the library installs no
-    // signal handlers (DESIGN §4).
+    // signal handlers (ARCHITECTURE.md §4).
     #[cfg(unix)]
     // SAFETY: resetting SIGPIPE to its default disposition has no memory-safety preconditions; no
     // other thread exists yet.
