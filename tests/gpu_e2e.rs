@@ -211,7 +211,7 @@ fn many_tasks_in_flight_on_several_workers_complete_exactly_once() {
             hidden: 32,
             workers: [4, 3, 2],
             max_tasks_to_submit: 5,
-            per_thread: 2000,
+            requests: common::stress_requests(6000),
             near_greedy: true,
         },
     );

@@ -1,12 +1,16 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rand::Rng;
 use serve::model::Mlp;
-use serve::{Code, CompletionQueue, Input, Model, Runtime, SubmitOptions};
+use serve::{Code, Completion, CompletionQueue, Input, Model, Runtime, StatsSnapshot, SubmitOptions};
 
 pub mod gpu;
 pub mod native;
@@ -73,5 +77,175 @@ pub fn stress_submit(
             assert!(matches!(e.code(), Code::Shutdown | Code::DeadlineExceeded), "unexpected refusal {e}");
             false
         }
+    }
+}
+
+/// The total number of requests of a stress test, across its threads: `SERVE_STRESS_REQUESTS`
+/// when set (scripts/stress.sh runs 10^6 in release mode), else `default` (sized for `cargo test`).
+pub fn stress_requests(default: u64) -> u64 {
+    match std::env::var("SERVE_STRESS_REQUESTS") {
+        Ok(v) => {
+            v.trim().parse().unwrap_or_else(|_| panic!("SERVE_STRESS_REQUESTS={v:?} is not a request count"))
+        }
+        Err(_) => default,
+    }
+}
+
+/// The exactly-once ledger of a stress test with tags `0..n`: two bytes per tag whatever the
+/// number of requests (10^6 takes 2 MB), shared by the submitting and the draining threads.
+pub struct Ledger {
+    /// Per tag: 0 not submitted yet, else [`ADMITTED`] or [`REFUSED`].
+    submit: Vec<AtomicU8>,
+    /// Per tag: 0 not completed, else 1 + the completion's code.
+    done: Vec<AtomicU8>,
+}
+
+const ADMITTED: u8 = 1;
+const REFUSED: u8 = 2;
+
+impl Ledger {
+    pub fn new(n: u64) -> Ledger {
+        let slots = || (0..n).map(|_| AtomicU8::new(0)).collect();
+        Ledger { submit: slots(), done: slots() }
+    }
+
+    fn slot(v: &[AtomicU8], tag: u64) -> &AtomicU8 {
+        v.get(tag as usize).unwrap_or_else(|| panic!("tag {tag} is out of range 0..{}", v.len()))
+    }
+
+    /// Records the outcome of `tag`'s submission (admitted or refused). Each tag is submitted once.
+    pub fn submitted(&self, tag: u64, admitted: bool) {
+        let prev =
+            Self::slot(&self.submit, tag).swap(if admitted { ADMITTED } else { REFUSED }, Ordering::Relaxed);
+        assert_eq!(prev, 0, "tag {tag} submitted twice");
+    }
+
+    /// Records a completion of `tag`; panics on its second one.
+    pub fn completed(&self, tag: u64, code: Code) {
+        let prev = Self::slot(&self.done, tag).swap(code as u8 + 1, Ordering::Relaxed);
+        assert!(
+            prev == 0,
+            "tag {tag} completed twice: {} then {code}",
+            Code::from_u32(prev as u32 - 1).unwrap()
+        );
+    }
+
+    /// Drains `q` into the ledger on a thread of its own, calling `check` on every completion,
+    /// until [`Drainer::finish`]. Completions are dropped as they are counted: memory stays bounded
+    /// however many requests run.
+    pub fn drain(
+        self: &Arc<Self>,
+        q: Arc<CompletionQueue>,
+        check: impl Fn(&Completion) + Send + 'static,
+    ) -> Drainer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ledger, stopping) = (self.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut batch = Vec::new();
+            loop {
+                // Read before polling: an empty poll after the stop means nothing is left.
+                let last = stopping.load(Ordering::Acquire);
+                batch.clear();
+                q.next_into(&mut batch, 256, Duration::from_millis(20)).unwrap();
+                if batch.is_empty() && last {
+                    return;
+                }
+                for c in &batch {
+                    ledger.completed(c.tag, c.result.as_ref().err().map_or(Code::Ok, |e| e.code()));
+                    check(c);
+                }
+            }
+        });
+        Drainer { stop, thread }
+    }
+
+    /// Once every submitter and the drainer have finished: every tag was submitted; every admitted
+    /// one completed exactly once with OK, CANCELLED or DEADLINE_EXCEEDED; no refused one did.
+    pub fn check(&self) -> Tally {
+        let mut t = Tally { admitted: 0, refused: 0, completed: [0; Code::ALL.len()] };
+        for (tag, (s, d)) in self.submit.iter().zip(&self.done).enumerate() {
+            let done = d.load(Ordering::Relaxed).checked_sub(1).map(|c| Code::from_u32(c as u32).unwrap());
+            match (s.load(Ordering::Relaxed), done) {
+                (ADMITTED, Some(code)) => {
+                    assert!(
+                        matches!(code, Code::Ok | Code::Cancelled | Code::DeadlineExceeded),
+                        "tag {tag}: {code}"
+                    );
+                    t.admitted += 1;
+                    t.completed[code as usize] += 1;
+                }
+                (ADMITTED, None) => panic!("tag {tag} was admitted and never completed"),
+                (REFUSED, None) => t.refused += 1,
+                (REFUSED, Some(code)) => panic!("tag {tag} was refused and completed ({code})"),
+                (_, done) => panic!("tag {tag} was never submitted (completed: {done:?})"),
+            }
+        }
+        t
+    }
+}
+
+/// The thread of [`Ledger::drain`].
+pub struct Drainer {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Drainer {
+    /// Call once every request has completed (the runtime's shutdown has returned and the
+    /// submitters have stopped): drains what is left, stops, and passes on the drainer's panic.
+    pub fn finish(self) {
+        self.stop.store(true, Ordering::Release);
+        if let Err(panic) = self.thread.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+/// What a stress run's [`Ledger`] counted.
+pub struct Tally {
+    pub admitted: u64,
+    pub refused: u64,
+    pub completed: [u64; Code::ALL.len()],
+}
+
+impl Tally {
+    pub fn completed(&self, code: Code) -> u64 {
+        self.completed[code as usize]
+    }
+
+    /// The runtime's own counters agree with the ledger, and nothing is left queued or running.
+    pub fn check_stats(&self, s: &StatsSnapshot) {
+        assert_eq!(s.submitted, self.admitted, "runtime stats: submitted");
+        for code in Code::ALL {
+            assert_eq!(s.completed(code), self.completed(code), "runtime stats: completed {code}");
+        }
+        assert_eq!((s.queued, s.running), (0, 0), "runtime stats: queued, running");
+    }
+
+    /// Prints the run's figures (seen with `--nocapture`): requests, rates, completions by code.
+    pub fn report(&self, label: &str, elapsed: Duration) {
+        let s = elapsed.as_secs_f64();
+        let total = self.admitted + self.refused;
+        println!(
+            "stress {label}: {self} in {s:.2} s: {:.0} requests/s submitted, {:.0} admitted requests/s completed",
+            total as f64 / s,
+            self.admitted as f64 / s,
+        );
+    }
+}
+
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} requests, {} admitted, {} refused; every admitted one completed exactly once:",
+            self.admitted + self.refused,
+            self.admitted,
+            self.refused
+        )?;
+        for code in Code::ALL.into_iter().filter(|&c| self.completed(c) > 0) {
+            write!(f, " {code} {}", self.completed(code))?;
+        }
+        Ok(())
     }
 }

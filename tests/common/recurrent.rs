@@ -1,16 +1,15 @@
 //! Recurrent-model checks shared by the CPU tests (tests/recurrent.rs) and the GPU tests
 //! (tests/gpu_e2e.rs): the committed fixtures and the exactly-once stress run, on any runtime.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serve::model::{Lstm, Network, Seq2Seq, TreeLstm};
 
-use super::stress_submit;
+use super::{Ledger, stress_submit};
 use serve::{
     CellularOptions, Code, CompletionQueue, Input, ModelOptions, Output, PaddingConfig, PolicyConfig,
     Runtime, SubmitOptions,
@@ -172,19 +171,37 @@ pub struct Stress {
     /// Workers of the lstm, seq2seq and treelstm models.
     pub workers: [usize; 3],
     pub max_tasks_to_submit: usize,
-    pub per_thread: u64,
+    /// Requests in all, across the submitting threads (at least 3000).
+    pub requests: u64,
     /// Accept a Seq2Seq decode that differs from the f64 reference's when it is greedy up to
     /// near-ties of logits ([`check_near_greedy`]); otherwise only its shape is checked (length,
     /// eos last) — fp32 against f64 may break a near-tie either way.
     pub near_greedy: bool,
 }
 
+/// The request with `tag`: an lstm, seq2seq or treelstm input (by `tag % 3`), drawn from `tag`
+/// alone, so that the drainer can check the output without keeping the input.
+fn stress_input(tag: u64) -> Input {
+    let mut rng = StdRng::seed_from_u64(tag);
+    let n = rng.random_range(1..30);
+    match tag % 3 {
+        0 | 1 => Input::Tokens((0..n).map(|_| rng.random_range(0..40)).collect()),
+        _ => Input::Tree {
+            tokens: (0..n).map(|_| rng.random_range(0..40)).collect(),
+            parents: (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) }).collect(),
+        },
+    }
+}
+
 /// Many concurrent recurrent requests of all three kinds under cellular batching on `rt`, with
 /// random cancels, deadlines, state-slot back-pressure and a shutdown in the middle: every
 /// accepted request completes exactly once, with OK (and then the reference output), CANCELLED
-/// or DEADLINE_EXCEEDED; refused ones never complete.
+/// or DEADLINE_EXCEEDED; refused ones never complete. Memory stays bounded however many requests
+/// (a [`Ledger`] of two bytes per request; completions are checked and dropped as they come).
 pub fn stress(rt: Arc<Runtime>, s: Stress) {
     const THREADS: u64 = 3;
+    let n = s.requests;
+    assert!(n >= 3000, "{n} requests: the recurrent stress test needs at least 3000");
     let h = s.hidden;
     let lstm = Lstm::random(40, 8, h, 2, 1);
     let s2s = Seq2Seq::random(40, 8, h, 1, 1, 2, 6, 2);
@@ -207,103 +224,78 @@ pub fn stress(rt: Arc<Runtime>, s: Stress) {
             .unwrap(),
     ];
     let q = Arc::new(CompletionQueue::new().unwrap());
-    let attempted = Arc::new(AtomicU64::new(0));
-    let input_of = |tag: u64| -> Input {
-        let mut rng = StdRng::seed_from_u64(tag);
-        let n = rng.random_range(1..30);
-        match tag % 3 {
-            0 | 1 => Input::Tokens((0..n).map(|_| rng.random_range(0..40)).collect()),
-            _ => Input::Tree {
-                tokens: (0..n).map(|_| rng.random_range(0..40)).collect(),
-                parents: (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) }).collect(),
-            },
+    let ledger = Arc::new(Ledger::new(n));
+    let served: Arc<[AtomicU64; 3]> = Arc::default();
+    let near_greedy = s.near_greedy;
+    let served_by_drainer = served.clone();
+    let t0 = Instant::now();
+    let drainer = ledger.drain(q.clone(), move |c| {
+        let Ok(out) = &c.result else { return };
+        let what = format!("tag {}", c.tag);
+        match (c.tag % 3, stress_input(c.tag), out) {
+            (0, Input::Tokens(t), Output::F32(y)) => assert_near(y, &lstm.forward_reference(&t), 1e-4, &what),
+            (1, Input::Tokens(src), Output::Tokens(t)) => {
+                assert!(!t.is_empty() && t.len() <= 6, "{what}: {t:?}");
+                assert!(t[..t.len() - 1].iter().all(|&x| x != 2), "{what}: tokens continue past eos: {t:?}");
+                if near_greedy && *t != s2s.decode_reference(&src) {
+                    check_near_greedy(&s2s, &src, t, &what);
+                }
+            }
+            (2, Input::Tree { tokens, parents }, Output::F32(y)) => {
+                assert_near(y, &tree.forward_reference(&tokens, &parents), 1e-4, &what)
+            }
+            (_, _, other) => panic!("{what}: unexpected output {other:?}"),
         }
-    };
-    let per_thread = s.per_thread;
+        served_by_drainer[(c.tag % 3) as usize].fetch_add(1, Ordering::Relaxed);
+    });
+    // Thread t submits tags t·n/3 .. (t+1)·n/3, the last third of them once the shutdown began.
+    let range = move |t: u64| t * n / THREADS..(t + 1) * n / THREADS;
+    let pivot = move |t: u64| range(t).start + (range(t).end - range(t).start) * 2 / 3;
+    let attempted = Arc::new(AtomicU64::new(0));
     let submitters: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (models, q, rt, attempted) = (models.clone(), q.clone(), rt.clone(), attempted.clone());
+            let (models, q, rt, ledger, attempted) =
+                (models.clone(), q.clone(), rt.clone(), ledger.clone(), attempted.clone());
             std::thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(100 + t);
-                let (mut accepted, mut refused) = (Vec::new(), Vec::new());
-                for i in 0..per_thread {
-                    if i == per_thread * 2 / 3 {
+                for tag in range(t) {
+                    if tag == pivot(t) {
                         // The rest is submitted once the shutdown has begun: some of the
                         // requests are refused, whatever the threads' timing.
                         while !rt.is_shut_down() {
                             std::thread::sleep(Duration::from_millis(1));
                         }
                     }
-                    let tag = t * per_thread + i;
                     let opts = if rng.random_bool(0.03) {
                         SubmitOptions::with_timeout(Duration::from_micros(rng.random_range(1..2000)))
                     } else {
                         SubmitOptions::default()
                     };
                     let model = &models[(tag % 3) as usize];
-                    if stress_submit(&rt, model, || input_of(tag), opts, &q, tag, &mut rng) {
-                        accepted.push(tag);
-                    } else {
-                        refused.push(tag);
-                    }
+                    let admitted = stress_submit(&rt, model, || stress_input(tag), opts, &q, tag, &mut rng);
+                    ledger.submitted(tag, admitted);
                     attempted.fetch_add(1, Ordering::Relaxed);
                 }
-                (accepted, refused)
             })
         })
         .collect();
     // Every thread has tried its first two thirds: shut down, in the middle.
-    while attempted.load(Ordering::Relaxed) < THREADS * (per_thread * 2 / 3) {
+    let first_two_thirds: u64 = (0..THREADS).map(|t| pivot(t) - range(t).start).sum();
+    while attempted.load(Ordering::Relaxed) < first_two_thirds {
         std::thread::sleep(Duration::from_millis(1));
     }
     rt.shutdown(Duration::from_millis(300));
-    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
     for t in submitters {
-        let (a, r) = t.join().unwrap();
-        accepted.extend(a);
-        refused.extend(r);
+        t.join().unwrap();
     }
-    let mut seen: HashMap<u64, Code> = HashMap::new();
-    loop {
-        let batch = q.next(256, Duration::from_millis(50)).unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        for c in batch {
-            let code = c.result.as_ref().err().map_or(Code::Ok, |e| e.code());
-            assert!(seen.insert(c.tag, code).is_none(), "tag {} completed twice", c.tag);
-            let Ok(out) = &c.result else { continue };
-            let what = format!("tag {}", c.tag);
-            match (c.tag % 3, input_of(c.tag), out) {
-                (0, Input::Tokens(t), Output::F32(y)) => {
-                    assert_near(y, &lstm.forward_reference(&t), 1e-4, &what)
-                }
-                (1, Input::Tokens(src), Output::Tokens(t)) => {
-                    assert!(!t.is_empty() && t.len() <= 6, "{what}: {t:?}");
-                    assert!(
-                        t[..t.len() - 1].iter().all(|&x| x != 2),
-                        "{what}: tokens continue past eos: {t:?}"
-                    );
-                    if s.near_greedy && *t != s2s.decode_reference(&src) {
-                        check_near_greedy(&s2s, &src, t, &what);
-                    }
-                }
-                (2, Input::Tree { tokens, parents }, Output::F32(y)) => {
-                    assert_near(y, &tree.forward_reference(&tokens, &parents), 1e-4, &what)
-                }
-                (_, _, other) => panic!("{what}: unexpected output {other:?}"),
-            }
-        }
-    }
-    assert!(!refused.is_empty(), "the shutdown happened in the middle");
-    assert_eq!(seen.len(), accepted.len(), "every accepted request completes");
-    for tag in &accepted {
-        let code = seen.get(tag).unwrap_or_else(|| panic!("tag {tag} never completed"));
-        assert!(matches!(code, Code::Ok | Code::Cancelled | Code::DeadlineExceeded), "tag {tag}: {code}");
-    }
-    assert!(refused.iter().all(|t| !seen.contains_key(t)));
-    for kind in 0..3 {
-        let ok = seen.iter().filter(|&(t, &c)| t % 3 == kind && c == Code::Ok).count();
+    drainer.finish();
+    let elapsed = t0.elapsed();
+    let tally = ledger.check();
+    tally.report(&format!("recurrent ({})", rt.backend_kind()), elapsed);
+    assert!(tally.refused > 0, "the shutdown happened in the middle");
+    tally.check_stats(&rt.stats());
+    for (kind, served) in served.iter().enumerate() {
+        let ok = served.load(Ordering::Relaxed);
         assert!(ok >= 50, "kind {kind}: only {ok} requests served before the shutdown");
     }
 }
