@@ -1,6 +1,7 @@
 //! `mlp` on the CPU: weights packed once and shared by every worker; one stream per worker,
 //! each with two activation buffers sized for the largest batch, allocated once and reused.
 
+use super::pool::ComputePool;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::cpu::gemm::{PackedWeight, Threads, linear};
@@ -32,7 +33,7 @@ struct Prepared {
 pub(super) struct MlpRunner {
     model: Arc<Prepared>,
     streams: Vec<Mutex<CpuStream<Scratch>>>,
-    pool: Arc<rayon::ThreadPool>,
+    pool: Arc<ComputePool>,
     threads: usize,
     max_batch: usize,
 }
@@ -42,7 +43,7 @@ impl MlpRunner {
         net: Arc<Network>,
         workers: usize,
         max_batch: usize,
-        pool: Arc<rayon::ThreadPool>,
+        pool: Arc<ComputePool>,
         threads: usize,
         notify: Notify,
     ) -> Result<MlpRunner> {

@@ -9,6 +9,7 @@ pub mod arena;
 pub mod gemm;
 pub mod lstm_cell;
 mod mlp;
+mod pool;
 mod recurrent;
 pub mod stream;
 #[cfg(test)]
@@ -18,8 +19,10 @@ pub mod tree_cell;
 use std::sync::Arc;
 
 use crate::backend::{Backend, BackendKind, Notify, Runner, RunnerShape};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::Network;
+
+use pool::ComputePool;
 
 pub use stream::{CpuSignal, CpuStream, Job};
 
@@ -47,7 +50,7 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
 
 /// The CPU backend: a compute pool of `threads` threads shared by every model and worker.
 pub struct CpuBackend {
-    pool: Arc<rayon::ThreadPool>,
+    pool: Arc<ComputePool>,
     threads: usize,
 }
 
@@ -59,12 +62,7 @@ impl CpuBackend {
         } else {
             threads
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("serve-cpu-{i}"))
-            .build()
-            .map_err(|e| Error::internal(format!("cannot start the CPU thread pool: {e}")))?;
-        Ok(CpuBackend { pool: Arc::new(pool), threads })
+        Ok(CpuBackend { pool: Arc::new(ComputePool::new(threads)?), threads })
     }
 
     pub fn threads(&self) -> usize {

@@ -8,6 +8,7 @@
 //! `[W_ih | W_hh]`, and a fused pointwise + scatter back to the slots; a decoder step adds the
 //! projection and the argmax, whose token is fed back through the slot to the next step.
 
+use super::pool::ComputePool;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::cpu::arena::StateArena;
@@ -91,7 +92,7 @@ struct Scratch {
 pub(super) struct RecurrentRunner {
     model: Arc<Prepared>,
     streams: Vec<Mutex<CpuStream<Scratch>>>,
-    pool: Arc<rayon::ThreadPool>,
+    pool: Arc<ComputePool>,
     threads: usize,
     max_batch: usize,
 }
@@ -119,7 +120,7 @@ impl RecurrentRunner {
     pub(super) fn new(
         net: Arc<Network>,
         shape: RunnerShape,
-        pool: Arc<rayon::ThreadPool>,
+        pool: Arc<ComputePool>,
         threads: usize,
         notify: Notify,
     ) -> Result<RecurrentRunner> {
