@@ -1,41 +1,38 @@
-//! The CPU backend's compute pool: a rayon pool whose threads have all exited once it is
-//! dropped. rayon's own drop only asks them to exit; a runtime freed by its owner must leave no
-//! thread behind (and a process that exits right after must not find them half torn down).
+//! The CPU backend's compute pool: a rayon pool whose threads have all exited (been joined) once
+//! it is dropped. rayon's own drop only asks them to exit; a runtime freed by its owner must leave
+//! no thread behind (and a process that exits right after must not find them half torn down).
 
 use std::ops::Deref;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
 
-/// Threads are named `serve-cpu-N`.
-const THREAD_PREFIX: &str = "serve-cpu-";
-
-/// Longest wait for the threads to exit at drop. They exit as soon as they finish the job in
-/// hand, and the pool is dropped only once no model uses it, so this bounds a bug, not a wait.
-const EXIT_WAIT: Duration = Duration::from_secs(10);
-
 pub(crate) struct ComputePool {
     pool: Option<rayon::ThreadPool>,
-    /// Threads not yet exited.
-    alive: Arc<(Mutex<usize>, Condvar)>,
+    /// The pool's threads, spawned by us (rayon's `spawn_handler`) so that they can be joined.
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl ComputePool {
     pub(crate) fn new(threads: usize) -> Result<ComputePool> {
-        let alive = Arc::new((Mutex::new(threads), Condvar::new()));
-        let on_exit = alive.clone();
+        let handles = Arc::new(Mutex::new(Vec::with_capacity(threads)));
+        let spawned = handles.clone();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
-            .thread_name(|i| format!("{THREAD_PREFIX}{i}"))
-            .exit_handler(move |_| {
-                let (count, cv) = &*on_exit;
-                *count.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
-                cv.notify_all();
+            .thread_name(|i| format!("serve-cpu-{i}"))
+            .spawn_handler(move |thread| {
+                let mut b = std::thread::Builder::new();
+                if let Some(name) = thread.name() {
+                    b = b.name(name.to_owned());
+                }
+                let handle = b.spawn(|| thread.run())?;
+                spawned.lock().unwrap_or_else(|p| p.into_inner()).push(handle);
+                Ok(())
             })
             .build()
             .map_err(|e| Error::internal(format!("cannot start the CPU thread pool: {e}")))?;
-        Ok(ComputePool { pool: Some(pool), alive })
+        Ok(ComputePool { pool: Some(pool), threads: handles })
     }
 }
 
@@ -48,15 +45,18 @@ impl Deref for ComputePool {
 
 impl Drop for ComputePool {
     fn drop(&mut self) {
-        drop(self.pool.take());
-        // A pool thread cannot wait for itself (it never holds the pool's last handle: jobs
+        let Some(pool) = self.pool.take() else { return };
+        // A thread of this pool cannot join itself (it never holds the pool's last handle: jobs
         // borrow it through `install` from stream threads; this is a guard, not a path).
-        if std::thread::current().name().is_some_and(|n| n.starts_with(THREAD_PREFIX)) {
+        let inside = pool.current_thread_index().is_some();
+        drop(pool);
+        if inside {
             return;
         }
-        let (count, cv) = &*self.alive;
-        let left = count.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = cv.wait_timeout_while(left, EXIT_WAIT, |n| *n > 0);
+        // Dropping the pool told its threads to exit; each ends once its job in hand is done.
+        for t in std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner())) {
+            let _ = t.join();
+        }
     }
 }
 
@@ -64,15 +64,19 @@ impl Drop for ComputePool {
 mod tests {
     use super::*;
 
-    /// Dropping the pool returns once every thread has exited: none is left named `serve-cpu-`.
+    /// Dropping the pool returns once every thread has finished, its thread-locals destroyed
+    /// included (what a thread still exiting would not have done yet).
     #[test]
-    #[cfg_attr(miri, ignore)] // rayon threads under Miri are slow and leak-checked differently
+    #[cfg_attr(miri, ignore)] // rayon's threads are too slow to interpret
     fn dropping_the_pool_joins_its_threads() {
-        let alive = {
-            let pool = ComputePool::new(3).unwrap();
-            assert_eq!(pool.install(|| 1 + 1), 2);
-            pool.alive.clone()
-        };
-        assert_eq!(*alive.0.lock().unwrap(), 0, "every pool thread has exited when drop returns");
+        thread_local! {
+            static HELD: std::cell::RefCell<Option<Arc<()>>> = const { std::cell::RefCell::new(None) };
+        }
+        let marker = Arc::new(());
+        let pool = ComputePool::new(3).unwrap();
+        pool.broadcast(|_| HELD.with(|h| *h.borrow_mut() = Some(marker.clone())));
+        assert_eq!(Arc::strong_count(&marker), 4, "each of the 3 threads holds the marker");
+        drop(pool);
+        assert_eq!(Arc::strong_count(&marker), 1, "every thread has exited when drop returns");
     }
 }
