@@ -69,7 +69,7 @@ fn sizes_over_their_limit_are_format_naming_the_key() {
         // 2^62: `4 * hidden` wraps to 0 in a release build.
         (edited("hidden62", lstm(), "hidden = 16", "hidden = 4611686018427387904"), "hidden", "65536"),
         (edited("hiddenmax", lstm(), "hidden = 16", "hidden = 9223372036854775807"), "hidden", "65536"),
-        // vocab × embed = 2^64.
+        // vocab × embed would be 2^64: the vocab limit refuses it first.
         (
             edited("vocabembed", lstm(), "vocab = 50\nembed = 8", "vocab = 4294967296\nembed = 4294967296"),
             "vocab = 4294967296",

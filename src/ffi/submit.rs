@@ -166,9 +166,10 @@ fn submit(
 /// this returns. The request's completion goes to `queue` with `tag`. `options` may be NULL.
 /// `request_id` may be NULL; otherwise it receives the id for `serve_runtime_cancel`.
 ///
-/// `len` is checked against the model before `input` is read: a `len` other than the model's
-/// input length (up to `SIZE_MAX`) is refused without touching `input`. Every element must be
-/// finite: NaN or ±infinity is refused naming the first such element.
+/// `len` is checked against the model before `input` is read: a `len` over the model's input
+/// length (up to `SIZE_MAX`) is refused without touching `input` (a shorter one is read, then
+/// refused). Every element must be finite: NaN or ±infinity is refused naming the first such
+/// element.
 ///
 /// Errors (returned here; the request is then not submitted and produces no completion):
 /// `SERVE_CODE_INVALID_ARGUMENT` (NULL handle, empty or wrong-length input, a non-finite
@@ -232,7 +233,8 @@ pub extern "C" fn serve_submit_tree(
             // SAFETY: both arrays have `len` elements when `len` is one the model takes (contract);
             // copied at once.
             let tokens = unsafe { input_arg(net, tokens, len, "tokens") }?.to_vec();
-            let parents = unsafe { input_arg(net, parents, len, "parents") }?.to_vec();
+            // (`len` passed `input_arg` just above.)
+            let parents = unsafe { slice_arg(parents, len, "parents") }?.to_vec();
             Ok(Input::Tree { tokens, parents })
         }, options, request_id)
     }

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::model::limits::{MAX_LAYERS, MAX_LEN, MAX_VOCAB, MAX_WIDTH, check_size, product};
+use crate::model::limits::{MAX_LAYERS, MAX_LEN, MAX_VOCAB, MAX_WIDTH, check_size};
 use crate::model::weights::{Tensor, Weights};
 use crate::model::{check_tokens, config_error};
 
@@ -28,8 +28,8 @@ pub struct LstmConfig {
 }
 
 impl LstmConfig {
-    /// Every key within its [`limits`](crate::model::limits) (FORMAT naming the key), and the
-    /// tensor sizes they imply computable without overflow.
+    /// Every key within its [`limits`](crate::model::limits) (FORMAT naming the key); the tensor
+    /// sizes they imply then cannot overflow.
     pub fn check(&self, toml_path: &Path) -> Result<()> {
         check_lstm_keys(toml_path, self.vocab, self.embed, self.hidden, self.layers, self.max_len)
     }
@@ -52,9 +52,6 @@ pub(crate) fn check_lstm_keys(
     if let Some(m) = max_len {
         check_size(toml_path, "max_len", m, MAX_LEN)?;
     }
-    product(toml_path, "vocab × embed", &[vocab, embed])?;
-    product(toml_path, "4 × hidden × embed", &[4, hidden, embed])?;
-    product(toml_path, "4 × hidden × hidden", &[4, hidden, hidden])?;
     Ok(())
 }
 
@@ -213,9 +210,9 @@ pub struct Lstm {
 }
 
 impl Lstm {
-    /// Build from `cfg` (checked here, [`LstmConfig::check`]) and its tensors.
-    pub fn from_weights(cfg: LstmConfig, toml_path: &Path, mut w: Weights) -> Result<Lstm> {
-        cfg.check(toml_path)?;
+    /// Build from `cfg`, already checked ([`LstmConfig::check`], which `model::load` runs before it
+    /// reads the weights), and its tensors.
+    pub(crate) fn from_weights(cfg: LstmConfig, mut w: Weights) -> Result<Lstm> {
         let embedding = w.take("embedding.weight", &[cfg.vocab, cfg.embed])?.data;
         let stack = LstmStack::take(&mut w, "lstm.", cfg.embed, cfg.hidden, cfg.layers)?;
         w.finish()?;

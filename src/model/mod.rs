@@ -351,17 +351,17 @@ pub fn load(dir: &Path) -> Result<Network> {
         ModelKind::Lstm => {
             let cfg: lstm::LstmConfig = parse_config(table, &toml_path)?;
             cfg.check(&toml_path)?;
-            Network::Lstm(Lstm::from_weights(cfg, &toml_path, weights()?)?)
+            Network::Lstm(Lstm::from_weights(cfg, weights()?)?)
         }
         ModelKind::Seq2Seq => {
             let cfg: seq2seq::Seq2SeqConfig = parse_config(table, &toml_path)?;
             cfg.check(&toml_path)?;
-            Network::Seq2Seq(Seq2Seq::from_weights(cfg, &toml_path, weights()?)?)
+            Network::Seq2Seq(Seq2Seq::from_weights(cfg, weights()?)?)
         }
         ModelKind::TreeLstm => {
             let cfg: treelstm::TreeLstmConfig = parse_config(table, &toml_path)?;
             cfg.check(&toml_path)?;
-            Network::TreeLstm(TreeLstm::from_weights(cfg, &toml_path, weights()?)?)
+            Network::TreeLstm(TreeLstm::from_weights(cfg, weights()?)?)
         }
     })
 }

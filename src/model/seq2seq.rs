@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::model::limits::{MAX_DECODE, check_size, product};
+use crate::model::limits::{MAX_DECODE, check_size};
 use crate::model::lstm::{DEFAULT_MAX_LEN, LstmStack, check_lstm_keys, random_embedding};
 use crate::model::weights::{Tensor, Weights};
 use crate::model::{check_tokens, config_error};
@@ -32,11 +32,10 @@ pub struct Seq2SeqConfig {
 
 impl Seq2SeqConfig {
     /// Every key within its [`limits`](crate::model::limits) (FORMAT naming the key), `bos` and
-    /// `eos` in the vocabulary, and the tensor sizes the keys imply computable without overflow.
+    /// `eos` in the vocabulary; the tensor sizes the keys imply then cannot overflow.
     pub fn check(&self, toml_path: &Path) -> Result<()> {
         check_lstm_keys(toml_path, self.vocab, self.embed, self.hidden, self.layers, self.max_len)?;
         check_size(toml_path, "max_decode", self.max_decode, MAX_DECODE)?;
-        product(toml_path, "vocab × hidden", &[self.vocab, self.hidden])?;
         for (key, v) in [("bos", self.bos), ("eos", self.eos)] {
             if v as usize >= self.vocab {
                 return Err(Error::format(format!(
@@ -64,9 +63,9 @@ pub struct Seq2Seq {
 }
 
 impl Seq2Seq {
-    /// Build from `cfg` (checked here, [`Seq2SeqConfig::check`]) and its tensors.
-    pub fn from_weights(cfg: Seq2SeqConfig, toml_path: &Path, mut w: Weights) -> Result<Seq2Seq> {
-        cfg.check(toml_path)?;
+    /// Build from `cfg`, already checked ([`Seq2SeqConfig::check`], which `model::load` runs before it
+    /// reads the weights), and its tensors.
+    pub(crate) fn from_weights(cfg: Seq2SeqConfig, mut w: Weights) -> Result<Seq2Seq> {
         let (v, e, h, l) = (cfg.vocab, cfg.embed, cfg.hidden, cfg.layers);
         let enc_embedding = w.take("encoder.embedding.weight", &[v, e])?.data;
         let encoder = LstmStack::take(&mut w, "encoder.lstm.", e, h, l)?;

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::model::config_error;
-use crate::model::limits::{MAX_NODES, MAX_VOCAB, MAX_WIDTH, check_size, product};
+use crate::model::limits::{MAX_NODES, MAX_VOCAB, MAX_WIDTH, check_size};
 use crate::model::lstm::random_embedding;
 use crate::model::weights::{Tensor, Weights};
 
@@ -32,8 +32,8 @@ pub struct TreeLstmConfig {
 }
 
 impl TreeLstmConfig {
-    /// Every key within its [`limits`](crate::model::limits) (FORMAT naming the key), and the
-    /// tensor sizes they imply computable without overflow.
+    /// Every key within its [`limits`](crate::model::limits) (FORMAT naming the key); the tensor
+    /// sizes they imply then cannot overflow.
     pub fn check(&self, toml_path: &Path) -> Result<()> {
         check_size(toml_path, "vocab", self.vocab, MAX_VOCAB)?;
         check_size(toml_path, "embed", self.embed, MAX_WIDTH)?;
@@ -41,9 +41,6 @@ impl TreeLstmConfig {
         if let Some(m) = self.max_nodes {
             check_size(toml_path, "max_nodes", m, MAX_NODES)?;
         }
-        product(toml_path, "vocab × embed", &[self.vocab, self.embed])?;
-        product(toml_path, "3 × hidden × embed", &[3, self.hidden, self.embed])?;
-        product(toml_path, "3 × hidden × hidden", &[3, self.hidden, self.hidden])?;
         Ok(())
     }
 }
@@ -130,9 +127,9 @@ pub fn validate_tree(parents: &[i32], max_nodes: usize) -> Result<Tree> {
 }
 
 impl TreeLstm {
-    /// Build from `cfg` (checked here, [`TreeLstmConfig::check`]) and its tensors.
-    pub fn from_weights(cfg: TreeLstmConfig, toml_path: &Path, mut w: Weights) -> Result<TreeLstm> {
-        cfg.check(toml_path)?;
+    /// Build from `cfg`, already checked ([`TreeLstmConfig::check`], which `model::load` runs before it
+    /// reads the weights), and its tensors.
+    pub(crate) fn from_weights(cfg: TreeLstmConfig, mut w: Weights) -> Result<TreeLstm> {
         let (v, e, h) = (cfg.vocab, cfg.embed, cfg.hidden);
         let embedding = w.take("embedding.weight", &[v, e])?.data;
         let w_iou = w.take("tree.W_iou.weight", &[3 * h, e])?.data;

@@ -10,8 +10,8 @@
 //! tensor data plus one chunk, not the file twice). The header must describe the file exactly:
 //! its data section must end where the file ends (trailing bytes are FORMAT, as is a truncated
 //! file), each tensor name must appear once, and every value must be finite (a NaN or infinite
-//! weight is FORMAT naming the tensor and the element). The safetensors crate validates the
-//! offsets and shapes ([`Metadata::new`]); its errors are reported naming the tensor.
+//! weight is FORMAT naming the tensor and the element). Offsets and shapes are checked as the
+//! safetensors crate's `Metadata::validate` checks them, with messages that name the tensor.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -19,8 +19,8 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Metadata, TensorInfo};
-use safetensors::{Dtype, SafeTensorError};
+use safetensors::Dtype;
+use safetensors::tensor::TensorInfo;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::error::{Code, Error, Result};
@@ -90,38 +90,41 @@ impl<'de> serde::Deserialize<'de> for Header {
     }
 }
 
-/// A [`Metadata::new`] error in plain words naming the tensor (`tensors` sorted by offset).
-fn explain(e: SafeTensorError, tensors: &[(String, TensorInfo)]) -> String {
+/// The length of the data section `tensors` (sorted by offset) describe, once each tensor is
+/// checked to start where the previous one ends and to hold exactly its shape's bytes (what
+/// safetensors' `Metadata::validate` checks); else what is wrong, naming the tensor.
+fn check_offsets(tensors: &[(String, TensorInfo)]) -> std::result::Result<usize, String> {
     let mut start = 0;
     for (name, info) in tensors {
         let (s, end) = info.data_offsets;
         if end < s {
-            return format!("tensor `{name}` has data_offsets [{s}, {end}]: it ends before it starts");
+            return Err(format!("tensor `{name}` has data_offsets [{s}, {end}]: it ends before it starts"));
         }
         if s != start {
-            return format!(
+            return Err(format!(
                 "tensor `{name}` has data_offsets [{s}, {end}]; it must start at byte {start}, where \
                  the previous tensor ends"
-            );
+            ));
         }
         let bytes = info.shape.iter().try_fold(info.dtype.bitsize(), |a, &d| a.checked_mul(d));
         if bytes.map(|b| b % 8 != 0 || b / 8 != end - s).unwrap_or(true) {
             let size = bytes.map_or("more than the address space".into(), |b| format!("{} bytes", b / 8));
-            return format!(
+            return Err(format!(
                 "tensor `{name}` of dtype {:?} and shape {:?} needs {size}, but its data_offsets \
                  [{s}, {end}] hold {} bytes",
                 info.dtype,
                 info.shape,
                 end - s
-            );
+            ));
         }
         start = end;
     }
-    e.to_string()
+    Ok(start)
 }
 
 /// Read tensor `name` (`bytes` long, a multiple of 4) from `f` as little-endian f32. A NaN or
-/// infinite value is FORMAT naming the element; so is a file that shrinks while it is read.
+/// infinite value is FORMAT naming the element; a file that shrinks while it is read is IO (as
+/// one that grows: `model::file`).
 fn read_f32(f: &mut File, path: &Path, name: &str, bytes: usize) -> Result<Vec<f32>> {
     let mut data = Vec::with_capacity(bytes / 4);
     let mut chunk = vec![0u8; CHUNK.min(bytes)];
@@ -129,10 +132,10 @@ fn read_f32(f: &mut File, path: &Path, name: &str, bytes: usize) -> Result<Vec<f
     while left > 0 {
         let buf = &mut chunk[..CHUNK.min(left)];
         f.read_exact(buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => Error::format(format!(
-                "{}: not a valid safetensors file: truncated in tensor `{name}` while it was read",
-                path.display()
-            )),
+            std::io::ErrorKind::UnexpectedEof => Error::new(
+                Code::Io,
+                format!("{}: the file shrank while tensor `{name}` was read", path.display()),
+            ),
             _ => Error::new(Code::Io, format!("{}: reading tensor `{name}`: {e}", path.display())),
         })?;
         for b in buf.chunks_exact(4) {
@@ -183,7 +186,7 @@ impl Weights {
             serde_json::from_slice(&header).map_err(|e| bad(format!("invalid header: {e}")))?;
         drop(header);
         entries.sort_by_key(|(_, info)| info.data_offsets);
-        let meta = Metadata::new(None, entries.clone()).map_err(|e| bad(explain(e, &entries)))?;
+        let data_len = check_offsets(&entries).map_err(bad)? as u64;
         if let Some((name, info)) = entries.iter().find(|(_, info)| info.dtype != Dtype::F32) {
             return Err(Error::format(format!(
                 "{}: tensor `{name}` has dtype {:?}; libserve models are F32",
@@ -191,7 +194,7 @@ impl Weights {
                 info.dtype
             )));
         }
-        let (data_len, file_data) = (meta.data_len() as u64, len - 8 - n);
+        let file_data = len - 8 - n;
         if data_len > file_data {
             return Err(bad(format!(
                 "truncated: the header describes {data_len} bytes of tensor data, the file holds {file_data}"
@@ -205,13 +208,13 @@ impl Weights {
             )));
         }
         let mut tensors = BTreeMap::new();
-        // The tensors in offset order are the data section, front to back (checked by `Metadata`).
+        // The tensors in offset order are the data section, front to back (`check_offsets`).
         for (name, info) in entries {
             let data = read_f32(&mut f, path, &name, info.data_offsets.1 - info.data_offsets.0)?;
             tensors.insert(name, Tensor { shape: info.shape, data });
         }
         if f.read(&mut [0u8]).map_err(io)? > 0 {
-            return Err(bad("the file grew while it was read".into()));
+            return Err(Error::new(Code::Io, format!("{}: the file grew while it was read", path.display())));
         }
         Ok(Weights { path: path.to_path_buf(), tensors })
     }
