@@ -16,8 +16,6 @@
 //! long as the most models ever loaded at once), and drops its policy and runner (joining its
 //! stream threads, which by then have nothing left to run, and freeing its arena and buffers).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -101,32 +99,27 @@ struct ModelState {
     slots: SlotPool,
     /// Requests of the model the engine holds (arrived, not completed).
     requests: usize,
-    /// Its last handle is gone: released once `requests` is 0 and `tasks` is empty.
-    closing: bool,
 }
 
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine
-/// once the model is released (see the module docs), the lowest free one reused first.
+/// once the model is released (see the module docs), a free one reused before a new one.
 #[derive(Default)]
 pub(crate) struct ModelIndices {
     /// One more than the highest index handed out so far.
     next: usize,
-    free: BinaryHeap<Reverse<usize>>,
+    free: Vec<usize>,
 }
 
 impl ModelIndices {
     pub(crate) fn take(&mut self) -> usize {
-        match self.free.pop() {
-            Some(Reverse(i)) => i,
-            None => {
-                self.next += 1;
-                self.next - 1
-            }
-        }
+        self.free.pop().unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        })
     }
 
     fn give_back(&mut self, index: usize) {
-        self.free.push(Reverse(index));
+        self.free.push(index);
     }
 }
 
@@ -313,15 +306,13 @@ impl Engine {
                 let io = m.runner.io_lens();
                 let slots = SlotPool::new(m.runner.state_slots());
                 debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
-                let state =
-                    ModelState { m: *m, tasks: IdMap::default(), io, slots, requests: 0, closing: false };
+                let state = ModelState { m: *m, tasks: IdMap::default(), io, slots, requests: 0 };
                 self.models[idx] = Some(state);
             }
             Event::RemoveModel(idx) => {
-                if let Some(Some(state)) = self.models.get_mut(idx)
-                    && !state.closing
-                {
-                    state.closing = true;
+                // Sent once, by the last handle's drop; the index is not reused before release.
+                debug_assert!(!self.closing.contains(&idx), "model {idx} removed twice");
+                if matches!(self.models.get(idx), Some(Some(_))) {
                     self.closing.push(idx);
                 }
             }

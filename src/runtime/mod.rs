@@ -266,7 +266,7 @@ struct ModelShared {
     bound: usize,
     /// State slots of a recurrent model (0 otherwise).
     state_slots: usize,
-    events: Sender<Event>,
+    rt: Arc<Shared>,
 }
 
 impl Drop for ModelShared {
@@ -274,7 +274,7 @@ impl Drop for ModelShared {
     /// completed (engine.rs, "Freeing a model"). Every submit through a handle has sent its
     /// arrival before this. A runtime already stopped has released every model.
     fn drop(&mut self) {
-        let _ = self.events.send(Event::RemoveModel(self.index));
+        let _ = self.rt.events.send(Event::RemoveModel(self.index));
     }
 }
 
@@ -308,7 +308,6 @@ pub struct Runtime {
 /// model's worker threads, state and buffers. A handle may outlive its runtime.
 #[derive(Clone)]
 pub struct Model {
-    rt: Arc<Shared>,
     m: Arc<ModelShared>,
 }
 
@@ -418,7 +417,6 @@ impl Runtime {
             .map_err(|_| Error::new(Code::Shutdown, "the runtime is shut down"))?;
         drop(gate);
         Ok(Model {
-            rt: self.shared.clone(),
             m: Arc::new(ModelShared {
                 index,
                 name,
@@ -426,7 +424,7 @@ impl Runtime {
                 admitted,
                 bound,
                 state_slots,
-                events: self.shared.events.clone(),
+                rt: self.shared.clone(),
             }),
         })
     }
@@ -528,12 +526,12 @@ impl Model {
     /// as usual. Only the timeout policy holds requests back, so for the others it changes
     /// nothing.
     pub fn flush(&self) {
-        let _ = self.rt.events.send(Event::Flush(self.m.index));
+        let _ = self.m.rt.events.send(Event::Flush(self.m.index));
     }
 
     /// Count a submit refused before it reached the model (e.g. a NULL input pointer in the C ABI).
     pub(crate) fn record_reject(&self) {
-        self.rt.stats.record_reject();
+        self.m.rt.stats.record_reject();
     }
 
     fn enqueue(
@@ -544,7 +542,7 @@ impl Model {
     ) -> Result<RequestId> {
         let r = self.try_enqueue(input, opts, sink);
         if r.is_err() {
-            self.rt.stats.record_reject();
+            self.m.rt.stats.record_reject();
         }
         r
     }
@@ -570,7 +568,7 @@ impl Model {
         {
             return Err(Error::new(Code::DeadlineExceeded, "the deadline had already passed at submit"));
         }
-        let gate = self.rt.gate.read().unwrap_or_else(|p| p.into_inner());
+        let gate = self.m.rt.gate.read().unwrap_or_else(|p| p.into_inner());
         if !*gate {
             return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
         }
@@ -585,9 +583,9 @@ impl Model {
                 ),
             ));
         }
-        let id = self.rt.next_id.fetch_add(1, Ordering::AcqRel);
-        self.rt.stats.record_submit();
-        let reply = Reply::new(id, sink(id), self.rt.stats.clone());
+        let id = self.m.rt.next_id.fetch_add(1, Ordering::AcqRel);
+        self.m.rt.stats.record_submit();
+        let reply = Reply::new(id, sink(id), self.m.rt.stats.clone());
         let pending = Pending {
             model: self.m.index,
             input,
@@ -596,7 +594,7 @@ impl Model {
             priority: opts.priority,
             reply,
         };
-        if let Err(mpsc::SendError(ev)) = self.rt.events.send(Event::Arrive(Box::new(pending))) {
+        if let Err(mpsc::SendError(ev)) = self.m.rt.events.send(Event::Arrive(Box::new(pending))) {
             // The engine is gone (it cannot be while the gate is open, but never lose a request):
             // the reply completes the request `Cancelled` when dropped here.
             self.m.admitted.fetch_sub(1, Ordering::AcqRel);

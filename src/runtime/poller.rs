@@ -260,8 +260,11 @@ mod tests {
     }
 
     /// Wait (without a clock) until `cond` holds.
+    /// Wait for `cond`; fail (instead of hanging) after 60 s, as `done` does.
     fn until(cond: impl Fn() -> bool) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
         while !cond() {
+            assert!(std::time::Instant::now() < give_up, "condition not reached within 60 s");
             std::thread::yield_now();
         }
     }

@@ -150,12 +150,20 @@ fn a_freed_model_is_released_after_its_requests_and_its_index_reused() {
             (0..8).map(|k| m.submit(Input::Tokens(vec![k; 6]), SubmitOptions::default()).unwrap()).collect();
         let clone = m.clone();
         drop(m);
-        assert_eq!(dropped.load(Ordering::SeqCst), cycle, "a clone keeps the model");
-        drop(clone);
         for (k, t) in tickets.into_iter().enumerate() {
-            let out = wait(t).unwrap_or_else(|e| panic!("cycle {cycle}, request {k} of a freed model: {e}"));
+            let out = wait(t).unwrap_or_else(|e| panic!("cycle {cycle}, request {k}: {e}"));
             assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
         }
+        // Its requests are done, yet a clone keeps the model: it still serves (a released model
+        // would complete the request `Cancelled`).
+        let out = wait(clone.submit(Input::Tokens(vec![1; 3]), SubmitOptions::default()).unwrap())
+            .unwrap_or_else(|e| panic!("cycle {cycle}: the clone's request: {e}"));
+        assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
+        assert_eq!(dropped.load(Ordering::SeqCst), cycle, "a clone keeps the model");
+        let last = clone.submit(Input::Tokens(vec![2; 5]), SubmitOptions::default()).unwrap();
+        drop(clone);
+        let out = wait(last).unwrap_or_else(|e| panic!("cycle {cycle}, a request of a freed model: {e}"));
+        assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
         until_dropped(&dropped, cycle + 1);
     }
     let out = wait(kept.submit(Input::Tokens(vec![3; 4]), SubmitOptions::default()).unwrap()).unwrap();

@@ -88,7 +88,7 @@ impl TreeShape {
     /// The tree shape of `g`, whose subgraph structure is `plan`, if it has one. Levels come from the plan's inner successor lists: no second pass over the graph.
     fn of(g: &CellGraph, plan: &SubgraphPlan) -> Option<TreeShape> {
         let n = g.len();
-        let is_leaf = |v: usize| g.preds(v).is_empty();
+        let is_leaf = |v: usize| g.pred_list(v).is_empty();
         let first_inner = (0..n).find(|&v| !is_leaf(v))?;
         let inner_sg = plan.node_sg[first_inner];
         let leaves: Vec<u32> = (0..n as u32).filter(|&v| is_leaf(v as usize)).collect();
@@ -166,7 +166,7 @@ impl SubgraphPlan {
         for v in 0..n {
             let sg = node_sg[v] as usize;
             sg_type[sg] = g.types[v];
-            for p in g.preds(v) {
+            for &p in g.pred_list(v) {
                 if node_sg[p as usize] as usize == sg {
                     internal_preds[v] += 1;
                     internal_succs[p as usize] += 1;
@@ -202,7 +202,7 @@ impl SubgraphPlan {
         let mut fill_root = roots_start.clone();
         for v in 0..n {
             let sg = node_sg[v];
-            for p in g.preds(v) {
+            for &p in g.pred_list(v) {
                 let cursor = if node_sg[p as usize] == sg { &mut fill_int } else { &mut fill_ext };
                 succ[cursor[p as usize] as usize] = v as u32;
                 cursor[p as usize] += 1;
@@ -278,10 +278,11 @@ impl<'a> Preds<'a> {
     }
 
     pub fn iter(&self) -> PredsIter<'a> {
-        match *self {
-            Preds::List(l) => PredsIter { list: l.iter(), one: None },
-            Preds::Path(p) => PredsIter { list: [].iter(), one: p },
-        }
+        let (list, one) = match *self {
+            Preds::List(l) => (l, None),
+            Preds::Path(p) => (&[][..], p),
+        };
+        list.iter().copied().chain(one)
     }
 
     pub fn to_vec(&self) -> Vec<u32> {
@@ -298,18 +299,8 @@ impl<'a> IntoIterator for Preds<'a> {
 }
 
 /// Iterator over [`Preds`].
-#[derive(Clone, Debug)]
-pub struct PredsIter<'a> {
-    list: std::slice::Iter<'a, u32>,
-    one: Option<u32>,
-}
-
-impl Iterator for PredsIter<'_> {
-    type Item = u32;
-    fn next(&mut self) -> Option<u32> {
-        self.list.next().copied().or_else(|| self.one.take())
-    }
-}
+pub type PredsIter<'a> =
+    std::iter::Chain<std::iter::Copied<std::slice::Iter<'a, u32>>, std::option::IntoIter<u32>>;
 
 impl CellGraph {
     /// Most nodes a graph may have: node ids are `u32`, and schedulers keep the top two values
@@ -458,8 +449,7 @@ impl CellGraph {
     /// exactly the node before it).
     fn find_runs(&self) -> Option<Vec<Run>> {
         let n = self.len();
-        let list = |v: usize| &self.preds[self.pred_start[v] as usize..self.pred_start[v + 1] as usize];
-        if n == 0 || !list(0).is_empty() || (1..n).any(|v| list(v) != [v as u32 - 1]) {
+        if n == 0 || !self.pred_list(0).is_empty() || (1..n).any(|v| self.pred_list(v) != [v as u32 - 1]) {
             return None;
         }
         let mut runs: Vec<Run> = Vec::new();
@@ -505,7 +495,8 @@ impl CellGraph {
         }
     }
 
-    /// Every node's cell type, in node order.
+    /// Every node's cell type, in node order (one entry per node even for a path: for tests and
+    /// diagnostics, not for schedulers).
     pub fn types(&self) -> Vec<CellType> {
         match &self.runs {
             Some(runs) => runs.iter().flat_map(|r| std::iter::repeat_n(r.ty, r.len())).collect(),
@@ -520,10 +511,14 @@ impl CellGraph {
                 assert!(node < self.len(), "node {node} of a graph of {}", self.len);
                 Preds::Path(node.checked_sub(1).map(|p| p as u32))
             }
-            None => {
-                Preds::List(&self.preds[self.pred_start[node] as usize..self.pred_start[node + 1] as usize])
-            }
+            None => Preds::List(self.pred_list(node)),
         }
+    }
+
+    /// The predecessor list of `node` of a graph that is not a path (what the construction-time
+    /// analyses read: no [`Preds`] match per node).
+    fn pred_list(&self, node: usize) -> &[u32] {
+        &self.preds[self.pred_start[node] as usize..self.pred_start[node + 1] as usize]
     }
 
     /// Successor lists in CSR form: `(start, succs)` with node `i`'s successors at
@@ -540,7 +535,7 @@ impl CellGraph {
         let mut fill = start.clone();
         let mut succs = vec![0u32; self.preds.len()];
         for i in 0..n {
-            for p in self.preds(i) {
+            for &p in self.pred_list(i) {
                 succs[fill[p as usize] as usize] = i as u32;
                 fill[p as usize] += 1;
             }
@@ -552,7 +547,7 @@ impl CellGraph {
     fn topological_order(&self) -> Option<Vec<u32>> {
         let n = self.len();
         let (start, succs) = self.successors();
-        let mut left: Vec<u32> = (0..n).map(|i| self.preds(i).len() as u32).collect();
+        let mut left: Vec<u32> = (0..n).map(|i| self.pred_list(i).len() as u32).collect();
         let mut order: Vec<u32> = (0..n as u32).filter(|&i| left[i as usize] == 0).collect();
         let mut head = 0;
         while head < order.len() {
@@ -582,10 +577,10 @@ impl CellGraph {
             let v = v as usize;
             let ty = self.types[v];
             level[v] = self
-                .preds(v)
+                .pred_list(v)
                 .iter()
-                .filter(|&p| self.types[p as usize] == ty)
-                .map(|p| level[p as usize] + 1)
+                .filter(|&&p| self.types[p as usize] == ty)
+                .map(|&p| level[p as usize] + 1)
                 .max()
                 .unwrap_or(0);
         }
@@ -612,7 +607,7 @@ impl CellGraph {
             x
         }
         for i in 0..n {
-            for p in self.preds(i) {
+            for &p in self.pred_list(i) {
                 if self.types[p as usize] == self.types[i] {
                     let (a, b) = (find(&mut parent, i as u32), find(&mut parent, p));
                     if a != b {
