@@ -184,10 +184,14 @@ func (s *server) infer(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	body, err := func() (body any, err error) {
+	body, err := func() (any, error) {
 		t := s.admit.submitted()
-		defer func() { s.admit.done(t, err == nil) }() // even if the model panics
-		return s.run(ctx, req)
+		served := false
+		// Deferred so that a panicking model still leaves (as a failure: it served nothing).
+		defer func() { s.admit.done(t, served) }()
+		body, err := s.run(ctx, req)
+		served = err == nil
+		return body, err
 	}()
 	if err != nil {
 		code := libserve.CodeOf(err)

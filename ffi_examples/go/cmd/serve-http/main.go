@@ -45,7 +45,7 @@ func main() {
 	maxBatch := flag.Int("max-batch", 32, "most requests per batched task")
 	maxWait := flag.Duration("max-wait", 0, "longest wait for a fuller batch (0 = none)")
 	workers := flag.Int("workers", 1, "workers (backend streams) of the model")
-	admission := flag.Int("admission-bound", 0, "requests in flight before BUSY (0 = libserve's default)")
+	admissionBound := flag.Int("admission-bound", 0, "requests in flight before BUSY (0 = libserve's default)")
 	timeout := flag.Duration("timeout", 5*time.Second, "deadline of each request")
 	qos := flag.Duration("qos", 0, "latency target of admission control: requests predicted to take longer get 503 at once (0 = -timeout/2)")
 	maxPending := flag.Int("max-pending", defaultMaxPending, "most requests admitted at once; more get 503")
@@ -64,7 +64,7 @@ func main() {
 	cfg := config{Timeout: *timeout, QoS: *qos, MaxPending: *maxPending, AdmitFloor: *admitFloor}
 	if err := run(*addr, *modelDir, cfg, *drain,
 		&libserve.RuntimeOptions{Backend: *backend, CPUThreads: *cpuThreads},
-		&libserve.ModelOptions{MaxBatch: *maxBatch, MaxWait: *maxWait, Workers: *workers, AdmissionBound: *admission},
+		&libserve.ModelOptions{MaxBatch: *maxBatch, MaxWait: *maxWait, Workers: *workers, AdmissionBound: *admissionBound},
 	); err != nil {
 		log.Fatal(err)
 	}

@@ -81,8 +81,11 @@ func (m *slowModel) SubmitTree(context.Context, []uint32, []int32, ...libserve.S
 }
 
 // TestOverloadShedsAtOnce drives a model of capacity 50/s open-loop at 100/s: the server must
-// answer part of the requests 503 at once (not after waiting in a queue), keep the admitted
-// ones within the QoS target, and let none reach its deadline (504).
+// answer part of the requests 503 and let none reach its deadline (504), and no shed request
+// may have reached the model (a 503 does not wait in its queue). Checked by counting, not by
+// the clock (latencies are only logged); that admitted requests keep the QoS target is shown on
+// virtual time by TestAdmissionKeepsAdmittedWithinTarget, and that a 503 comes before the body
+// is read by TestShedBeforeReadingTheBody.
 func TestOverloadShedsAtOnce(t *testing.T) {
 	const (
 		service = 20 * time.Millisecond // capacity 50/s
@@ -90,7 +93,8 @@ func TestOverloadShedsAtOnce(t *testing.T) {
 		rate    = 100 // requests per second: twice the capacity
 		total   = 300 // 3 s
 	)
-	srv := httptest.NewServer(newHandler(newSlowModel(t, service, nil), config{Timeout: 4 * time.Second, QoS: qos}))
+	m := newSlowModel(t, service, nil)
+	srv := httptest.NewServer(newHandler(m, config{Timeout: 4 * time.Second, QoS: qos}))
 	defer srv.Close()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: total}}
 	defer client.CloseIdleConnections()
@@ -146,12 +150,9 @@ func TestOverloadShedsAtOnce(t *testing.T) {
 	if len(ok) < total/4 || len(shed) < total/10 {
 		t.Errorf("%d admitted and %d shed of %d at twice the capacity: want both well above zero", len(ok), len(shed), total)
 	}
-	if p := pct(ok, 99); p > 2*qos {
-		t.Errorf("p99 latency of admitted requests %v, want within the QoS target %v (margin ×2)", p, qos)
-	}
-	// A shed request waits for nothing; one that had waited in the queue would take ~qos.
-	if p := pct(shed, 100); p > qos/2 {
-		t.Errorf("a 503 took %v: shedding must not wait for the queue", p)
+	// Every job the model took was answered 200: nothing shed went through its queue.
+	if took := len(m.started); took != len(ok) {
+		t.Errorf("the model took %d jobs for %d answers of 200: shed requests reached it", took, len(ok))
 	}
 }
 

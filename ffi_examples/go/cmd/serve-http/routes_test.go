@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -91,7 +92,7 @@ func recurrentMismatch(r reply, want recurrentRequest) string {
 		return fmt.Sprintf("status %d %s %s", r.status, r.code, r.message)
 	}
 	if want.OutputTokens != nil {
-		if r.output != nil || fmt.Sprint(r.tokens) != fmt.Sprint(want.OutputTokens) {
+		if r.output != nil || !slices.Equal(r.tokens, want.OutputTokens) {
 			return fmt.Sprintf("got tokens %v output %v, want tokens %v", r.tokens, r.output, want.OutputTokens)
 		}
 		return ""
