@@ -1,9 +1,10 @@
 //! C-ABI call sequences: a runtime with an mlp, an lstm and a treelstm, two completion queues,
 //! and a random sequence of submits (right and wrong kinds, lengths from 0 to `SIZE_MAX`, NULL
 //! pointers, non-finite values, malformed trees, past deadlines), cancels (issued and unknown ids),
-//! queue drains, model frees and shutdowns, called as a C program would — within the header's
-//! contract (no use after free). Then every queue is drained until each accepted request has
-//! completed.
+//! queue drains, model frees and shutdowns, called as a C program would: within the header's
+//! contract (no use after free), except that a length over what the model takes may come with a
+//! buffer of only a few elements, which the library must refuse unread. Then every queue is
+//! drained until each accepted request has completed.
 //!
 //! For speed the runtime and its models outlive an input when it leaves them usable: an input
 //! that shuts the runtime down (or frees a model) has it recreated (or reloaded) for the next.
@@ -74,8 +75,8 @@ struct Script {
 
 /// Most operations per input, so one input stays fast.
 const MAX_OPS: usize = 48;
-/// The length a buffer may have: `Huge` lengths pass a buffer this small.
-const BUFFER: usize = 4096;
+/// `Huge` lengths are above this (and every model's maximum), with a buffer of 4 elements.
+const HUGE_ABOVE: usize = 4096;
 
 fn testdata(name: &str) -> CString {
     static ROOT: OnceLock<std::path::PathBuf> = OnceLock::new();
@@ -188,7 +189,7 @@ impl Harness {
             Len::OneLess => exact.saturating_sub(1),
             Len::OneMore => exact + 1,
             Len::Small(n) => n as usize,
-            Len::Huge(n) => return ((BUFFER as u64 + 1 + n % (1 << 40)) as usize, 4),
+            Len::Huge(n) => return ((HUGE_ABOVE as u64 + 1 + n % (1 << 40)) as usize, 4),
             Len::SizeMax => return (usize::MAX, 4),
         };
         (n, n)

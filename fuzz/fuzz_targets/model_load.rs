@@ -8,17 +8,26 @@
 
 #![no_main]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use serve::Code;
 
+/// The scratch model directory of this process, under the fuzz crate's target dir. libFuzzer
+/// ends the process with `exit`, so nothing removes it then: earlier processes' directories are
+/// removed here instead, once their process is gone.
 fn scratch() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let base = if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm".into() } else { std::env::temp_dir() };
-        let d = base.join(format!("serve-fuzz-model-{}", std::process::id()));
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/model_load-scratch");
+        for old in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let pid = old.file_name().to_string_lossy().into_owned();
+            if !Path::new("/proc").join(&pid).exists() {
+                let _ = std::fs::remove_dir_all(old.path());
+            }
+        }
+        let d = base.join(std::process::id().to_string());
         std::fs::create_dir_all(&d).unwrap();
         d
     })

@@ -228,7 +228,7 @@ pub fn sanitizer_env() -> Vec<(&'static str, OsString)> {
 }
 
 /// Valgrind's memcheck as an example's launcher: any memory error, or a definite leak, makes the
-/// run exit [`VALGRIND_ERROR_EXIT`].
+/// run exit [`VALGRIND_ERROR_EXIT`] (the `--error-exitcode` below).
 pub const VALGRIND: &[&str] = &[
     "valgrind",
     "--quiet",
@@ -237,7 +237,7 @@ pub const VALGRIND: &[&str] = &[
     "--show-leak-kinds=definite",
     "--errors-for-leak-kinds=definite",
 ];
-pub const VALGRIND_ERROR_EXIT: i32 = 97;
+const VALGRIND_ERROR_EXIT: i32 = 97;
 
 /// Run an example program with `args` and extra `env`, at most `timeout`, through `launcher`
 /// (e.g. [`VALGRIND`]; empty: directly); its output goes to files in `scratch` and is printed.

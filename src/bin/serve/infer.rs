@@ -28,7 +28,7 @@ pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 16 << 20;
 pub(crate) const MAX_LINE_BYTES_LIMIT: usize = 1 << 30;
 /// A line over the limit is skipped to its newline; one still without a newline after this many
 /// more bytes (a source with no newlines, such as `/dev/zero`) ends the input there.
-pub(crate) const MAX_SKIP_BYTES: u64 = 1 << 30;
+const MAX_SKIP_BYTES: u64 = 1 << 30;
 /// Bytes of lines read ahead of the submitting loop (beyond the line being handed over).
 const READ_AHEAD_BYTES: usize = 64 << 20;
 
@@ -89,12 +89,19 @@ enum LineMsg {
     Failed(io::Error),
 }
 
-/// Bytes of lines sent to the submitting loop and not yet taken by it, bounded by
-/// [`READ_AHEAD_BYTES`]. `closed` when the loop has ended (the reader then stops).
+/// Memory of lines sent to the submitting loop and not yet taken by it (their buffers'
+/// capacity, not only their length), bounded by [`READ_AHEAD_BYTES`].
 #[derive(Default)]
 struct ReadAhead {
-    state: Mutex<(usize, bool)>,
+    state: Mutex<Held>,
     changed: Condvar,
+}
+
+#[derive(Default)]
+struct Held {
+    bytes: usize,
+    /// The submitting loop has ended (the reader then stops).
+    closed: bool,
 }
 
 impl ReadAhead {
@@ -102,21 +109,20 @@ impl ReadAhead {
     /// the loop has ended.
     fn reserve(&self, n: usize) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        while !s.1 && s.0 > 0 && s.0 + n > READ_AHEAD_BYTES {
+        while !s.closed && s.bytes > 0 && s.bytes + n > READ_AHEAD_BYTES {
             s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
         }
-        s.0 += n;
-        !s.1
+        s.bytes += n;
+        !s.closed
     }
 
     fn release(&self, n: usize) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.0 -= n;
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).bytes -= n;
         self.changed.notify_one();
     }
 
     fn close(&self) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
         self.changed.notify_one();
     }
 }
@@ -130,18 +136,9 @@ impl Drop for CloseOnDrop {
     }
 }
 
-/// How a skipped line ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Skipped {
-    /// At a newline (consumed) or at the end of input.
-    Ended,
-    /// Not within [`MAX_SKIP_BYTES`].
-    Unending,
-}
-
 /// Skip the rest of a line without storing it: the bytes skipped before its `\n`, and whether
-/// it ended within `cap` bytes.
-fn skip_line(r: &mut dyn BufRead, cap: u64) -> io::Result<(u64, Skipped)> {
+/// it ended (at a newline, consumed, or at the end of input) within `cap` bytes.
+fn skip_line(r: &mut dyn BufRead, cap: u64) -> io::Result<(u64, bool)> {
     let mut skipped = 0u64;
     loop {
         let chunk = match r.fill_buf() {
@@ -150,17 +147,17 @@ fn skip_line(r: &mut dyn BufRead, cap: u64) -> io::Result<(u64, Skipped)> {
             Err(e) => return Err(e),
         };
         if chunk.is_empty() {
-            return Ok((skipped, Skipped::Ended));
+            return Ok((skipped, true));
         }
         if let Some(i) = memchr::memchr(b'\n', chunk) {
             r.consume(i + 1);
-            return Ok((skipped + i as u64, Skipped::Ended));
+            return Ok((skipped + i as u64, true));
         }
         let n = chunk.len();
         r.consume(n);
         skipped += n as u64;
         if skipped >= cap {
-            return Ok((skipped, Skipped::Unending));
+            return Ok((skipped, false));
         }
     }
 }
@@ -180,8 +177,8 @@ fn read_line(r: &mut dyn BufRead, limit: usize) -> io::Result<Option<LineMsg>> {
             buf.pop();
         }
     } else if buf.len() > limit {
-        let (more, how) = skip_line(r, MAX_SKIP_BYTES)?;
-        return Ok(Some(LineMsg::TooLong { bytes: buf.len() as u64 + more, ended: how == Skipped::Ended }));
+        let (more, ended) = skip_line(r, MAX_SKIP_BYTES)?;
+        return Ok(Some(LineMsg::TooLong { bytes: buf.len() as u64 + more, ended }));
     }
     Ok(Some(LineMsg::Line(buf)))
 }
@@ -197,7 +194,7 @@ fn read_lines(mut r: Box<dyn BufRead + Send>, limit: usize, tx: SyncSender<LineM
         };
         let stop = matches!(msg, LineMsg::Failed(_) | LineMsg::TooLong { ended: false, .. });
         if let LineMsg::Line(l) = &msg
-            && !ahead.reserve(l.len())
+            && !ahead.reserve(l.capacity())
         {
             return;
         }
@@ -351,7 +348,7 @@ pub(crate) fn infer_stream(
         let index = lines;
         lines += 1;
         let parsed = parse_request(&bytes);
-        ahead.release(bytes.len());
+        ahead.release(bytes.capacity());
         drop(bytes);
         let input = match parsed {
             Ok(input) => input,
@@ -436,11 +433,11 @@ mod tests {
     fn a_line_with_no_end_in_sight_is_skipped_at_most_cap_bytes() {
         let zeros = [0u8; 100];
         let mut r = BufReader::with_capacity(8, &zeros[..]);
-        let (n, how) = skip_line(&mut r, 40).unwrap();
-        assert_eq!(how, Skipped::Unending);
+        let (n, ended) = skip_line(&mut r, 40).unwrap();
+        assert!(!ended);
         assert!((40..48).contains(&n), "{n}");
         let mut r = BufReader::with_capacity(8, &b"abc\nrest"[..]);
-        assert_eq!(skip_line(&mut r, 40).unwrap(), (3, Skipped::Ended));
+        assert_eq!(skip_line(&mut r, 40).unwrap(), (3, true));
         let mut rest = String::new();
         r.read_to_string(&mut rest).unwrap();
         assert_eq!(rest, "rest");

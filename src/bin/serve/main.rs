@@ -187,7 +187,8 @@ struct InferArgs {
     /// 1048576). Submits refused BUSY wait for completions and are retried.
     #[arg(long, value_parser = in_range(1, MAX_INFLIGHT))]
     max_inflight: Option<usize>,
-    /// Longest request line in bytes, not counting its newline (at most 1073741824 = 1 GiB). A
+    /// Longest request line in bytes, not counting its `\n` (a `\r` before it counts; at most
+    /// 1073741824 = 1 GiB). A
     /// longer line is skipped without being stored and answered with an INVALID_ARGUMENT error
     /// line; one with no newline within a further 1 GiB (e.g. /dev/zero) ends the input there.
     #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES, value_parser = in_range(1, MAX_LINE_BYTES_LIMIT))]

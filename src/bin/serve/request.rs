@@ -271,7 +271,8 @@ impl Elem for ParentElem {
         let bad = |n: &Scalar| format!("= {n} is not a parent index (-1 for the root, else a node index)");
         match x {
             Scalar::U(v) => i32::try_from(v).map_err(|_| bad(&x)),
-            Scalar::I(v) if v >= -1 => i32::try_from(v).map_err(|_| bad(&x)),
+            // (serde_json gives non-negative integers as `U`: `I` is always negative.)
+            Scalar::I(-1) => Ok(-1),
             Scalar::Other(what) => Err(format!("is {what}, expected an integer parent index")),
             n => Err(bad(&n)),
         }
