@@ -1,8 +1,9 @@
 //! End to end on the CUDA backend (ARCHITECTURE.md §5, §9): lstm, seq2seq and treelstm under cellular
 //! batching (one and two workers) and the padding baseline against the committed fixtures and
 //! against the CPU backend on larger random models, mlp against the CPU backend, cancel and
-//! deadline at cell boundaries, and many tasks in flight on several workers completing exactly
-//! once.
+//! deadline at cell boundaries, many tasks in flight on several workers completing exactly
+//! once, and models freed and loaded again while the runtime serves (a CUDA runner dropped
+//! mid-run, its index reused).
 //!
 //! With no CUDA device every test prints `skipped: no CUDA device` and passes, unless
 //! `SERVE_REQUIRE_GPU=1`, which makes a missing device (or a CUDA backend that cannot start) a
@@ -229,4 +230,41 @@ fn backend_choice_with_a_device() {
     let auto = Runtime::builder().backend(BackendChoice::Auto).build().unwrap();
     assert_eq!(auto.backend_kind(), BackendKind::Cpu, "{}", auto.backend_description());
     assert!(auto.backend_description().contains("not yet verified"), "{}", auto.backend_description());
+}
+
+/// Load, serve and free an lstm and an mlp on CUDA 20 times in one runtime, freeing each while
+/// its requests are in flight: every request completes with the CPU backend's answer, and a
+/// model loaded after the last free still serves (the freed runners dropped mid-run, their
+/// indices reused).
+#[test]
+fn models_freed_and_loaded_again_keep_serving_on_cuda() {
+    let Some(gpu) = cuda_runtime() else { return };
+    let cpu = cpu_runtime();
+    let lstm = Arc::new(Network::Lstm(Lstm::random(100, 32, 64, 2, 7)));
+    let mlp = Arc::new(Network::Mlp(Mlp::random(&[16, 64, 8], 3)));
+    let mut rng = StdRng::seed_from_u64(11);
+    let sentences: Vec<Vec<u32>> = (0..16).map(|_| sentence(&mut rng, 100, 60)).collect();
+    let vectors: Vec<Vec<f32>> = (0..16).map(|k| common::input(16, k)).collect();
+    let answers = |rt: &Runtime, net: &Arc<Network>, inputs: Vec<Input>| -> Vec<Output> {
+        let m = rt.add_network(net.clone(), "m".into(), ModelOptions::default()).unwrap();
+        let tickets: Vec<_> =
+            inputs.into_iter().map(|x| m.submit(x, SubmitOptions::default()).unwrap()).collect();
+        drop(m); // freed with its requests in flight
+        tickets.into_iter().map(|t| t.wait().unwrap()).collect()
+    };
+    let lstm_in = || sentences.iter().map(|t| Input::Tokens(t.clone())).collect::<Vec<_>>();
+    let mlp_in = || vectors.iter().map(|x| Input::F32(x.clone())).collect::<Vec<_>>();
+    let (want_lstm, want_mlp) = (answers(&cpu, &lstm, lstm_in()), answers(&cpu, &mlp, mlp_in()));
+    for cycle in 0..20 {
+        for (net, inputs, want) in [(&lstm, lstm_in(), &want_lstm), (&mlp, mlp_in(), &want_mlp)] {
+            for (k, (got, want)) in answers(&gpu, net, inputs).into_iter().zip(want).enumerate() {
+                match (got, want) {
+                    (Output::F32(y), Output::F32(w)) => {
+                        assert_near(&y, w, 1e-4, &format!("cycle {cycle}, {k}"))
+                    }
+                    (got, _) => panic!("cycle {cycle}, request {k}: unexpected output {got:?}"),
+                }
+            }
+        }
+    }
 }
