@@ -12,6 +12,7 @@ use rand::Rng;
 use serve::model::Mlp;
 use serve::{Code, Completion, CompletionQueue, Input, Model, Runtime, StatsSnapshot, SubmitOptions};
 
+pub mod cuda_kernels;
 pub mod gpu;
 pub mod native;
 pub mod recurrent;
