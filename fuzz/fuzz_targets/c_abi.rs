@@ -7,7 +7,8 @@
 //! drained until each accepted request has completed.
 //!
 //! For speed the runtime and its models outlive an input when it leaves them usable: an input
-//! that shuts the runtime down (or frees a model) has it recreated (or reloaded) for the next.
+//! that shuts the runtime down (or frees a model) has it recreated (or reloaded) for the next,
+//! and the last one is freed at process exit, before LeakSanitizer's exit check.
 //! Each input still ends with nothing pending, so inputs are independent up to the runtime's
 //! counters.
 //!
@@ -313,7 +314,26 @@ impl Harness {
     }
 }
 
+unsafe extern "C" {
+    fn atexit(callback: extern "C" fn()) -> i32;
+}
+
+/// At process exit (libFuzzer ends with `exit`), free the kept runtime and its models, so that
+/// LeakSanitizer's exit check sees what a C program that frees its handles leaves: nothing.
+extern "C" fn free_kept() {
+    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(k) = kept {
+        for (_, m) in k.models {
+            serve_model_free(m);
+        }
+        serve_runtime_free(k.rt);
+    }
+}
+
 fuzz_target!(|script: Script| {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: `free_kept` is a plain function that never unwinds out (it only frees handles).
+    AT_EXIT.call_once(|| assert_eq!(unsafe { atexit(free_kept) }, 0));
     let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
     let mut h = Harness::new(kept.take());
     for op in script.ops.iter().take(MAX_OPS) {
