@@ -18,8 +18,8 @@
  * owner have static storage.
  *
  * Threads. A function taking `const T *` may be called concurrently with any other such call on
- * the same object: serve_runtime, serve_model, serve_queue, serve_completion, serve_error and
- * serve_stats are thread-safe in that sense. Functions taking `T *` (option setters, _free) need
+ * the same object: serve_runtime, serve_model, serve_queue, serve_completion, serve_error,
+ * serve_stats and serve_metrics are thread-safe in that sense. Functions taking `T *` (option setters, _free) need
  * exclusive access. Option builders may be shared as `const` once set.
  *
  * Completion. Every request accepted by a serve_submit_* function completes exactly once, into
@@ -104,6 +104,10 @@ typedef struct serve_completion serve_completion;
 // owned by the caller, who frees it with `serve_error_free`. Immutable: a `const serve_error *`
 // may be read from several threads at once.
 typedef struct serve_error serve_error;
+
+// A runtime's metrics, encoded when `serve_runtime_metrics` took them. Immutable; may be read
+// from several threads at once.
+typedef struct serve_metrics serve_metrics;
 
 // A model loaded into a runtime. Thread-safe: submit to it from any number of threads. Valid
 // until freed with `serve_model_free`, even after its runtime is freed (submits then fail with
@@ -192,6 +196,28 @@ void serve_error_free(serve_error *error);
 // The name of a code, as used in messages and `serve infer` output (e.g. "INVALID_ARGUMENT");
 // "UNKNOWN" for a value that is not a `serve_code`. Static storage; never NULL.
 const char *serve_code_name(uint32_t code);
+
+// Encode the runtime's metrics in the OpenMetrics text format, which Prometheus scrapes (serve
+// it with the content type `application/openmetrics-text; version=1.0.0; charset=utf-8`). Read
+// the text with `serve_metrics_text`; free it with `serve_metrics_free`.
+//
+// Series (each labelled `model`, the model's name; models sharing a name share their series,
+// which are removed when the last model of that name is freed):
+// `serve_requests_completed_total{code}` and `serve_requests_rejected_total{code}` (counters;
+// `code` is a `serve_code` name such as `OK` or `BUSY`), `serve_request_queue_seconds`,
+// `serve_request_service_seconds` and `serve_request_latency_seconds` (histograms: submit →
+// first task launch, first launch → completion, submit → completion), `serve_batch_size`
+// (histogram of requests per launched task), `serve_queue_depth` and `serve_in_flight`
+// (gauges), `serve_worker_busy_seconds_total{worker}` (counter).
+serve_error *serve_runtime_metrics(const serve_runtime *runtime, serve_metrics **out);
+
+// The metrics text: NUL-terminated UTF-8, owned by `metrics` and valid until
+// `serve_metrics_free`. Its length in bytes (without the NUL) is stored in `*len` unless `len`
+// is NULL. "" (and length 0) if `metrics` is NULL.
+const char *serve_metrics_text(const serve_metrics *metrics, size_t *len);
+
+// Free metrics taken by `serve_runtime_metrics`. NULL is allowed.
+void serve_metrics_free(serve_metrics *metrics);
 
 // Create model options with the defaults: the model kind's own policy (`SERVE_POLICY_AUTO`:
 // timeout batching with max batch 32, max wait 0 and 1 worker for `mlp`; cellular batching with

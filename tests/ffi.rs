@@ -1,5 +1,5 @@
 //! The C ABI called from Rust: NULL handling, out-parameters untouched on error, error codes,
-//! stats. (ffi_examples/c/example.c exercises the same ABI from real C.)
+//! stats and metrics. (ffi_examples/c/example.c exercises the same ABI from real C.)
 
 mod common;
 
@@ -9,6 +9,7 @@ use std::ptr::{self, null, null_mut};
 use serve::Code;
 use serve::ffi::completion::*;
 use serve::ffi::error::*;
+use serve::ffi::metrics::*;
 use serve::ffi::model::*;
 use serve::ffi::queue::*;
 use serve::ffi::runtime::*;
@@ -149,6 +150,30 @@ fn submit_errors_are_counted_and_produce_no_completion() {
     assert_eq!(serve_stats_completed(stats, 999), 0);
     assert_eq!(serve_stats_in_flight(stats), 0);
     serve_stats_free(stats);
+
+    // The same counts in the metrics, labelled with the model's name (its directory's) and code.
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    let mut metrics = null_mut();
+    ok(serve_runtime_metrics(rt, &mut metrics));
+    let mut len = 0usize;
+    let text = serve_metrics_text(metrics, &mut len);
+    let text = unsafe { CStr::from_ptr(text) }.to_str().unwrap().to_owned();
+    assert_eq!(len, text.len());
+    serve_metrics_free(metrics);
+    let e = common::openmetrics::Exposition::parse(&text);
+    let count = |family: &str, code: Code| e.get(family, &[("model", name), ("code", code.name())]);
+    assert_eq!(count("serve_requests_rejected_total", Code::InvalidArgument), Some(4.0));
+    assert_eq!(count("serve_requests_rejected_total", Code::DeadlineExceeded), Some(1.0));
+    assert_eq!(count("serve_requests_completed_total", Code::Ok), Some(1.0));
+    // NULL handling: an error, the out-parameter untouched; a NULL handle's text is empty.
+    let mut untouched = ptr::dangling_mut::<serve_metrics>();
+    assert_eq!(take(serve_runtime_metrics(null(), &mut untouched)).0, Code::InvalidArgument);
+    assert_eq!(untouched, ptr::dangling_mut());
+    assert_eq!(take(serve_runtime_metrics(rt, null_mut())).0, Code::InvalidArgument);
+    let mut len = 9usize;
+    assert_eq!(unsafe { CStr::from_ptr(serve_metrics_text(null(), &mut len)) }.to_bytes(), b"");
+    assert_eq!(len, 0);
+    serve_metrics_free(null_mut());
 
     ok(serve_runtime_shutdown(rt, 0));
     let (code, _) = take(serve_submit_f32(model, q, 1, x.as_ptr(), 4, null(), null_mut()));

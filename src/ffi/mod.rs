@@ -18,6 +18,7 @@
 
 pub mod completion;
 pub mod error;
+pub mod metrics;
 pub mod model;
 pub mod queue;
 pub mod runtime;

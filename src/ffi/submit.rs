@@ -150,8 +150,8 @@ fn submit(
     // SAFETY: pointers NULL-checked; validity is the caller's contract.
     let m = unsafe { arg(model, "model") }?;
     // Refusals from here on are counted in the model's runtime stats.
-    let q = unsafe { arg(queue, "queue") }.inspect_err(|_| m.model.record_reject())?;
-    let input = input(m.model.network()).inspect_err(|_| m.model.record_reject())?;
+    let q = unsafe { arg(queue, "queue") }.inspect_err(|e| m.model.record_reject(e.code()))?;
+    let input = input(m.model.network()).inspect_err(|e| m.model.record_reject(e.code()))?;
     // SAFETY: NULL or a live options handle.
     let opts = submit_options(unsafe { options.as_ref() });
     let id = m.model.submit_to(input, opts, &q.q, tag)?;

@@ -24,6 +24,7 @@ use crate::backend::{CellTask, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::{Input, Network, Output};
 use crate::runtime::cells::{Finished, RequestCells, RowOutcome, SlotPool, push_row, slots_needed};
+use crate::runtime::metrics::ModelMetrics;
 use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled};
@@ -33,6 +34,8 @@ use crate::sched::{Arrival, CellGraph, Decision, IdMap, Launch, Policy, RequestI
 /// A request admitted by submit, on its way to the engine.
 pub(crate) struct Pending {
     pub model: usize,
+    /// When submit accepted it (the metrics' queue and latency times start here).
+    pub submitted: Instant,
     pub input: Input,
     /// The request unfolded into cells (recurrent models).
     pub cells: Option<Arc<CellGraph>>,
@@ -46,6 +49,7 @@ pub(crate) struct EngineModel {
     pub net: Arc<Network>,
     pub policy: Box<dyn Policy>,
     pub runner: Arc<dyn Runner>,
+    pub metrics: Arc<ModelMetrics>,
     /// Decremented for every completed request of the model (admission control).
     pub on_complete: Box<dyn Fn() + Send>,
 }
@@ -77,14 +81,16 @@ struct Request {
     result: Option<Result<Output>>,
     /// Recurrent requests: state slots and decoding progress.
     cells: Option<RequestCells>,
-    /// Part of a launched task at least once (for the deadline message).
-    started: bool,
+    /// When the request was first part of a launched task (for the deadline message and the
+    /// metrics' service time).
+    started: Option<Instant>,
 }
 
 struct TaskEntry {
     data: Arc<TaskData>,
     /// The worker it was launched on (for [`Runner::collect`]).
     worker: usize,
+    launched: Instant,
     /// The request and node of each real row.
     requests: Vec<RequestId>,
     nodes: Vec<u32>,
@@ -99,6 +105,9 @@ struct ModelState {
     slots: SlotPool,
     /// Requests of the model the engine holds (arrived, not completed).
     requests: usize,
+    /// When each worker's last reported task completed (a worker is busy from a task's launch or
+    /// this, whichever is later, to the task's completion).
+    worker_free_at: Vec<Instant>,
 }
 
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine
@@ -223,11 +232,13 @@ impl Engine {
     /// Update the gauges, then deliver: a caller that has seen its completion never reads a
     /// gauge older than it.
     fn publish(&mut self) {
-        let (queued, running) = self
-            .models
-            .iter()
-            .flatten()
-            .fold((0, 0), |(q, r), s| (q + s.m.policy.queued(), r + s.m.policy.running()));
+        let (mut queued, mut running) = (0, 0);
+        for s in self.models.iter().flatten() {
+            let q = s.m.policy.queued();
+            queued += q;
+            running += s.m.policy.running();
+            s.m.metrics.set_gauges(q, s.requests);
+        }
         self.stats.set_gauges(queued, running);
         flush(&mut self.outbox);
     }
@@ -306,7 +317,9 @@ impl Engine {
                 let io = m.runner.io_lens();
                 let slots = SlotPool::new(m.runner.state_slots());
                 debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
-                let state = ModelState { m: *m, tasks: IdMap::default(), io, slots, requests: 0 };
+                let worker_free_at = vec![Instant::now(); m.runner.workers()];
+                let state =
+                    ModelState { m: *m, tasks: IdMap::default(), io, slots, requests: 0, worker_free_at };
                 self.models[idx] = Some(state);
             }
             Event::RemoveModel(idx) => {
@@ -325,7 +338,7 @@ impl Engine {
                 // were it not, the dropped reply completes the request `Cancelled`.
                 let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
                 state.requests += 1;
-                self.requests.insert(id, Request { pending: *p, result: None, cells, started: false });
+                self.requests.insert(id, Request { pending: *p, result: None, cells, started: None });
                 if recurrent {
                     // Requests take their state slots in arrival order.
                     state.slots.waiting.push_back(id);
@@ -405,6 +418,14 @@ impl Engine {
     fn collect_results(&mut self, model: usize, task: TaskId) -> Option<Vec<RequestId>> {
         let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
         let entry = state.tasks.remove(&task)?;
+        let done = Instant::now();
+        if let Some(free_at) = state.worker_free_at.get_mut(entry.worker) {
+            state
+                .m
+                .metrics
+                .worker_busy(entry.worker, done.saturating_duration_since(entry.launched.max(*free_at)));
+            *free_at = done;
+        }
         // The runner makes the results readable (the CUDA runner copies them from pinned memory).
         state.m.runner.collect(entry.worker, &entry.data);
         let out_len = state.io.1;
@@ -483,14 +504,16 @@ impl Engine {
     /// finishing in launch order.
     fn launch(&mut self, model: usize, l: Launch) {
         let state = self.models[model].as_mut().expect("model present");
+        let now = Instant::now();
         let work = if l.nodes.is_empty() {
             let in_len = state.io.0;
             let mut input = vec![0.0f32; l.batch * in_len];
             for (row, id) in l.requests.iter().enumerate() {
-                if let Some(Request { pending: Pending { input: Input::F32(v), .. }, .. }) =
-                    self.requests.get(id)
+                if let Some(Request { pending: Pending { input: Input::F32(v), .. }, started, .. }) =
+                    self.requests.get_mut(id)
                 {
                     input[row * in_len..(row + 1) * in_len].copy_from_slice(v);
+                    started.get_or_insert(now);
                 }
             }
             Work::Dense(input)
@@ -499,7 +522,7 @@ impl Engine {
                 CellTask { cell: l.cell, rows: Vec::with_capacity(l.requests.len()), children: Vec::new() };
             for (id, &node) in l.requests.iter().zip(&l.nodes) {
                 let r = self.requests.get_mut(id).expect("a launched request is pending");
-                r.started = true;
+                r.started.get_or_insert(now);
                 let rc = r.cells.as_ref().expect("cell rows belong to recurrent requests");
                 push_row(&state.m.net, &r.pending.input, rc, node, &mut cells);
             }
@@ -507,7 +530,14 @@ impl Engine {
         };
         let data = TaskData::new(l.batch, work);
         self.stats.record_task(l.requests.len());
-        let entry = TaskEntry { data: data.clone(), worker: l.worker, requests: l.requests, nodes: l.nodes };
+        state.m.metrics.task_launched(l.requests.len());
+        let entry = TaskEntry {
+            data: data.clone(),
+            worker: l.worker,
+            launched: now,
+            requests: l.requests,
+            nodes: l.nodes,
+        };
         state.tasks.insert(l.task, entry);
         let target = match state.m.runner.launch(l.worker, data.clone()) {
             Ok(target) => target,
@@ -546,7 +576,7 @@ impl Engine {
             Code::Cancelled => Err(Error::new(Code::Cancelled, "request cancelled")),
             Code::DeadlineExceeded => Err(Error::new(
                 Code::DeadlineExceeded,
-                if started {
+                if started.is_some() {
                     "the deadline passed while the request was running"
                 } else {
                     "the deadline passed while the request was queued"
@@ -554,14 +584,16 @@ impl Engine {
             )),
             other => Err(Error::new(other, "request failed")),
         };
-        self.finish(pending, result);
+        self.finish(pending, started, result);
     }
 
-    /// Release the request's admission slot and complete it.
-    fn finish(&mut self, p: Pending, result: Result<Output>) {
+    /// Release the request's admission slot, record it in the metrics and complete it.
+    fn finish(&mut self, p: Pending, started: Option<Instant>, result: Result<Output>) {
         if let Some(Some(s)) = self.models.get_mut(p.model) {
             s.requests -= 1;
             (s.m.on_complete)();
+            let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
+            s.m.metrics.completed(code, p.submitted, started, Instant::now());
         }
         p.reply.complete(result, &mut self.outbox);
     }
@@ -596,9 +628,10 @@ impl Engine {
 
     /// Shutdown deadline reached: every request still pending completes `Cancelled` now.
     fn cancel_everything(&mut self) {
-        let pending: Vec<Pending> = self.requests.drain().map(|(_, r)| r.pending).collect();
-        for p in pending {
-            self.finish(p, Err(shutdown_cancelled()));
+        let pending: Vec<(Pending, Option<Instant>)> =
+            self.requests.drain().map(|(_, r)| (r.pending, r.started)).collect();
+        for (p, started) in pending {
+            self.finish(p, started, Err(shutdown_cancelled()));
         }
     }
 }

@@ -8,6 +8,7 @@
 
 mod cells;
 mod engine;
+mod metrics;
 mod poller;
 pub mod queue;
 pub mod request;
@@ -31,6 +32,8 @@ use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy, DEF
 use crate::sched::{Policy, RequestId};
 
 use engine::{Engine, EngineModel, Event, ModelIndices, Pending};
+pub use metrics::METRICS;
+use metrics::{Metrics, ModelMetrics};
 pub use queue::{Completion, CompletionQueue};
 use request::{Reply, Sink};
 pub use request::{SubmitOptions, Ticket};
@@ -266,6 +269,7 @@ struct ModelShared {
     bound: usize,
     /// State slots of a recurrent model (0 otherwise).
     state_slots: usize,
+    metrics: Arc<ModelMetrics>,
     rt: Arc<Shared>,
 }
 
@@ -287,6 +291,7 @@ struct Shared {
     gate: RwLock<bool>,
     next_id: AtomicU64,
     stats: Arc<stats::Stats>,
+    metrics: Arc<Metrics>,
     default_bound: usize,
     /// The engine's model slots in use and free (a released model's index is reused).
     model_indices: Arc<Mutex<ModelIndices>>,
@@ -341,6 +346,7 @@ impl Runtime {
             gate: RwLock::new(true),
             next_id: AtomicU64::new(0),
             stats,
+            metrics: Metrics::new(),
             default_bound,
             model_indices,
             poller_thread: poller.thread().clone(),
@@ -403,10 +409,12 @@ impl Runtime {
         }
         let index = self.shared.model_indices.lock().unwrap_or_else(|p| p.into_inner()).take();
         let on_done = admitted.clone();
+        let metrics = Arc::new(self.shared.metrics.model(&name, workers));
         let em = EngineModel {
             net: net.clone(),
             policy,
             runner: Arc::from(runner),
+            metrics: metrics.clone(),
             on_complete: Box::new(move || {
                 on_done.fetch_sub(1, Ordering::AcqRel);
             }),
@@ -424,6 +432,7 @@ impl Runtime {
                 admitted,
                 bound,
                 state_slots,
+                metrics,
                 rt: self.shared.clone(),
             }),
         })
@@ -469,6 +478,13 @@ impl Runtime {
 
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
+    }
+
+    /// The runtime's metrics in the OpenMetrics text format (which Prometheus scrapes; serve it
+    /// with the content type `application/openmetrics-text; version=1.0.0; charset=utf-8`),
+    /// ending with `# EOF`. The series are listed in [`METRICS`].
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.encode()
     }
 
     /// Nanoseconds since the runtime started (the clock the engine runs policies on).
@@ -530,8 +546,9 @@ impl Model {
     }
 
     /// Count a submit refused before it reached the model (e.g. a NULL input pointer in the C ABI).
-    pub(crate) fn record_reject(&self) {
+    pub(crate) fn record_reject(&self, code: Code) {
         self.m.rt.stats.record_reject();
+        self.m.metrics.rejected(code);
     }
 
     fn enqueue(
@@ -541,8 +558,8 @@ impl Model {
         sink: impl FnOnce(RequestId) -> Sink,
     ) -> Result<RequestId> {
         let r = self.try_enqueue(input, opts, sink);
-        if r.is_err() {
-            self.m.rt.stats.record_reject();
+        if let Err(e) = &r {
+            self.record_reject(e.code());
         }
         r
     }
@@ -588,6 +605,7 @@ impl Model {
         let reply = Reply::new(id, sink(id), self.m.rt.stats.clone());
         let pending = Pending {
             model: self.m.index,
+            submitted: Instant::now(),
             input,
             cells,
             deadline: opts.deadline,
