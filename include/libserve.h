@@ -208,7 +208,8 @@ const char *serve_code_name(uint32_t code);
 // `serve_request_service_seconds` and `serve_request_latency_seconds` (histograms: submit →
 // first task launch, first launch → completion, submit → completion), `serve_batch_size`
 // (histogram of requests per launched task), `serve_queue_depth` and `serve_in_flight`
-// (gauges), `serve_worker_busy_seconds_total{worker}` (counter).
+// (gauges), `serve_worker_busy_seconds_total{worker}` and `serve_worker_stalls_total{worker}`
+// (counters).
 serve_error *serve_runtime_metrics(const serve_runtime *runtime, serve_metrics **out);
 
 // The metrics text: NUL-terminated UTF-8, owned by `metrics` and valid until
@@ -332,7 +333,7 @@ serve_error *serve_queue_next(const serve_queue *queue,
 serve_error *serve_queue_fd(const serve_queue *queue, int32_t *fd);
 
 // Create runtime options with the defaults: backend "auto", one CPU thread per core, admission
-// bound 4096 requests per model.
+// bound 4096 requests per model, stall timeout 30 s.
 serve_error *serve_runtime_options_new(serve_runtime_options **out);
 
 // Free runtime options. NULL is allowed.
@@ -349,6 +350,14 @@ serve_error *serve_runtime_options_set_cpu_threads(serve_runtime_options *option
 // completed before submit answers `SERVE_CODE_BUSY`. Must be at least 1.
 serve_error *serve_runtime_options_set_admission_bound(serve_runtime_options *options,
                                                        uint64_t bound);
+
+// The stall watchdog's limit, in nanoseconds: a worker whose oldest task has not completed
+// after this long is declared stalled — the requests of its pending tasks complete
+// `SERVE_CODE_BACKEND` at once, nothing more is launched on it, and it serves again once its
+// stream catches up. 0 turns the watchdog off (a stalled stream then holds its requests until
+// shutdown). Default 30 s; pick a limit well above the longest task a model runs.
+serve_error *serve_runtime_options_set_stall_timeout_ns(serve_runtime_options *options,
+                                                        uint64_t timeout_ns);
 
 // Start a runtime. `options` may be NULL for the defaults; it is only read, and may be freed
 // once this returns. On success `*out` owns the runtime (free it with `serve_runtime_free`).

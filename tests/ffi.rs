@@ -55,6 +55,10 @@ fn null_arguments_are_invalid_and_out_params_untouched() {
     assert!(msg.contains("unknown backend `gpu`"), "{msg}");
     let (code, _) = take(serve_runtime_options_set_admission_bound(o, 0));
     assert_eq!(code, Code::InvalidArgument);
+    let (code, _) = take(serve_runtime_options_set_stall_timeout_ns(null_mut(), 1));
+    assert_eq!(code, Code::InvalidArgument);
+    ok(serve_runtime_options_set_stall_timeout_ns(o, 0)); // watchdog off
+    ok(serve_runtime_options_set_stall_timeout_ns(o, u64::MAX));
     if serve::backend::cuda::probe().devices == 0 {
         ok(serve_runtime_options_set_backend(o, c"cuda".as_ptr()));
         let (code, msg) = take(serve_runtime_new(o, &mut rt));

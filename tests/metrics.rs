@@ -47,11 +47,12 @@ fn every_metric_is_exposed_with_its_type() {
         ("serve_queue_depth", "gauge"),
         ("serve_in_flight", "gauge"),
         ("serve_worker_busy_seconds", "counter"),
+        ("serve_worker_stalls", "counter"),
     ] {
         assert_eq!(e.types.get(name).map(String::as_str), Some(ty), "{name}");
     }
     // The documented list names each family's samples.
-    assert_eq!(serve::runtime::METRICS.len(), 9);
+    assert_eq!(serve::runtime::METRICS.len(), 10);
     for m in serve::runtime::METRICS {
         let family = m.strip_suffix("_total").unwrap_or(m);
         assert!(e.types.contains_key(family), "{m} is listed but not exposed");

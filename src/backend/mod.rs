@@ -9,6 +9,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod fault;
 
 use std::fmt;
 use std::ops::Range;

@@ -25,7 +25,8 @@ pub struct serve_metrics {
 /// `serve_request_service_seconds` and `serve_request_latency_seconds` (histograms: submit →
 /// first task launch, first launch → completion, submit → completion), `serve_batch_size`
 /// (histogram of requests per launched task), `serve_queue_depth` and `serve_in_flight`
-/// (gauges), `serve_worker_busy_seconds_total{worker}` (counter).
+/// (gauges), `serve_worker_busy_seconds_total{worker}` and `serve_worker_stalls_total{worker}`
+/// (counters).
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_runtime_metrics(
     runtime: *const serve_runtime,

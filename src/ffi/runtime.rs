@@ -28,7 +28,7 @@ pub struct serve_stats {
 }
 
 /// Create runtime options with the defaults: backend "auto", one CPU thread per core, admission
-/// bound 4096 requests per model.
+/// bound 4096 requests per model, stall timeout 30 s.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_runtime_options_new(out: *mut *mut serve_runtime_options) -> *mut serve_error {
     ffi_boundary! {
@@ -93,6 +93,25 @@ pub extern "C" fn serve_runtime_options_set_admission_bound(
         let bound = usize::try_from(bound).unwrap_or(usize::MAX);
         check::admission_bound(bound)?;
         o.builder = o.builder.clone().admission_bound(bound);
+        Ok(())
+    }
+}
+
+/// The stall watchdog's limit, in nanoseconds: a worker whose oldest task has not completed
+/// after this long is declared stalled — the requests of its pending tasks complete
+/// `SERVE_CODE_BACKEND` at once, nothing more is launched on it, and it serves again once its
+/// stream catches up. 0 turns the watchdog off (a stalled stream then holds its requests until
+/// shutdown). Default 30 s; pick a limit well above the longest task a model runs.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_runtime_options_set_stall_timeout_ns(
+    options: *mut serve_runtime_options,
+    timeout_ns: u64,
+) -> *mut serve_error {
+    ffi_boundary! {
+        // SAFETY: checked for NULL; validity is the caller's contract.
+        let o = unsafe { arg_mut(options, "options") }?;
+        let limit = (timeout_ns > 0).then(|| Duration::from_nanos(timeout_ns));
+        o.builder = o.builder.clone().stall_timeout(limit);
         Ok(())
     }
 }

@@ -60,9 +60,23 @@ pub(crate) enum Event {
     RemoveModel(usize),
     Arrive(Box<Pending>),
     Cancel(RequestId),
+    /// A launched task is over: its count was seen, or (with `failure`) the poller gave up on
+    /// it — its stream failed or stalled — and its requests complete with that error.
     TaskDone {
         model: usize,
         task: TaskId,
+        failure: Option<Error>,
+    },
+    /// The stall watchdog gave up on the worker's stream (poller.rs): launch nothing more on it
+    /// until it recovers; its tasks complete `BACKEND` at once.
+    WorkerStalled {
+        model: usize,
+        worker: usize,
+    },
+    /// A stalled worker's stream completed its abandoned tasks after all: usable again.
+    WorkerRecovered {
+        model: usize,
+        worker: usize,
     },
     /// The model's caller expects no more requests soon ([`Policy::flush`]).
     Flush(usize),
@@ -108,6 +122,8 @@ struct ModelState {
     /// When each worker's last reported task completed (a worker is busy from a task's launch or
     /// this, whichever is later, to the task's completion).
     worker_free_at: Vec<Instant>,
+    /// Workers the stall watchdog gave up on and that have not recovered.
+    stalled: Vec<bool>,
 }
 
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine
@@ -317,9 +333,16 @@ impl Engine {
                 let io = m.runner.io_lens();
                 let slots = SlotPool::new(m.runner.state_slots());
                 debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
-                let worker_free_at = vec![Instant::now(); m.runner.workers()];
-                let state =
-                    ModelState { m: *m, tasks: IdMap::default(), io, slots, requests: 0, worker_free_at };
+                let workers = m.runner.workers();
+                let state = ModelState {
+                    m: *m,
+                    tasks: IdMap::default(),
+                    io,
+                    slots,
+                    requests: 0,
+                    worker_free_at: vec![Instant::now(); workers],
+                    stalled: vec![false; workers],
+                };
                 self.models[idx] = Some(state);
             }
             Event::RemoveModel(idx) => {
@@ -359,7 +382,9 @@ impl Engine {
                     self.with_policy(model, |p| p.cancel(now, id));
                 }
             }
-            Event::TaskDone { model, task } => self.task_done(model, task),
+            Event::TaskDone { model, task, failure } => self.task_done(model, task, failure),
+            Event::WorkerStalled { model, worker } => self.set_stalled(model, worker, true),
+            Event::WorkerRecovered { model, worker } => self.set_stalled(model, worker, false),
             Event::Flush(model) => {
                 let now = self.now();
                 self.with_policy(model, |p| p.flush(now));
@@ -401,8 +426,8 @@ impl Engine {
 
     /// A task finished on its worker (the poller reports a worker's tasks in launch order, those
     /// whose launch failed included): hand out its results, then tell the policy.
-    fn task_done(&mut self, model: usize, task: TaskId) {
-        if let Some(ended) = self.collect_results(model, task) {
+    fn task_done(&mut self, model: usize, task: TaskId, failure: Option<Error>) {
+        if let Some(ended) = self.collect_results(model, task, failure) {
             let now = self.now();
             self.with_policy(model, |p| {
                 for id in ended {
@@ -415,7 +440,12 @@ impl Engine {
 
     /// Split a finished task's output (or error) among its requests. `None` for an unknown task;
     /// otherwise the requests that ended before their last cell (the policy must be told).
-    fn collect_results(&mut self, model: usize, task: TaskId) -> Option<Vec<RequestId>> {
+    fn collect_results(
+        &mut self,
+        model: usize,
+        task: TaskId,
+        failure: Option<Error>,
+    ) -> Option<Vec<RequestId>> {
         let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
         let entry = state.tasks.remove(&task)?;
         let done = Instant::now();
@@ -430,7 +460,9 @@ impl Engine {
         state.m.runner.collect(entry.worker, &entry.data);
         let out_len = state.io.1;
         let mut io = entry.data.io.lock().unwrap_or_else(|p| p.into_inner());
-        let error = io.error.take();
+        // A task given up on never delivers what its stream may still write (the runner's error,
+        // if it set one, says more).
+        let error = io.error.take().or(failure);
         let output = std::mem::take(&mut io.output);
         let mut ended = Vec::new();
         if let Work::Cells(cells) = &io.work {
@@ -498,6 +530,17 @@ impl Engine {
         }
     }
 
+    fn set_stalled(&mut self, model: usize, worker: usize, stalled: bool) {
+        if let Some(Some(s)) = self.models.get_mut(model)
+            && let Some(w) = s.stalled.get_mut(worker)
+        {
+            *w = stalled;
+            if stalled {
+                s.m.metrics.worker_stalled(worker);
+            }
+        }
+    }
+
     /// Gather the batch input and start it on its worker. A task whose launch fails carries the
     /// error and is watched like any other, with a target reached at once: the poller reports it
     /// after the tasks launched before it on its worker, and policies rely on a worker's tasks
@@ -539,7 +582,18 @@ impl Engine {
             nodes: l.nodes,
         };
         state.tasks.insert(l.task, entry);
-        let target = match state.m.runner.launch(l.worker, data.clone()) {
+        let launched = if state.stalled.get(l.worker).copied().unwrap_or(false) {
+            Err(Error::new(
+                Code::Backend,
+                format!(
+                    "worker {}'s stream is stalled (see the stall timeout); nothing is launched on it",
+                    l.worker
+                ),
+            ))
+        } else {
+            state.m.runner.launch(l.worker, data.clone())
+        };
+        let target = match launched {
             Ok(target) => target,
             Err(e) => {
                 data.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);

@@ -41,6 +41,7 @@ use crate::error::Code;
 /// | `serve_queue_depth` | gauge | model | requests queued in the policy, not started |
 /// | `serve_in_flight` | gauge | model | requests the engine holds (arrived, not completed) |
 /// | `serve_worker_busy_seconds_total` | counter | model, worker | time a worker's stream had a task in hand |
+/// | `serve_worker_stalls_total` | counter | model, worker | times the stall watchdog gave up on the worker's stream |
 ///
 /// A worker counts as busy from a task's launch (or the end of the task before it on the same
 /// stream, whichever is later) until the poller sees the task's completion.
@@ -54,6 +55,7 @@ pub const METRICS: &[&str] = &[
     "serve_queue_depth",
     "serve_in_flight",
     "serve_worker_busy_seconds_total",
+    "serve_worker_stalls_total",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,6 +107,7 @@ pub(crate) struct Metrics {
     queue_depth: Family<ModelLabel, Gauge>,
     in_flight: Family<ModelLabel, Gauge>,
     busy: Family<WorkerLabels, Seconds>,
+    stalls: Family<WorkerLabels, Counter>,
     /// Live models per name, and the most workers a model of that name has had (the busy
     /// series to remove with the name).
     names: Mutex<HashMap<String, (usize, usize)>>,
@@ -123,6 +126,7 @@ impl Metrics {
             queue_depth: Family::default(),
             in_flight: Family::default(),
             busy: Family::default(),
+            stalls: Family::default(),
             names: Mutex::new(HashMap::new()),
         };
         let mut registry = Registry::with_prefix("serve");
@@ -151,6 +155,11 @@ impl Metrics {
             m.in_flight.clone(),
         );
         registry.register("worker_busy_seconds", "Time a worker's stream had a task in hand", m.busy.clone());
+        registry.register(
+            "worker_stalls",
+            "Times the stall watchdog gave up on the worker's stream",
+            m.stalls.clone(),
+        );
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -163,6 +172,7 @@ impl Metrics {
             e.1 = e.1.max(workers);
         }
         let model = ModelLabel { model: name.to_string() };
+        let worker = |w: usize| WorkerLabels { model: name.to_string(), worker: w.to_string() };
         let by_code = |f: &Family<CodeLabels, Counter>| {
             Code::ALL.map(|c| f.get_or_create_owned(&CodeLabels { model: name.to_string(), code: c.name() }))
         };
@@ -175,12 +185,8 @@ impl Metrics {
             batch_size: self.batch_size.get_or_create_owned(&model),
             queue_depth: self.queue_depth.get_or_create_owned(&model),
             in_flight: self.in_flight.get_or_create_owned(&model),
-            busy: (0..workers)
-                .map(|w| {
-                    self.busy
-                        .get_or_create_owned(&WorkerLabels { model: name.to_string(), worker: w.to_string() })
-                })
-                .collect(),
+            busy: (0..workers).map(|w| self.busy.get_or_create_owned(&worker(w))).collect(),
+            stalls: (0..workers).map(|w| self.stalls.get_or_create_owned(&worker(w))).collect(),
             gauges_set: Default::default(),
             name: name.to_string(),
             metrics: self.clone(),
@@ -218,7 +224,9 @@ impl Metrics {
         self.queue_depth.remove(&model);
         self.in_flight.remove(&model);
         for w in 0..workers {
-            self.busy.remove(&WorkerLabels { model: name.to_string(), worker: w.to_string() });
+            let labels = WorkerLabels { model: name.to_string(), worker: w.to_string() };
+            self.busy.remove(&labels);
+            self.stalls.remove(&labels);
         }
         // Still under `names`: a model of this name added meanwhile waits, then creates anew.
         drop(names);
@@ -236,6 +244,7 @@ pub(crate) struct ModelMetrics {
     queue_depth: Gauge,
     in_flight: Gauge,
     busy: Vec<Seconds>,
+    stalls: Vec<Counter>,
     /// The gauge values this model last added (queued, in flight).
     gauges_set: [AtomicI64; 2],
     name: String,
@@ -266,6 +275,12 @@ impl ModelMetrics {
     pub(crate) fn worker_busy(&self, worker: usize, busy: Duration) {
         if let Some(c) = self.busy.get(worker) {
             c.inc_by(busy.as_secs_f64());
+        }
+    }
+
+    pub(crate) fn worker_stalled(&self, worker: usize) {
+        if let Some(c) = self.stalls.get(worker) {
+            c.inc();
         }
     }
 

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::backend::fault::{FaultPlan, FaultyBackend};
 use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify, RunnerShape};
 use crate::error::{Code, Error, Result};
 use crate::model::{self, Input, ModelKind, Network};
@@ -47,6 +48,9 @@ pub const MAX_BATCH_LIMIT: usize = 65_536;
 pub const MAX_WORKERS: usize = 256;
 /// Most CPU compute threads.
 pub const MAX_CPU_THREADS: usize = 1024;
+/// Default stall timeout: how long a worker's oldest task may run before the watchdog declares
+/// its stream stalled ([`RuntimeBuilder::stall_timeout`]).
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Checks of the option values above, shared by the builders and the C option setters (which
 /// report a bad value as soon as it is set).
@@ -82,6 +86,8 @@ pub struct RuntimeBuilder {
     backend: BackendChoice,
     cpu_threads: usize,
     admission_bound: usize,
+    stall_timeout: Option<Duration>,
+    faults: Option<FaultPlan>,
 }
 
 impl Default for RuntimeBuilder {
@@ -90,6 +96,8 @@ impl Default for RuntimeBuilder {
             backend: BackendChoice::Auto,
             cpu_threads: 0,
             admission_bound: DEFAULT_ADMISSION_BOUND,
+            stall_timeout: Some(DEFAULT_STALL_TIMEOUT),
+            faults: None,
         }
     }
 }
@@ -110,11 +118,34 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The stall watchdog's limit: a worker whose oldest task has not completed after this long
+    /// is declared stalled — its pending tasks' requests complete `Backend` at once, nothing
+    /// more is launched on it, and it is used again if its stream catches up. `None` turns the
+    /// watchdog off (a stalled stream then holds its requests until shutdown). Default
+    /// [`DEFAULT_STALL_TIMEOUT`]; pick a limit well above the longest task a model runs.
+    pub fn stall_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.stall_timeout = limit;
+        self
+    }
+    /// Run on the backend wrapped in a fault injector (testing: see [`FaultPlan`]).
+    pub fn inject_faults(mut self, plan: FaultPlan) -> Self {
+        self.faults = Some(plan);
+        self
+    }
+
     pub fn build(self) -> Result<Runtime> {
         check::admission_bound(self.admission_bound)?;
         check::cpu_threads(self.cpu_threads)?;
-        let backend = backend::create(self.backend, self.cpu_threads)?;
-        Runtime::start(backend, self.admission_bound)
+        if self.stall_timeout.is_some_and(|d| d.is_zero()) {
+            return Err(Error::invalid(
+                "a stall timeout must be longer than zero (None turns the watchdog off)",
+            ));
+        }
+        let mut backend = backend::create(self.backend, self.cpu_threads)?;
+        if let Some(plan) = self.faults {
+            backend = Arc::new(FaultyBackend::new(backend, plan));
+        }
+        Runtime::start(backend, self.admission_bound, self.stall_timeout)
     }
 }
 
@@ -321,7 +352,11 @@ impl Runtime {
         RuntimeBuilder::default()
     }
 
-    fn start(backend: Arc<dyn Backend>, default_bound: usize) -> Result<Runtime> {
+    fn start(
+        backend: Arc<dyn Backend>,
+        default_bound: usize,
+        stall_timeout: Option<Duration>,
+    ) -> Result<Runtime> {
         let spawn_err = |e: std::io::Error| Error::internal(format!("cannot spawn a runtime thread: {e}"));
         let stats = Arc::new(stats::Stats::default());
         let (ev_tx, ev_rx) = mpsc::channel();
@@ -329,7 +364,7 @@ impl Runtime {
         let poller_events = ev_tx.clone();
         let poller = std::thread::Builder::new()
             .name("serve-poller".into())
-            .spawn(move || poller::run(poll_rx, poller_events))
+            .spawn(move || poller::run(poll_rx, poller_events, stall_timeout))
             .map_err(spawn_err)?;
         let epoch = Instant::now();
         let model_indices = Arc::new(Mutex::new(ModelIndices::default()));

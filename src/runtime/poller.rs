@@ -10,17 +10,27 @@
 //! * if any is on a stream that does not notify (a CUDA counter, written by the device, which
 //!   cannot wake a thread), it keeps spinning — acquire loads and `spin_loop` hints, yielding its
 //!   core now and then — until those tasks are done, so a completion is seen within a pass.
-//!   Every few milliseconds without progress it also asks those streams whether they failed
-//!   ([`CompletionSignal::failure`]); a failed stream's pending tasks are reported done at once
-//!   (the runner's `collect` gives them the stream's error), so no request waits forever on a
-//!   counter that will never move.
+//!
+//! # Failures and the stall watchdog
+//!
+//! Every few milliseconds while tasks are in flight (the *health pass*) it asks each stream with
+//! pending tasks whether it failed ([`CompletionSignal::failure`]): a failed stream's pending
+//! tasks are reported done at once with the stream's error, so no request waits forever on a
+//! counter that will never move. The same pass is the **stall watchdog**: a stream whose oldest
+//! pending task has not completed within the stall timeout (`RuntimeBuilder::stall_timeout`)
+//! is declared stalled — the engine is told first ([`Event::WorkerStalled`], so it launches
+//! nothing more there), then every task pending on it is reported done with a `BACKEND` error.
+//! The poller keeps reading a stalled stream's counter (also while nothing else is in flight,
+//! waking every few milliseconds); once the counter has passed every abandoned task the stream
+//! has recovered and the engine is told ([`Event::WorkerRecovered`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use crate::backend::CompletionSignal;
+use crate::error::{Code, Error};
 use crate::runtime::engine::Event;
 use crate::sched::TaskId;
 
@@ -47,6 +57,11 @@ struct Watched {
     /// `signal.notifies()`, read once.
     notifies: bool,
     fifo: VecDeque<(u64, TaskId)>,
+    /// Since when the oldest pending task has been the oldest (the watchdog's clock).
+    head_since: Instant,
+    /// Stalled: the target of the last task abandoned; the stream has recovered once its
+    /// counter reaches it.
+    abandoned: Option<u64>,
 }
 
 /// Passes without progress spent spinning before parking (notifying streams only).
@@ -54,7 +69,8 @@ const SPINS: u32 = 64;
 const PARK: Duration = Duration::from_micros(200);
 /// While waiting on a stream that does not notify: passes between yields of the core.
 const YIELD_EVERY: u32 = 256;
-/// ... and how often to ask those streams whether they failed (looked at every [`SPINS`] passes).
+/// How often the health pass runs (failures, the stall watchdog, recovery; the clock is read
+/// every [`SPINS`] passes).
 const HEALTH_EVERY: Duration = Duration::from_millis(5);
 
 /// What the poller does after a pass that found nothing done.
@@ -77,26 +93,41 @@ fn wait_after(idle: u32, quiet: usize) -> Wait {
     }
 }
 
-pub(crate) fn run(cmds: Receiver<PollerCmd>, engine: Sender<Event>) {
-    run_with(cmds, engine, std::thread::park_timeout)
+/// Run the poller; `stall_timeout` is the watchdog's limit (`None`: no watchdog).
+pub(crate) fn run(cmds: Receiver<PollerCmd>, engine: Sender<Event>, stall_timeout: Option<Duration>) {
+    run_with(cmds, engine, stall_timeout, std::thread::park_timeout)
 }
 
 /// [`run`], parking with `park` (tests count the parks).
-fn run_with(cmds: Receiver<PollerCmd>, engine: Sender<Event>, mut park: impl FnMut(Duration)) {
+fn run_with(
+    cmds: Receiver<PollerCmd>,
+    engine: Sender<Event>,
+    stall_timeout: Option<Duration>,
+    mut park: impl FnMut(Duration),
+) {
     let mut streams: HashMap<(usize, usize), Watched> = HashMap::new();
     let mut in_flight = 0usize;
     // Tasks in flight on streams that do not notify.
     let mut quiet = 0usize;
+    // Streams stalled and not yet recovered.
+    let mut stalled = 0usize;
     let mut idle = 0u32;
     let mut passes = 0u32;
     let mut next_health = Instant::now() + HEALTH_EVERY;
     loop {
-        // Take new watches; block only when nothing is in flight.
+        // Take new watches; block only when nothing is in flight (and, while a stream is
+        // stalled, only until the next health pass).
         loop {
-            let cmd = if in_flight == 0 {
+            let cmd = if in_flight == 0 && stalled == 0 {
                 match cmds.recv() {
                     Ok(c) => c,
                     Err(_) => return,
+                }
+            } else if in_flight == 0 {
+                match cmds.recv_timeout(next_health.saturating_duration_since(Instant::now())) {
+                    Ok(c) => c,
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             } else {
                 match cmds.try_recv() {
@@ -111,7 +142,12 @@ fn run_with(cmds: Receiver<PollerCmd>, engine: Sender<Event>, mut park: impl FnM
                         notifies: signal.notifies(),
                         signal,
                         fifo: VecDeque::new(),
+                        head_since: Instant::now(),
+                        abandoned: None,
                     });
+                    if w.fifo.is_empty() {
+                        w.head_since = Instant::now();
+                    }
                     w.fifo.push_back((target, task));
                     in_flight += 1;
                     if !w.notifies {
@@ -127,6 +163,7 @@ fn run_with(cmds: Receiver<PollerCmd>, engine: Sender<Event>, mut park: impl FnM
                         debug_assert!(w.fifo.is_empty(), "model {model} forgotten with tasks in flight");
                         in_flight -= w.fifo.len();
                         quiet -= if w.notifies { 0 } else { w.fifo.len() };
+                        stalled -= usize::from(w.abandoned.is_some());
                     }
                     m != model
                 }),
@@ -144,30 +181,26 @@ fn run_with(cmds: Receiver<PollerCmd>, engine: Sender<Event>, mut park: impl FnM
                     break;
                 }
                 w.fifo.pop_front();
+                w.head_since = Instant::now();
                 in_flight -= 1;
                 quiet -= usize::from(!w.notifies);
                 progressed = true;
-                if engine.send(Event::TaskDone { model, task }).is_err() {
+                if engine.send(Event::TaskDone { model, task, failure: None }).is_err() {
                     return;
                 }
             }
         }
         passes = passes.wrapping_add(1);
-        if quiet > 0 && passes % SPINS == 0 && Instant::now() >= next_health {
-            next_health = Instant::now() + HEALTH_EVERY;
-            for (&(model, _), w) in streams.iter_mut() {
-                if w.notifies || w.fifo.is_empty() || w.signal.failure().is_none() {
-                    continue;
-                }
-                // The counter will never reach these targets: report them now.
-                while let Some((_, task)) = w.fifo.pop_front() {
-                    in_flight -= 1;
-                    quiet -= 1;
-                    progressed = true;
-                    if engine.send(Event::TaskDone { model, task }).is_err() {
-                        return;
-                    }
-                }
+        let now = if passes % SPINS == 0 || in_flight == 0 { Some(Instant::now()) } else { None };
+        if let Some(now) = now.filter(|&n| n >= next_health) {
+            next_health = now + HEALTH_EVERY;
+            let pass = Health { engine: &engine, stall_timeout, now };
+            for (&(model, worker), w) in streams.iter_mut() {
+                let Ok(change) = pass.check(model, worker, w) else { return };
+                in_flight -= change.reported;
+                quiet -= if w.notifies { 0 } else { change.reported };
+                stalled = (stalled + change.stalled) - change.recovered;
+                progressed |= change.reported > 0;
             }
         }
         if progressed {
@@ -180,6 +213,68 @@ fn run_with(cmds: Receiver<PollerCmd>, engine: Sender<Event>, mut park: impl FnM
             Wait::Yield => std::thread::yield_now(),
             Wait::Park => park(PARK),
         }
+    }
+}
+
+/// One health pass over the streams (see the module docs).
+struct Health<'a> {
+    engine: &'a Sender<Event>,
+    stall_timeout: Option<Duration>,
+    now: Instant,
+}
+
+/// What a health pass did to one stream.
+#[derive(Default)]
+struct Change {
+    /// Pending tasks reported done (failed or abandoned).
+    reported: usize,
+    stalled: usize,
+    recovered: usize,
+}
+
+/// The engine has gone away: the poller stops.
+struct EngineGone;
+
+impl Health<'_> {
+    fn check(&self, model: usize, worker: usize, w: &mut Watched) -> Result<Change, EngineGone> {
+        let send = |ev| self.engine.send(ev).map_err(|_| EngineGone);
+        let mut change = Change::default();
+        if let Some(last) = w.abandoned
+            && w.signal.completed() >= last
+        {
+            w.abandoned = None;
+            change.recovered = 1;
+            send(Event::WorkerRecovered { model, worker })?;
+        }
+        if w.fifo.is_empty() {
+            return Ok(change);
+        }
+        let failure = match w.signal.failure() {
+            Some(e) => e,
+            None => match self.stall_timeout {
+                Some(limit) if self.now.saturating_duration_since(w.head_since) >= limit => {
+                    // The counter may still move, late: remember how far, to see it recover.
+                    let last = w.fifo.back().map(|&(t, _)| t).unwrap_or(0);
+                    change.stalled = usize::from(w.abandoned.is_none());
+                    w.abandoned = Some(w.abandoned.map_or(last, |a| a.max(last)));
+                    send(Event::WorkerStalled { model, worker })?;
+                    Error::new(
+                        Code::Backend,
+                        format!(
+                            "worker {worker}'s stream stalled: its task did not complete within the \
+                             stall timeout of {limit:?}"
+                        ),
+                    )
+                }
+                _ => return Ok(change),
+            },
+        };
+        // The counter will not reach these targets (or not in time): report them now.
+        while let Some((_, task)) = w.fifo.pop_front() {
+            change.reported += 1;
+            send(Event::TaskDone { model, task, failure: Some(failure.clone()) })?;
+        }
+        Ok(change)
     }
 }
 
@@ -221,12 +316,16 @@ mod tests {
 
     impl Poller {
         fn start() -> Poller {
+            Poller::with_watchdog(None)
+        }
+
+        fn with_watchdog(stall_timeout: Option<Duration>) -> Poller {
             let (cmds, cmd_rx) = mpsc::channel();
             let (ev_tx, events) = mpsc::channel();
             let parks = Arc::new(AtomicUsize::new(0));
             let p = parks.clone();
             let thread = std::thread::spawn(move || {
-                run_with(cmd_rx, ev_tx, |d| {
+                run_with(cmd_rx, ev_tx, stall_timeout, |d| {
                     p.fetch_add(1, Ordering::SeqCst);
                     std::thread::park_timeout(d);
                 })
@@ -241,11 +340,22 @@ mod tests {
 
         /// The next reported task (generous limit: only so that a bug fails instead of hanging).
         fn done(&self) -> TaskId {
-            match self.events.recv_timeout(Duration::from_secs(60)) {
-                Ok(Event::TaskDone { model: 0, task }) => task,
-                Ok(_) => panic!("unexpected event"),
-                Err(e) => panic!("no completion reported: {e}"),
+            match self.done_with_failure() {
+                (task, None) => task,
+                (task, Some(e)) => panic!("task {task} reported failed: {e}"),
             }
+        }
+
+        /// The next reported task of model 0 and its failure, if any.
+        fn done_with_failure(&self) -> (TaskId, Option<Error>) {
+            match self.next() {
+                Event::TaskDone { model: 0, task, failure } => (task, failure),
+                _ => panic!("unexpected event"),
+            }
+        }
+
+        fn next(&self) -> Event {
+            self.events.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|e| panic!("no event: {e}"))
         }
     }
 
@@ -347,7 +457,7 @@ mod tests {
         kept.count.store(1, Ordering::Release);
         p.thread.as_ref().unwrap().thread().unpark();
         match p.events.recv_timeout(Duration::from_secs(60)) {
-            Ok(Event::TaskDone { model: 1, task: 2 }) => {}
+            Ok(Event::TaskDone { model: 1, task: 2, .. }) => {}
             _ => panic!("model 1's task not reported"),
         }
     }
@@ -365,12 +475,66 @@ mod tests {
         assert_eq!(p.done(), 1);
         // The device faults: tasks 2 and 3 will never be counted.
         sig.failed.store(true, Ordering::Release);
-        let mut got = vec![p.done(), p.done()];
-        got.sort();
-        assert_eq!(got, [2, 3]);
+        let mut got = vec![p.done_with_failure(), p.done_with_failure()];
+        got.sort_by_key(|g| g.0);
+        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [2, 3]);
+        for (_, failure) in got {
+            assert_eq!(failure.map(|e| e.message().to_string()).as_deref(), Some("device fault"));
+        }
         // The healthy stream is unaffected, and nothing is reported twice.
         other.count.store(1, Ordering::Release);
         assert_eq!(p.done(), 9);
         assert!(p.events.recv_timeout(Duration::from_millis(20)).is_err());
+    }
+
+    #[test]
+    fn the_watchdog_gives_up_on_a_stalled_stream_and_sees_it_recover() {
+        for notifies in [false, true] {
+            let p = Poller::with_watchdog(Some(Duration::from_millis(50)));
+            let stuck = Arc::new(FakeSignal { notifies, ..FakeSignal::default() });
+            let fine = Arc::new(FakeSignal { notifies, ..FakeSignal::default() });
+            let start = std::time::Instant::now();
+            p.watch(0, 1, 1, &stuck);
+            p.watch(0, 2, 2, &stuck);
+            p.watch(1, 3, 1, &fine);
+            fine.count.store(1, Ordering::Release);
+            p.thread.as_ref().unwrap().thread().unpark();
+            // The healthy stream's task is reported as usual, before the watchdog fires.
+            assert!(matches!(p.next(), Event::TaskDone { model: 0, task: 3, failure: None }));
+            // The engine hears of the stall first, then both pending tasks fail BACKEND.
+            assert!(matches!(p.next(), Event::WorkerStalled { model: 0, worker: 0 }));
+            assert!(start.elapsed() >= Duration::from_millis(50), "fired before the stall timeout");
+            for want in [1, 2] {
+                let (task, failure) = p.done_with_failure();
+                assert_eq!(task, want);
+                let e = failure.expect("an abandoned task carries an error");
+                assert_eq!(e.code(), Code::Backend);
+                assert!(e.message().contains("stalled"), "{e}");
+            }
+            // Nothing else is in flight: the poller still watches the stalled stream, and sees
+            // it catch up with the abandoned tasks.
+            stuck.count.store(1, Ordering::Release);
+            assert!(
+                p.events.recv_timeout(Duration::from_millis(30)).is_err(),
+                "recovered before task 2 counted"
+            );
+            stuck.count.store(2, Ordering::Release);
+            assert!(matches!(p.next(), Event::WorkerRecovered { model: 0, worker: 0 }));
+            // Usable again: a new task is reported normally.
+            p.watch(0, 4, 3, &stuck);
+            stuck.count.store(3, Ordering::Release);
+            p.thread.as_ref().unwrap().thread().unpark();
+            assert_eq!(p.done(), 4);
+        }
+    }
+
+    #[test]
+    fn without_a_watchdog_a_slow_stream_is_waited_for() {
+        let p = Poller::start();
+        let slow = Arc::new(FakeSignal { notifies: false, ..FakeSignal::default() });
+        p.watch(0, 1, 1, &slow);
+        assert!(p.events.recv_timeout(Duration::from_millis(100)).is_err());
+        slow.count.store(1, Ordering::Release);
+        assert_eq!(p.done(), 1);
     }
 }

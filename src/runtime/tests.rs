@@ -1,81 +1,21 @@
-//! Engine behaviour that needs a backend with injected faults.
+//! Engine behaviour that needs a backend with injected faults ([`FaultPlan`]).
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::*;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{BackendKind, CompletionSignal, Notify, Runner, RunnerShape, TaskData};
+use crate::backend::fault::FaultKind;
 use crate::model::{Lstm, Output};
 
-/// The CPU backend, except that the launches numbered in `fail` (counting from 0, over the
-/// runner's life) fail; it counts the runners dropped in `dropped`.
-struct Flaky {
-    cpu: CpuBackend,
-    fail: HashSet<usize>,
-    dropped: Arc<AtomicUsize>,
+/// A runtime on one CPU thread whose backend injects `plan`'s faults.
+fn faulty_runtime(plan: &FaultPlan) -> Runtime {
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new(1).unwrap());
+    Runtime::start(Arc::new(FaultyBackend::new(cpu, plan.clone())), 64, Some(DEFAULT_STALL_TIMEOUT)).unwrap()
 }
 
-impl Flaky {
-    fn new(fail: &[usize]) -> Flaky {
-        Flaky {
-            cpu: CpuBackend::new(1).unwrap(),
-            fail: fail.iter().copied().collect(),
-            dropped: Arc::default(),
-        }
-    }
-}
-
-struct FlakyRunner {
-    inner: Box<dyn Runner>,
-    fail: HashSet<usize>,
-    launches: AtomicUsize,
-    dropped: Arc<AtomicUsize>,
-}
-
-impl Drop for FlakyRunner {
-    fn drop(&mut self) {
-        self.dropped.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Runner for FlakyRunner {
-    fn workers(&self) -> usize {
-        self.inner.workers()
-    }
-    fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal> {
-        self.inner.signal(worker)
-    }
-    fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
-        if self.fail.contains(&self.launches.fetch_add(1, Ordering::SeqCst)) {
-            return Err(Error::new(Code::Backend, "injected launch failure"));
-        }
-        self.inner.launch(worker, task)
-    }
-    fn collect(&self, worker: usize, task: &TaskData) {
-        self.inner.collect(worker, task)
-    }
-    fn io_lens(&self) -> (usize, usize) {
-        self.inner.io_lens()
-    }
-    fn state_slots(&self) -> usize {
-        self.inner.state_slots()
-    }
-}
-
-impl Backend for Flaky {
-    fn kind(&self) -> BackendKind {
-        self.cpu.kind()
-    }
-    fn describe(&self) -> String {
-        "CPU backend with injected launch failures".into()
-    }
-    fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
-        let inner = self.cpu.prepare(net, shape, notify)?;
-        let dropped = self.dropped.clone();
-        Ok(Box::new(FlakyRunner { inner, fail: self.fail.clone(), launches: AtomicUsize::new(0), dropped }))
-    }
+/// Launch failures at the launches numbered in `fail` (of every model).
+fn failing(fail: &[u64]) -> FaultPlan {
+    fail.iter().fold(FaultPlan::new(), |p, &n| p.at(None, n, FaultKind::FailLaunch))
 }
 
 fn wait(t: Ticket) -> Result<Output> {
@@ -88,7 +28,7 @@ fn wait(t: Ticket) -> Result<Output> {
 #[test]
 fn launches_failing_behind_running_tasks_finish_in_order_and_the_runtime_keeps_serving() {
     for fail in [vec![1], vec![1, 2], vec![0, 3]] {
-        let rt = Runtime::start(Arc::new(Flaky::new(&fail)), 64).unwrap();
+        let rt = faulty_runtime(&failing(&fail));
         let net = Arc::new(Network::Lstm(Lstm::random(10, 4, 8, 1, 3)));
         // MaxTasksToSubmit 5: a chain's cells go back to back, so a failing launch has running
         // tasks ahead of it (`[0, 3]` needs four: launch 3 is still the first request's).
@@ -121,13 +61,13 @@ fn max_nodes_never_sizes_the_default_arena_past_its_budget() {
 
 /// Wait until `n` runners have been dropped (a freed model is released on the engine thread a
 /// moment after its last request completed; the limit only makes a leak fail instead of hang).
-fn until_dropped(dropped: &AtomicUsize, n: usize) {
+fn until_dropped(plan: &FaultPlan, n: usize) {
     let give_up = std::time::Instant::now() + Duration::from_secs(20);
-    while dropped.load(Ordering::SeqCst) < n {
+    while plan.runners_dropped() < n {
         assert!(
             std::time::Instant::now() < give_up,
             "{} runners dropped, expected {n}",
-            dropped.load(Ordering::SeqCst)
+            plan.runners_dropped()
         );
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -138,9 +78,8 @@ fn until_dropped(dropped: &AtomicUsize, n: usize) {
 /// engine's per-model storage does not grow over load/free cycles.
 #[test]
 fn a_freed_model_is_released_after_its_requests_and_its_index_reused() {
-    let backend = Flaky::new(&[]);
-    let dropped = backend.dropped.clone();
-    let rt = Runtime::start(Arc::new(backend), 64).unwrap();
+    let plan = FaultPlan::new();
+    let rt = faulty_runtime(&plan);
     let net = Arc::new(Network::Lstm(Lstm::random(10, 4, 8, 1, 3)));
     let kept = rt.add_network(net.clone(), "kept".into(), ModelOptions::default()).unwrap();
     for cycle in 0..50 {
@@ -159,12 +98,12 @@ fn a_freed_model_is_released_after_its_requests_and_its_index_reused() {
         let out = wait(clone.submit(Input::Tokens(vec![1; 3]), SubmitOptions::default()).unwrap())
             .unwrap_or_else(|e| panic!("cycle {cycle}: the clone's request: {e}"));
         assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
-        assert_eq!(dropped.load(Ordering::SeqCst), cycle, "a clone keeps the model");
+        assert_eq!(plan.runners_dropped(), cycle, "a clone keeps the model");
         let last = clone.submit(Input::Tokens(vec![2; 5]), SubmitOptions::default()).unwrap();
         drop(clone);
         let out = wait(last).unwrap_or_else(|e| panic!("cycle {cycle}, a request of a freed model: {e}"));
         assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
-        until_dropped(&dropped, cycle + 1);
+        until_dropped(&plan, cycle + 1);
     }
     let out = wait(kept.submit(Input::Tokens(vec![3; 4]), SubmitOptions::default()).unwrap()).unwrap();
     assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
