@@ -18,11 +18,12 @@
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::backend::{CellTask, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::{Input, Network, Output};
+use crate::runtime::admission::Admission;
 use crate::runtime::cells::{Finished, RequestCells, RowOutcome, SlotPool, push_row, slots_needed};
 use crate::runtime::metrics::ModelMetrics;
 use crate::runtime::poller::PollerCmd;
@@ -36,6 +37,8 @@ pub(crate) struct Pending {
     pub model: usize,
     /// When submit accepted it (the metrics' queue and latency times start here).
     pub submitted: Instant,
+    /// Its rows of work, as admission counted them (released at completion).
+    pub rows: u64,
     pub input: Input,
     /// The request unfolded into cells (recurrent models).
     pub cells: Option<Arc<CellGraph>>,
@@ -50,8 +53,8 @@ pub(crate) struct EngineModel {
     pub policy: Box<dyn Policy>,
     pub runner: Arc<dyn Runner>,
     pub metrics: Arc<ModelMetrics>,
-    /// Decremented for every completed request of the model (admission control).
-    pub on_complete: Box<dyn Fn() + Send>,
+    /// Released for every completed request; measures the time per row (admission.rs).
+    pub admission: Arc<Admission>,
 }
 
 pub(crate) enum Event {
@@ -85,6 +88,10 @@ pub(crate) enum Event {
         drain_until: Instant,
     },
 }
+
+/// The longest gap between a task's end and the next task's launch on its worker that counts as
+/// the worker's turn-around rather than idling (admission's time per row).
+const TURNAROUND: Duration = Duration::from_millis(1);
 
 /// Events handled back to back before timers are checked and completions delivered.
 const MAX_EVENTS_PER_TURN: usize = 256;
@@ -449,11 +456,16 @@ impl Engine {
         let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
         let entry = state.tasks.remove(&task)?;
         let done = Instant::now();
+        // The time the task cost its worker: from its launch, or from the previous task's end if
+        // it was launched by then (busy time); and, for admission's time per row, also the gap
+        // before its launch when it followed the previous task at once — the turn-around a
+        // backlogged worker pays per task (a longer gap is the worker idling).
+        let mut cost = Duration::ZERO;
         if let Some(free_at) = state.worker_free_at.get_mut(entry.worker) {
-            state
-                .m
-                .metrics
-                .worker_busy(entry.worker, done.saturating_duration_since(entry.launched.max(*free_at)));
+            let busy = done.saturating_duration_since(entry.launched.max(*free_at));
+            let followed = entry.launched.saturating_duration_since(*free_at) <= TURNAROUND;
+            cost = if followed { done.saturating_duration_since(*free_at) } else { busy };
+            state.m.metrics.worker_busy(entry.worker, busy);
             *free_at = done;
         }
         // The runner makes the results readable (the CUDA runner copies them from pinned memory).
@@ -463,6 +475,11 @@ impl Engine {
         // A task given up on never delivers what its stream may still write (the runner's error,
         // if it set one, says more).
         let error = io.error.take().or(failure);
+        if error.is_none() {
+            // Only tasks that ran measure the time per row: a failed launch took none, and a
+            // stalled stream's time says nothing about the next task's.
+            state.m.admission.observe_task(cost, entry.requests.len());
+        }
         let output = std::mem::take(&mut io.output);
         let mut ended = Vec::new();
         if let Work::Cells(cells) = &io.work {
@@ -645,7 +662,7 @@ impl Engine {
     fn finish(&mut self, p: Pending, started: Option<Instant>, result: Result<Output>) {
         if let Some(Some(s)) = self.models.get_mut(p.model) {
             s.requests -= 1;
-            (s.m.on_complete)();
+            s.m.admission.release(p.rows);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             s.m.metrics.completed(code, p.submitted, started, Instant::now());
         }

@@ -6,6 +6,7 @@
 //! completion counter; the poller sees the counter move and reports `task_done` to the engine,
 //! which completes the task's requests into their tickets or completion queues.
 
+mod admission;
 mod cells;
 mod engine;
 mod metrics;
@@ -17,7 +18,7 @@ mod stats;
 mod tests;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -32,6 +33,7 @@ use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
 use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy, DEFAULT_MAX_TASKS_TO_SUBMIT};
 use crate::sched::{Policy, RequestId};
 
+use admission::Admission;
 use engine::{Engine, EngineModel, Event, ModelIndices, Pending};
 pub use metrics::METRICS;
 use metrics::{Metrics, ModelMetrics};
@@ -296,8 +298,7 @@ struct ModelShared {
     index: usize,
     name: String,
     net: Arc<Network>,
-    admitted: Arc<AtomicUsize>,
-    bound: usize,
+    admission: Arc<Admission>,
     /// State slots of a recurrent model (0 otherwise).
     state_slots: usize,
     metrics: Arc<ModelMetrics>,
@@ -437,22 +438,19 @@ impl Runtime {
             RunnerShape { workers, max_batch, state_slots: if net.is_recurrent() { state_slots } else { 0 } };
         let runner = self.shared.backend.prepare(net.clone(), shape, notify)?;
         let state_slots = runner.state_slots();
-        let admitted = Arc::new(AtomicUsize::new(0));
+        let admission = Arc::new(Admission::new(bound, workers));
         let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
         if !*gate {
             return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
         }
         let index = self.shared.model_indices.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let on_done = admitted.clone();
         let metrics = Arc::new(self.shared.metrics.model(&name, workers));
         let em = EngineModel {
             net: net.clone(),
             policy,
             runner: Arc::from(runner),
             metrics: metrics.clone(),
-            on_complete: Box::new(move || {
-                on_done.fetch_sub(1, Ordering::AcqRel);
-            }),
+            admission: admission.clone(),
         };
         self.shared
             .events
@@ -464,8 +462,7 @@ impl Runtime {
                 index,
                 name,
                 net,
-                admitted,
-                bound,
+                admission,
                 state_slots,
                 metrics,
                 rt: self.shared.clone(),
@@ -546,7 +543,7 @@ impl Model {
     }
     /// Requests of this model accepted and not yet completed.
     pub fn admitted(&self) -> usize {
-        self.m.admitted.load(Ordering::Acquire)
+        self.m.admission.admitted()
     }
 
     /// Submit a request; wait on the returned ticket.
@@ -615,8 +612,9 @@ impl Model {
                 )));
             }
         }
+        let now = Instant::now();
         if let Some(d) = opts.deadline
-            && d <= Instant::now()
+            && d <= now
         {
             return Err(Error::new(Code::DeadlineExceeded, "the deadline had already passed at submit"));
         }
@@ -624,23 +622,16 @@ impl Model {
         if !*gate {
             return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
         }
-        let prev = self.m.admitted.fetch_add(1, Ordering::AcqRel);
-        if prev >= self.m.bound {
-            self.m.admitted.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::new(
-                Code::Busy,
-                format!(
-                    "model `{}` has {} requests pending (its admission bound); retry later",
-                    self.m.name, self.m.bound
-                ),
-            ));
-        }
+        // Rows of work: one for a fixed-shape request, one per cell of a recurrent one.
+        let rows = cells.as_ref().map_or(1, |g| g.len() as u64);
+        self.m.admission.admit(&self.m.name, rows, opts.deadline, now)?;
         let id = self.m.rt.next_id.fetch_add(1, Ordering::AcqRel);
         self.m.rt.stats.record_submit();
         let reply = Reply::new(id, sink(id), self.m.rt.stats.clone());
         let pending = Pending {
             model: self.m.index,
-            submitted: Instant::now(),
+            submitted: now,
+            rows,
             input,
             cells,
             deadline: opts.deadline,
@@ -650,7 +641,7 @@ impl Model {
         if let Err(mpsc::SendError(ev)) = self.m.rt.events.send(Event::Arrive(Box::new(pending))) {
             // The engine is gone (it cannot be while the gate is open, but never lose a request):
             // the reply completes the request `Cancelled` when dropped here.
-            self.m.admitted.fetch_sub(1, Ordering::AcqRel);
+            self.m.admission.release(rows);
             drop(ev);
         }
         drop(gate);
