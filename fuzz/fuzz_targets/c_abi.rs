@@ -30,6 +30,7 @@ use libfuzzer_sys::fuzz_target;
 use serve::Code;
 use serve::ffi::completion::*;
 use serve::ffi::error::*;
+use serve::ffi::metrics::*;
 use serve::ffi::model::*;
 use serve::ffi::queue::*;
 use serve::ffi::runtime::*;
@@ -67,6 +68,7 @@ enum Op {
     FreeModel { model: u8 },
     Shutdown { drain_us: u16 },
     Stats,
+    Metrics,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -267,6 +269,16 @@ impl Harness {
                 let mut s = null_mut();
                 code_of(serve_runtime_stats(self.kept.rt, &mut s), "stats");
                 serve_stats_free(s);
+            }
+            Op::Metrics => {
+                let mut m = null_mut();
+                if code_of(serve_runtime_metrics(self.kept.rt, &mut m), "metrics") == Code::Ok {
+                    let mut len = 0;
+                    let text = unsafe { CStr::from_ptr(serve_metrics_text(m, &mut len)) }.to_bytes();
+                    assert_eq!(text.len(), len);
+                    assert!(text.ends_with(b"# EOF\n"), "the metrics text does not end with # EOF");
+                }
+                serve_metrics_free(m);
             }
         }
     }
