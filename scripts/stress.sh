@@ -10,8 +10,8 @@
 # deadlines, a shutdown in the middle; every admitted request must complete exactly once (OK,
 # CANCELLED or DEADLINE_EXCEEDED), refused ones never, OK outputs match the references, and the
 # runtime's counters match. Each test prints a `stress …:` line: requests, admitted, refused,
-# completions by code, wall time, requests/s. `cargo test` runs the same tests at 10^5 (mlp) and
-# 3×10^4 (recurrent) requests in a debug build. The bookkeeping is two bytes per request, so
+# completions by code, wall time, requests/s. `cargo test` runs the same tests at 10^5 requests
+# each in a debug build. The bookkeeping is two bytes per request, so
 # memory stays bounded at any N; with GNU time installed the test binaries' peak RSS is printed too.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -259,7 +259,7 @@ fn every_recurrent_request_completes_exactly_once_under_stress() {
             hidden: 16,
             workers: [2, 1, 2],
             max_tasks_to_submit: 3,
-            requests: common::stress_requests(30_000),
+            requests: common::stress_requests(100_000),
             near_greedy: false,
         },
     );
