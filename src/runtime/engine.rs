@@ -13,8 +13,9 @@
 //! has no request left and no task in flight (the poller has reported every launched task), the
 //! engine tells the poller to forget its workers, empties its slot, returns its index to the
 //! [`ModelIndices`] pool (a later model may reuse the slot: the engine's per-model storage is as
-//! long as the most models ever loaded at once), and drops its policy and runner (joining its
-//! stream threads, which by then have nothing left to run, and freeing its arena and buffers).
+//! long as the most models ever loaded at once), and hands its policy and runner to the reaper
+//! thread, which drops them (joining its stream threads, which by then have nothing left to run,
+//! and freeing its arena and buffers) while the engine goes on.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -174,6 +175,8 @@ pub(crate) struct Engine {
     /// Models whose freed state slots may admit waiting requests, once the decisions in hand are
     /// carried out (admitting re-enters the policy).
     admit_waiting_later: Vec<usize>,
+    /// Where released models go to be dropped (the reaper thread, see `Runtime::start`).
+    reaper: Sender<Box<dyn Send>>,
 }
 
 impl Engine {
@@ -183,6 +186,7 @@ impl Engine {
         poller_thread: std::thread::Thread,
         stats: Arc<Stats>,
         indices: Arc<Mutex<ModelIndices>>,
+        reaper: Sender<Box<dyn Send>>,
     ) -> Engine {
         Engine {
             epoch,
@@ -196,6 +200,7 @@ impl Engine {
             outbox: Vec::new(),
             drain_until: None,
             admit_waiting_later: Vec::new(),
+            reaper,
         }
     }
 
@@ -672,11 +677,12 @@ impl Engine {
     /// Release every closing model that has no request left and no task in flight: the poller
     /// forgets its workers, its policy and runner are dropped, and its index becomes free.
     ///
-    /// Dropping the runner joins its stream threads. None has a task left (the poller saw every
-    /// task's count, which a stream advances after the task), so each only returns from its
-    /// last notify and sees its queue closed: the wait is short and bounded. (A CUDA runner's
-    /// drop waits for the device context to be idle, so at most for the work other models have
-    /// in flight.)
+    /// The policy and runner are dropped on the reaper thread, so the engine never waits for
+    /// them. Dropping the runner joins its stream threads. None has a task left (the poller saw
+    /// every task's count, which a stream advances after the task), so each only returns from
+    /// its last notify and sees its queue closed: the wait is short and bounded. (A CUDA
+    /// runner's drop waits for the device context to be idle, so for the work other models have
+    /// in flight: the reason it is not done here.)
     fn release_closed(&mut self) {
         let mut k = 0;
         while k < self.closing.len() {
@@ -693,7 +699,10 @@ impl Engine {
             let _ = self.poller.send(PollerCmd::Forget { model: idx });
             let state = self.models[idx].take();
             self.indices.lock().unwrap_or_else(|p| p.into_inner()).give_back(idx);
-            drop(state);
+            if let Some(state) = state {
+                // Dropped by the reaper thread; here only if it is gone.
+                let _ = self.reaper.send(Box::new(state));
+            }
         }
     }
 

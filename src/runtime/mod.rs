@@ -369,8 +369,21 @@ impl Runtime {
             .map_err(spawn_err)?;
         let epoch = Instant::now();
         let model_indices = Arc::new(Mutex::new(ModelIndices::default()));
-        let engine =
-            Engine::new(epoch, poll_tx, poller.thread().clone(), stats.clone(), model_indices.clone());
+        // Freed models are dropped here, off the engine thread: a runner's drop may wait (a CUDA
+        // context synchronises), and the engine must not stall other models meanwhile.
+        let (reap_tx, reap_rx) = mpsc::channel::<Box<dyn Send>>();
+        let reaper = std::thread::Builder::new()
+            .name("serve-reaper".into())
+            .spawn(move || reap_rx.into_iter().for_each(drop))
+            .map_err(spawn_err)?;
+        let engine = Engine::new(
+            epoch,
+            poll_tx,
+            poller.thread().clone(),
+            stats.clone(),
+            model_indices.clone(),
+            reap_tx,
+        );
         let engine_thread = std::thread::Builder::new()
             .name("serve-engine".into())
             .spawn(move || engine.run(ev_rx))
@@ -386,7 +399,7 @@ impl Runtime {
             default_bound,
             model_indices,
             poller_thread: poller.thread().clone(),
-            threads: Mutex::new(vec![engine_thread, poller]),
+            threads: Mutex::new(vec![engine_thread, poller, reaper]),
         });
         Ok(Runtime { shared })
     }
