@@ -881,6 +881,31 @@ static serve_stats *take_stats(const serve_runtime *rt) {
   return st;
 }
 
+/* Metrics: OpenMetrics text holding example-mlp's completed-OK counter (at least the correct
+ * outputs seen), ending with "# EOF". */
+static void check_metrics(const serve_runtime *rt, uint64_t good_mlp) {
+  serve_metrics *m = SENTINEL_PTR(serve_metrics);
+  expect_code(serve_runtime_metrics(NULL, &m), SERVE_CODE_INVALID_ARGUMENT,
+              "serve_runtime_metrics(NULL)");
+  expect_code(serve_runtime_metrics(rt, NULL), SERVE_CODE_INVALID_ARGUMENT,
+              "serve_runtime_metrics(NULL out)");
+  CHECK(m == SENTINEL_PTR(serve_metrics), "serve_runtime_metrics wrote *out on error");
+  size_t len = 1;
+  CHECK(strcmp(serve_metrics_text(NULL, &len), "") == 0 && len == 0, "serve_metrics_text(NULL)");
+  if (!ok(serve_runtime_metrics(rt, &m), "serve_runtime_metrics")) return;
+  const char *text = serve_metrics_text(m, &len);
+  CHECK(text != NULL && strlen(text) == len, "serve_metrics_text: length %zu", len);
+  const char *sample = "\nserve_requests_completed_total{model=\"example-mlp\",code=\"OK\"} ";
+  const char *at = text ? strstr(text, sample) : NULL;
+  double okc = at ? strtod(at + strlen(sample), NULL) : -1;
+  CHECK(okc >= (double)good_mlp, "metrics: example-mlp completed OK %g, want at least %" PRIu64,
+        okc, good_mlp);
+  const char *eof = "\n# EOF\n";
+  CHECK(text != NULL && len >= strlen(eof) && strcmp(text + len - strlen(eof), eof) == 0,
+        "metrics: the text does not end with # EOF");
+  serve_metrics_free(m);
+}
+
 int main(int argc, char **argv) {
   if (argc != 3 && argc != 6) {
     fprintf(stderr, "usage: %s MODEL_DIR EXPECTED_FILE [LSTM_DIR TREELSTM_DIR RECURRENT_FILE]\n",
@@ -914,6 +939,7 @@ int main(int argc, char **argv) {
   serve_runtime_options_free(NULL);
   serve_runtime_free(NULL);
   serve_stats_free(NULL);
+  serve_metrics_free(NULL);
   serve_submit_options_free(NULL);
 
   expected e;
@@ -1022,6 +1048,7 @@ int main(int argc, char **argv) {
   run_bad_requests(rt, model, queue, &e, &rejects);
   if (slow) run_cancel_and_deadline(rt, slow, &e, &cancelled_or_expired);
   run_callback_phase(model, &e, &good);
+  const uint64_t good_mlp = good; /* correct outputs of example-mlp */
   if (argc == 6) {
     rec_cases rc;
     if (read_recurrent(argv[5], &rc)) run_recurrent_phase(rt, argv[3], argv[4], &rc, &good);
@@ -1112,6 +1139,8 @@ int main(int argc, char **argv) {
           serve_stats_completed_total(st), serve_stats_submitted(st));
     serve_stats_free(st);
   }
+
+  check_metrics(rt, good_mlp);
 
   /* A model handle outlives its runtime; it then refuses requests with SHUTDOWN. */
   serve_runtime_free(rt);

@@ -476,6 +476,8 @@ void run_lifetimes(const std::string& dir, const Expected& e) {
     auto f = m.submit(e.inputs[0]);
     serve::Runtime other = std::move(rt);
     expect_error(SERVE_CODE_INVALID_ARGUMENT, "moved-from Runtime", [&] { rt.stats(); });
+    expect_error(SERVE_CODE_INVALID_ARGUMENT, "moved-from Runtime (metrics)",
+                 [&] { rt.metrics(); });
     check(rt.get() == nullptr && other.get() != nullptr, "Runtime move did not transfer");
     { serve::Runtime dying = std::move(other); }  // shuts down with no drain
     expect_future_error(f, SERVE_CODE_CANCELLED, "pending future when its Runtime is destroyed");
@@ -912,6 +914,19 @@ int run(const std::string& dir) {
               std::to_string(g.running()) + " 5 s after every future resolved");
     check(st.tasks_launched() >= 1 && st.batched_requests() >= st.completed(SERVE_CODE_OK),
           "stats: task counters inconsistent");
+  }
+  {
+    // Metrics: OpenMetrics text with the model's completed-OK counter, ending with # EOF.
+    const std::string text = rt.metrics();
+    const std::string sample = "\nserve_requests_completed_total{model=\"cpp-mlp\",code=\"OK\"} ";
+    const std::size_t at = text.find(sample);
+    const double ok = at == std::string::npos ? -1 : std::stod(text.substr(at + sample.size()));
+    check(ok >= static_cast<double>(good),
+          "metrics: completed OK of cpp-mlp is " + std::to_string(ok) + ", want at least " +
+              std::to_string(good));
+    const std::string eof = "\n# EOF\n";
+    check(text.size() >= eof.size() && text.compare(text.size() - eof.size(), eof.size(), eof) == 0,
+          "metrics: the text does not end with # EOF");
   }
 
   // Shutdown with requests pending: every future resolves (CANCELLED, or OK if drained).

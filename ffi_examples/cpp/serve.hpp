@@ -871,6 +871,18 @@ class Runtime {
     return Stats(raw);
   }
 
+  /// The runtime's metrics as OpenMetrics text, ending with "# EOF\n" (serve_runtime_metrics;
+  /// serve it with the content type
+  /// `application/openmetrics-text; version=1.0.0; charset=utf-8`).
+  std::string metrics() const {
+    serve_metrics* raw = nullptr;
+    detail::check(serve_runtime_metrics(core().runtime(), &raw));
+    detail::Handle<serve_metrics, serve_metrics_free> h(raw);
+    std::size_t len = 0;
+    const char* text = serve_metrics_text(h.get(), &len);
+    return std::string(text, len);
+  }
+
   /// The backend in use: "cpu" or "cuda" (static storage).
   const char* backend() const { return serve_runtime_backend(core().runtime()); }
 

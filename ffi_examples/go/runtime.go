@@ -454,3 +454,31 @@ func (r *Runtime) Stats() (Stats, error) {
 	runtime.KeepAlive(r)
 	return st, nil
 }
+
+// MetricsContentType is the HTTP content type of the text Metrics returns.
+const MetricsContentType = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+// Metrics returns the runtime's metrics in the OpenMetrics text format, which Prometheus scrapes
+// (serve it as MetricsContentType), ending with "# EOF\n" (serve_runtime_metrics; the series are
+// listed in include/libserve.h): completed and refused requests by model and code, queue,
+// service and total latency histograms, the formed batch size, queue depth, requests in flight
+// and worker busy time. It fails with CodeShutdown once the runtime is closed.
+func (r *Runtime) Metrics() (string, error) {
+	s := r.s
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return "", errRuntimeClosed()
+	}
+	var cm *C.serve_metrics
+	if err := takeError(C.serve_runtime_metrics(s.ptr, &cm)); err != nil {
+		return "", err
+	}
+	defer C.serve_metrics_free(cm)
+	var n C.size_t
+	p := C.serve_metrics_text(cm, &n)
+	// Copied into Go memory: the text lives until serve_metrics_free.
+	text := string(unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n)))
+	runtime.KeepAlive(r)
+	return text, nil
+}

@@ -43,6 +43,8 @@ type admission struct {
 	winDone int           // successful completions in it
 	rate    float64       // departures per busy second (EWMA); 0 = not measured yet
 	service float64       // seconds (EWMA); 0 = not measured yet
+
+	admitted, shed uint64 // requests admitted and refused by enter, for the metrics
 }
 
 // Rate windows: a window closes after rateWindowMin of busy time holding at least
@@ -98,6 +100,18 @@ func (a *admission) enter(target time.Duration) error {
 	target = min(target, a.target)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	err := a.decide(target)
+	if err != nil {
+		a.shed++
+	} else {
+		a.admitted++
+		a.reading++
+	}
+	return err
+}
+
+// decide is enter's decision. Holds mu.
+func (a *admission) decide(target time.Duration) error {
 	a.advance(a.now())
 	pending := a.reading + a.queued
 	if pending >= a.maxPending {
@@ -110,7 +124,6 @@ func (a *admission) enter(target time.Duration) error {
 			// less than the target (a first burst is not refused for want of a measurement,
 			// nor judged on its first few completions); then judge by what completed.
 			if a.winBusy < target {
-				a.reading++
 				return nil
 			}
 			if a.winDone == 0 {
@@ -124,8 +137,20 @@ func (a *admission) enter(target time.Duration) error {
 				wait.Round(time.Millisecond), pending, rate, target)
 		}
 	}
-	a.reading++
 	return nil
+}
+
+// admissionCounters is what the metrics expose of an admission.
+type admissionCounters struct {
+	admitted, shed uint64  // requests admitted and shed so far
+	pending        int     // admitted, not yet completed (bodies being read included)
+	rate           float64 // the measured departure rate, per busy second; 0 until measured
+}
+
+func (a *admission) counters() admissionCounters {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return admissionCounters{admitted: a.admitted, shed: a.shed, pending: a.reading + a.queued, rate: a.rate}
 }
 
 // abandon releases a request admitted by enter that will not be submitted (a bad body).

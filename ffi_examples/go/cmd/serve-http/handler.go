@@ -85,6 +85,12 @@ type config struct {
 	// AdmitFloor is how many requests are admitted whatever the prediction; 0 means
 	// defaultAdmitFloor.
 	AdmitFloor int
+	// ModelName labels the server's own series in GET /metrics: the name libserve knows the
+	// model by, so that they join its series.
+	ModelName string
+	// Metrics returns libserve's metrics text (Runtime.Metrics); nil serves only the server's
+	// own series.
+	Metrics func() (string, error)
 }
 
 const (
@@ -94,9 +100,11 @@ const (
 
 // server serves one model.
 type server struct {
-	model   model
-	timeout time.Duration
-	admit   *admission
+	model      model
+	timeout    time.Duration
+	admit      *admission
+	modelName  string
+	libMetrics func() (string, error)
 }
 
 // newHandler returns the HTTP API for m:
@@ -106,6 +114,7 @@ type server struct {
 //	                 {"output":[...]} (treelstm); or an error status and body
 //	GET  /v1/model   {"kind":"mlp","input_len":16,"output_len":8}
 //	GET  /healthz    200 "ok"
+//	GET  /metrics    libserve's and the server's metrics, OpenMetrics text (metrics.go)
 //
 // Other paths answer 404, other methods 405 (with Allow), both with a JSON error body.
 func newHandler(m model, cfg config) http.Handler {
@@ -120,10 +129,12 @@ func newHandler(m model, cfg config) http.Handler {
 	if floor <= 0 {
 		floor = defaultAdmitFloor
 	}
-	s := &server{model: m, timeout: cfg.Timeout, admit: newAdmission(qos, maxPending, floor)}
+	s := &server{model: m, timeout: cfg.Timeout, admit: newAdmission(qos, maxPending, floor),
+		modelName: cfg.ModelName, libMetrics: cfg.Metrics}
 	mux := http.NewServeMux()
 	route(mux, "/v1/infer", http.MethodPost, s.infer)
 	route(mux, "/v1/model", http.MethodGet, s.info)
+	route(mux, "/metrics", http.MethodGet, s.metrics)
 	route(mux, "/healthz", http.MethodGet, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")

@@ -61,6 +61,13 @@ func start(t *testing.T, opts *libserve.ModelOptions) (*httptest.Server, *libser
 // startDir serves the model directory dir with opts, as start.
 func startDir(t *testing.T, dir string, opts *libserve.ModelOptions) (*httptest.Server, *libserve.Runtime) {
 	t.Helper()
+	return startConfig(t, dir, opts, config{Timeout: 10 * time.Second})
+}
+
+// startConfig serves the model directory dir with opts and the server configuration cfg, whose
+// metrics are the runtime's and whose model name is the directory's (libserve's default).
+func startConfig(t *testing.T, dir string, opts *libserve.ModelOptions, cfg config) (*httptest.Server, *libserve.Runtime) {
+	t.Helper()
 	rt, err := libserve.NewRuntime(&libserve.RuntimeOptions{Backend: "cpu", CPUThreads: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +77,8 @@ func startDir(t *testing.T, dir string, opts *libserve.ModelOptions) (*httptest.
 		rt.Close()
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(newHandler(m, config{Timeout: 10 * time.Second})) // listens on 127.0.0.1
+	cfg.Metrics, cfg.ModelName = rt.Metrics, filepath.Base(dir)
+	srv := httptest.NewServer(newHandler(m, cfg)) // listens on 127.0.0.1
 	t.Cleanup(func() {
 		srv.Close()
 		m.Close()

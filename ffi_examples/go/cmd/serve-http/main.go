@@ -11,7 +11,9 @@
 // BUSY, SHUTDOWN, UNAVAILABLE and CANCELLED → 503 (with Retry-After), DEADLINE_EXCEEDED → 504,
 // UNSUPPORTED → 501, others → 500. Each request has the -timeout deadline, or the shorter one
 // its timeout_ms query parameter asks for. GET /v1/model describes the model; GET /healthz
-// answers ok; other paths answer 404 and other methods 405, with the same JSON error body.
+// answers ok; GET /metrics answers libserve's metrics and the server's own (requests admitted
+// and shed by admission control, labelled with the model's -name) as OpenMetrics text, which
+// Prometheus scrapes; other paths answer 404 and other methods 405, with the same JSON error body.
 //
 // Admission control sheds load before queues hold more than the QoS allows: a request whose
 // predicted latency (requests in progress / measured completion rate + service time) exceeds
@@ -31,6 +33,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -40,6 +43,7 @@ import (
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "listen address")
 	modelDir := flag.String("model", "", "model directory (model.toml + weights.safetensors)")
+	name := flag.String("name", "", "the model's name in metrics and messages (default: the directory's name)")
 	backend := flag.String("backend", "auto", "backend: auto, cpu or cuda")
 	cpuThreads := flag.Int("cpu-threads", 0, "CPU backend compute threads (0 = one per core)")
 	maxBatch := flag.Int("max-batch", 32, "most requests per batched task")
@@ -61,10 +65,17 @@ func main() {
 		fmt.Fprintln(os.Stderr, "serve-http: -timeout, -max-pending and -admit-floor must be positive, -qos not negative")
 		os.Exit(2)
 	}
-	cfg := config{Timeout: *timeout, QoS: *qos, MaxPending: *maxPending, AdmitFloor: *admitFloor}
+	if *name == "" {
+		abs, err := filepath.Abs(*modelDir)
+		if err != nil {
+			log.Fatal(err)
+		}
+		*name = filepath.Base(abs)
+	}
+	cfg := config{Timeout: *timeout, QoS: *qos, MaxPending: *maxPending, AdmitFloor: *admitFloor, ModelName: *name}
 	if err := run(*addr, *modelDir, cfg, *drain,
 		&libserve.RuntimeOptions{Backend: *backend, CPUThreads: *cpuThreads},
-		&libserve.ModelOptions{MaxBatch: *maxBatch, MaxWait: *maxWait, Workers: *workers, AdmissionBound: *admissionBound},
+		&libserve.ModelOptions{MaxBatch: *maxBatch, MaxWait: *maxWait, Workers: *workers, AdmissionBound: *admissionBound, Name: *name},
 	); err != nil {
 		log.Fatal(err)
 	}
@@ -82,6 +93,7 @@ func run(addr, modelDir string, cfg config, drain time.Duration, ro *libserve.Ru
 	}
 	defer m.Close()
 
+	cfg.Metrics = rt.Metrics
 	srv := newServer(addr, newHandler(m, cfg), cfg.Timeout)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

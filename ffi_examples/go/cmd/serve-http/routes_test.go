@@ -29,6 +29,7 @@ func TestNotFoundAndMethodNotAllowedAreJSON(t *testing.T) {
 		{http.MethodDelete, "/v1/infer", http.StatusMethodNotAllowed, "INVALID_ARGUMENT", "POST"},
 		{http.MethodPost, "/v1/model", http.StatusMethodNotAllowed, "INVALID_ARGUMENT", "GET, HEAD"},
 		{http.MethodPut, "/healthz", http.StatusMethodNotAllowed, "INVALID_ARGUMENT", "GET, HEAD"},
+		{http.MethodPost, "/metrics", http.StatusMethodNotAllowed, "INVALID_ARGUMENT", "GET, HEAD"},
 	} {
 		req, err := http.NewRequest(tc.method, srv.URL+tc.path, nil)
 		if err != nil {
