@@ -12,7 +12,7 @@
 //! The estimate: the work ahead is counted in *rows* (a fixed-shape request is one row; a
 //! recurrent request one row per cell of its graph as submitted), and the time one row takes
 //! is measured on the model's own tasks: a moving average of what a task cost its worker
-//! (its run time plus the turn-around before it, when it followed the previous task at once)
+//! (its run time, plus the turn-around before it when the previous task's completion launched it)
 //! divided by its real rows, so it follows the batch sizes the load produces (large batches
 //! under overload make a row cheap). The wait for a new request is then
 //! `(rows ahead + its rows) × time per row ÷ workers`, plus one task (the batch it ends up in

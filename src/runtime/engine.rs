@@ -90,10 +90,6 @@ pub(crate) enum Event {
     },
 }
 
-/// The longest gap between a task's end and the next task's launch on its worker that counts as
-/// the worker's turn-around rather than idling (admission's time per row).
-const TURNAROUND: Duration = Duration::from_millis(1);
-
 /// Events handled back to back before timers are checked and completions delivered.
 const MAX_EVENTS_PER_TURN: usize = 256;
 
@@ -113,6 +109,8 @@ struct TaskEntry {
     /// The worker it was launched on (for [`Runner::collect`]).
     worker: usize,
     launched: Instant,
+    /// Launched while the engine handled the completion of the worker's previous task.
+    followed: bool,
     /// The request and node of each real row.
     requests: Vec<RequestId>,
     nodes: Vec<u32>,
@@ -177,6 +175,8 @@ pub(crate) struct Engine {
     admit_waiting_later: Vec<usize>,
     /// Where released models go to be dropped (the reaper thread, see `Runtime::start`).
     reaper: Sender<Box<dyn Send>>,
+    /// The model and worker whose task's completion the engine is handling, if any.
+    completing: Option<(usize, usize)>,
 }
 
 impl Engine {
@@ -201,6 +201,7 @@ impl Engine {
             drain_until: None,
             admit_waiting_later: Vec::new(),
             reaper,
+            completing: None,
         }
     }
 
@@ -439,37 +440,40 @@ impl Engine {
     /// A task finished on its worker (the poller reports a worker's tasks in launch order, those
     /// whose launch failed included): hand out its results, then tell the policy.
     fn task_done(&mut self, model: usize, task: TaskId, failure: Option<Error>) {
-        if let Some(ended) = self.collect_results(model, task, failure) {
+        if let Some((worker, ended)) = self.collect_results(model, task, failure) {
             let now = self.now();
+            // A task the policy launches on this worker now follows this one back to back.
+            self.completing = Some((model, worker));
             self.with_policy(model, |p| {
                 for id in ended {
                     p.end_early(now, id);
                 }
                 p.task_done(now, task)
             });
+            self.completing = None;
         }
     }
 
     /// Split a finished task's output (or error) among its requests. `None` for an unknown task;
-    /// otherwise the requests that ended before their last cell (the policy must be told).
+    /// otherwise its worker and the requests that ended before their last cell (the policy must
+    /// be told).
     fn collect_results(
         &mut self,
         model: usize,
         task: TaskId,
         failure: Option<Error>,
-    ) -> Option<Vec<RequestId>> {
+    ) -> Option<(usize, Vec<RequestId>)> {
         let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
         let entry = state.tasks.remove(&task)?;
         let done = Instant::now();
         // The time the task cost its worker: from its launch, or from the previous task's end if
         // it was launched by then (busy time); and, for admission's time per row, also the gap
-        // before its launch when it followed the previous task at once — the turn-around a
-        // backlogged worker pays per task (a longer gap is the worker idling).
+        // before its launch when the previous task's completion launched it — the turn-around a
+        // backlogged worker pays per task (a task launched later found the worker idle).
         let mut cost = Duration::ZERO;
         if let Some(free_at) = state.worker_free_at.get_mut(entry.worker) {
             let busy = done.saturating_duration_since(entry.launched.max(*free_at));
-            let followed = entry.launched.saturating_duration_since(*free_at) <= TURNAROUND;
-            cost = if followed { done.saturating_duration_since(*free_at) } else { busy };
+            cost = if entry.followed { done.saturating_duration_since(*free_at) } else { busy };
             state.m.metrics.worker_busy(entry.worker, busy);
             *free_at = done;
         }
@@ -535,7 +539,7 @@ impl Engine {
         }
         drop(io);
         state.m.policy.recycle(entry.requests, entry.nodes);
-        Some(ended)
+        Some((entry.worker, ended))
     }
 
     /// Feed one event to a model's policy and carry out every decision it makes.
@@ -600,6 +604,7 @@ impl Engine {
             data: data.clone(),
             worker: l.worker,
             launched: now,
+            followed: self.completing == Some((model, l.worker)),
             requests: l.requests,
             nodes: l.nodes,
         };
