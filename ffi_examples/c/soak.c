@@ -32,7 +32,11 @@
  * completions by code and checks every OK output (f32: the model's output length, all finite;
  * tokens: 1 to max_decode ids below the vocabulary). The main thread samples this process's RSS
  * (/proc/self/statm) every --sample-seconds and prints a `sample` line; RSS growth is measured
- * from the end of warm-up to the end of the run. At the end: shutdown with drain, then every
+ * from the end of warm-up to the end of the run. Each line also gives the interval's backlog peak:
+ * the most requests accepted and not yet settled by the consumer, seen at a submit. The runtime
+ * releases a request's admission when it completes, not when the caller drains it, so a backlog
+ * above the sum of the admission bounds means completions were waiting in the queue (a starved
+ * consumer): a new backlog peak after warm-up raises RSS without any leak. At the end: shutdown with drain, then every
  * request must have completed OK, nothing may be pending (ledger and serve_runtime_stats), and
  * every handle is freed.
  *
@@ -388,6 +392,7 @@ typedef struct {
   uint64_t soak_start, soak_end;  /* open loop: [start, end) */
   double rate;                    /* open loop: arrivals/s */
   uint64_t max_lag_ns;            /* open loop: how far the submitter fell behind its schedule */
+  atomic_uint_fast64_t backlog_peak; /* most accepted and unsettled at a submit, this sample */
 } soak_t;
 
 static unsigned code_index(serve_code code) { return (unsigned)code < CODES ? (unsigned)code : CODES - 1; }
@@ -426,7 +431,9 @@ static bool submit_one(soak_t *s, size_t mi, size_t pick) {
     serve_error_free(err);
     return false;
   }
-  atomic_fetch_add(&s->accepted, 1);
+  uint64_t backlog = atomic_fetch_add(&s->accepted, 1) + 1 - atomic_load(&s->completed);
+  if (backlog > atomic_load_explicit(&s->backlog_peak, memory_order_relaxed))
+    atomic_store_explicit(&s->backlog_peak, backlog, memory_order_relaxed);
   uint64_t other = atomic_exchange(&slot->id1, id + 1);
   if (other != 0 && other != id + 1) {
     atomic_fetch_add(&s->violations, 1);
@@ -666,17 +673,20 @@ static void free_all(soak_t *s) {
   free(s->slots);
 }
 
-static void print_sample(soak_t *s, uint64_t t, uint64_t *last_t, uint64_t *last_done) {
+/* One `sample` line; returns the interval's backlog peak. */
+static uint64_t print_sample(soak_t *s, uint64_t t, uint64_t *last_t, uint64_t *last_done) {
   uint64_t done = atomic_load(&s->completed), rejected = 0;
+  uint64_t backlog = atomic_exchange(&s->backlog_peak, 0);
   for (unsigned i = 0; i < CODES; i++) rejected += atomic_load(&s->refused_by_code[i]);
   double dt = (double)(t - *last_t) / NS_PER_S;
   printf("sample t=%.1fs submitted=%" PRIu64 " completed=%" PRIu64 " rejected=%" PRIu64
-         " rate=%.0f/s rss=%.2fMiB\n",
+         " rate=%.0f/s backlog_max=%" PRIu64 " rss=%.2fMiB\n",
          (double)(t - s->soak_start) / NS_PER_S, (uint64_t)atomic_load(&s->accepted), done,
          rejected + (uint64_t)atomic_load(&s->ledger_full),
-         dt > 0 ? (double)(done - *last_done) / dt : 0.0, mib(rss_bytes()));
+         dt > 0 ? (double)(done - *last_done) / dt : 0.0, backlog, mib(rss_bytes()));
   *last_t = t;
   *last_done = done;
+  return backlog;
 }
 
 int main(int argc, char **argv) {
@@ -706,7 +716,7 @@ int main(int argc, char **argv) {
     if (calibrated) inv += 1.0 / s.models[i].capacity;
   }
   double capacity = calibrated ? (double)s.n_models / inv : 0;
-  uint64_t rss_warm = 0, rss_end = 0, rss_max = 0, before = 0;
+  uint64_t rss_warm = 0, rss_end = 0, rss_max = 0, before = 0, backlog_before = 0, backlog_after = 0;
   uint64_t accepted_before = atomic_load(&s.accepted), completed_before = atomic_load(&s.completed);
   if (calibrated) {
     s.rate = s.cfg.load * capacity;
@@ -715,6 +725,7 @@ int main(int argc, char **argv) {
            capacity, s.n_models, s.rate, s.cfg.load, s.cfg.seconds, s.cfg.warmup_seconds,
            s.cfg.sample_seconds, s.cfg.max_growth);
     before = rss_bytes();
+    atomic_store(&s.backlog_peak, 0); /* calibration's window does not count */
     s.soak_start = now_ns() + 1000000;
     s.soak_end = s.soak_start + (uint64_t)(s.cfg.seconds * NS_PER_S);
     if (pthread_create(&sub, NULL, submitter, &s) != 0) {
@@ -732,22 +743,27 @@ int main(int argc, char **argv) {
       if (!warmed && warm_at <= at) at = warm_at;
       sleep_until_ns(at);
       if (at == s.soak_end) break;
+      if (at == next) { /* a sample (before the warm-up mark if both fall here) */
+        uint64_t b = print_sample(&s, at, &last_t, &last_done), r = rss_bytes();
+        uint64_t *peak = warmed ? &backlog_after : &backlog_before;
+        if (b > *peak) *peak = b;
+        if (warmed && r > rss_max) rss_max = r;
+        next += period;
+      }
       if (!warmed && at == warm_at) {
         warmed = true;
+        uint64_t b = atomic_exchange(&s.backlog_peak, 0);
+        if (b > backlog_before) backlog_before = b;
         rss_warm = rss_max = rss_bytes();
         printf("warm-up done at t=%.1fs: rss=%.2fMiB (before the run %.2fMiB)\n",
                (double)(at - s.soak_start) / NS_PER_S, mib(rss_warm), mib(before));
-        if (at != next) continue;
       }
-      print_sample(&s, at, &last_t, &last_done);
-      uint64_t r = rss_bytes();
-      if (warmed && r > rss_max) rss_max = r;
-      next += period;
     }
     pthread_join(sub, NULL);
     rss_end = rss_bytes();
     if (rss_end > rss_max) rss_max = rss_end;
-    print_sample(&s, now_ns(), &last_t, &last_done);
+    uint64_t b = print_sample(&s, now_ns(), &last_t, &last_done);
+    if (b > backlog_after) backlog_after = b;
   }
 
   teardown_checks(&s, cons);
@@ -758,10 +774,12 @@ int main(int argc, char **argv) {
   for (unsigned i = 0; i < CODES; i++) rejected += atomic_load(&s.refused_by_code[i]);
   printf("soak summary: capacity %.0f/s, offered %.0f/s, achieved %.0f/s accepted (%" PRIu64
          " in %.0f s), %" PRIu64 " refused (BUSY %" PRIu64 "), %" PRIu64
-         " skipped (ledger full), submitter lag max %.1f ms; completions:",
+         " skipped (ledger full), submitter lag max %.1f ms, backlog peak %" PRIu64
+         " in warm-up, %" PRIu64 " after; completions:",
          capacity, s.rate, calibrated ? (double)acc / s.cfg.seconds : 0.0, acc, s.cfg.seconds,
          rejected, (uint64_t)atomic_load(&s.refused_by_code[SERVE_CODE_BUSY]),
-         (uint64_t)atomic_load(&s.ledger_full), (double)s.max_lag_ns / 1e6);
+         (uint64_t)atomic_load(&s.ledger_full), (double)s.max_lag_ns / 1e6, backlog_before,
+         backlog_after);
   for (unsigned i = 0; i < CODES; i++)
     if (atomic_load(&s.by_code[i]) != 0)
       printf(" %s %" PRIu64, serve_code_name(i), (uint64_t)atomic_load(&s.by_code[i]));
