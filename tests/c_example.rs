@@ -26,11 +26,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::native::{self, C_COMPILER, NATIVE_STATIC_LIBS, SANITIZE_FLAGS, env_flag, manifest_dir};
+use common::native::{self, C_COMPILER, C_FLAGS, NATIVE_STATIC_LIBS, SANITIZE_FLAGS, env_flag, manifest_dir};
 use serve::model::Mlp;
 
 const SUCCESS_LINE: &str = "example: all checks passed";
-const CFLAGS: &[&str] = &["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"];
 /// Generous: the example runs ~1,700 requests; under ASan on a loaded 2-core machine it takes
 /// seconds, under valgrind a few minutes.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -85,7 +84,7 @@ fn recurrent_args(dir: &Path) -> Vec<OsString> {
 
 fn compile(out: &Path, extra_before: &[&str], link: &[OsString]) {
     let mut cmd = Command::new(C_COMPILER.program());
-    cmd.args(CFLAGS)
+    cmd.args(C_FLAGS)
         .args(extra_before)
         .arg("-I")
         .arg(manifest_dir().join("include"))
@@ -142,21 +141,10 @@ fn c_example_shared_library() {
     let libs = library_dir();
     let dir = scratch("shared");
     let (model_dir, expected) = write_fixture(&dir, 11);
-    // Link against `libserve.so` in one directory; run with only the SONAME `libserve.so.0` in
-    // another, so a missing or wrong SONAME makes the dynamic loader fail.
-    let link_dir = dir.join("link");
-    let run_dir = dir.join("run");
-    std::fs::create_dir_all(&link_dir).unwrap();
-    std::fs::create_dir_all(&run_dir).unwrap();
-    let so = libs.join("libserve.so");
-    std::os::unix::fs::symlink(&so, link_dir.join("libserve.so")).unwrap();
-    std::os::unix::fs::symlink(&so, run_dir.join(format!("libserve.so.{}", env!("CARGO_PKG_VERSION_MAJOR"))))
-        .unwrap();
+    let (link, run_dir) = native::shared_library_link(&libs, &dir);
     let exe = dir.join("example-shared");
-    let mut link_flag = OsString::from("-L");
-    link_flag.push(&link_dir);
-    compile(&exe, &[], &[link_flag, OsString::from("-lserve")]);
+    compile(&exe, &[], &link);
     let launcher = if env_flag("SERVE_C_VALGRIND") { native::VALGRIND } else { &[] };
-    run(launcher, &exe, &model_dir, &expected, &[("LD_LIBRARY_PATH", run_dir.into_os_string())], &dir);
+    run(launcher, &exe, &model_dir, &expected, &[("LD_LIBRARY_PATH", run_dir)], &dir);
     cleanup(&dir);
 }

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 /// it, README's Install section and `packaging/libserve.pc.in` against rustc.
 pub const NATIVE_STATIC_LIBS: &[&str] =
     &["-ldl", "-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"];
+/// Compiler flags of every C consumer the tests build (example.c, soak.c).
+pub const C_FLAGS: &[&str] = &["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"];
 /// Compiler flags of the sanitized builds (C and C++).
 pub const SANITIZE_FLAGS: &[&str] = &["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"];
 
@@ -138,6 +140,24 @@ fn cargo_build_lib(profile: &Path) -> PathBuf {
         );
     }
     profile.to_path_buf()
+}
+
+/// Link against `libserve.so` in `libs` the way an installed consumer runs: returns the linker
+/// flags (`-L <dir>/link -lserve`, a directory holding only a `libserve.so` link) and the
+/// `LD_LIBRARY_PATH` to run with (`<dir>/run`, holding only the SONAME `libserve.so.<major>`), so
+/// a missing or wrong SONAME makes the dynamic loader fail.
+pub fn shared_library_link(libs: &Path, dir: &Path) -> (Vec<OsString>, OsString) {
+    let link_dir = dir.join("link");
+    let run_dir = dir.join("run");
+    std::fs::create_dir_all(&link_dir).unwrap();
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let so = libs.join("libserve.so");
+    std::os::unix::fs::symlink(&so, link_dir.join("libserve.so")).unwrap();
+    std::os::unix::fs::symlink(&so, run_dir.join(format!("libserve.so.{}", env!("CARGO_PKG_VERSION_MAJOR"))))
+        .unwrap();
+    let mut link_flag = OsString::from("-L");
+    link_flag.push(&link_dir);
+    (vec![link_flag, OsString::from("-lserve")], run_dir.into_os_string())
 }
 
 /// A fresh scratch directory `<label>-<pid>-<nanos>` under cargo's per-target tmp dir.
