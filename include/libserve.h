@@ -179,7 +179,8 @@ serve_error *serve_completion_output_tokens(const serve_completion *completion,
                                             const uint32_t **data,
                                             size_t *len);
 
-// Free a completion and the output it holds. NULL is allowed.
+// Free a completion and the output it holds, and release the request's place under its
+// model's admission bound. NULL is allowed.
 void serve_completion_free(serve_completion *completion);
 
 // The code of `error`; `SERVE_CODE_OK` when `error` is NULL (so the result of any fallible call
@@ -347,7 +348,9 @@ serve_error *serve_runtime_options_set_cpu_threads(serve_runtime_options *option
                                                    uint32_t threads);
 
 // Default admission bound of each model: how many of its requests may be accepted and not yet
-// completed before submit answers `SERVE_CODE_BUSY`. Must be at least 1.
+// finished with — completed and their completion freed (`serve_completion_free`) — before
+// submit answers `SERVE_CODE_BUSY`. Completions left in a queue count, so the memory a model's
+// requests hold stays bounded however slowly the queue is drained. Must be at least 1.
 serve_error *serve_runtime_options_set_admission_bound(serve_runtime_options *options,
                                                        uint64_t bound);
 
@@ -456,7 +459,8 @@ uint64_t serve_now_ns(void);
 // Errors (returned here; the request is then not submitted and produces no completion):
 // `SERVE_CODE_INVALID_ARGUMENT` (NULL handle, empty or wrong-length input, a non-finite
 // element, input of the wrong kind for the model), `SERVE_CODE_DEADLINE_EXCEEDED` (deadline already passed),
-// `SERVE_CODE_BUSY` (the model's admission bound is full: retry later),
+// `SERVE_CODE_BUSY` (the model's admission bound is full, or — for a request with a deadline —
+// the work queued ahead would not finish in time: retry later, or elsewhere),
 // `SERVE_CODE_SHUTDOWN`. Otherwise exactly one completion is delivered to `queue`.
 serve_error *serve_submit_f32(const serve_model *model,
                               const serve_queue *queue,

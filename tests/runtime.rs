@@ -157,6 +157,42 @@ fn full_admission_answers_busy_at_once() {
     assert_eq!(model.admitted(), 0, "completions release admission");
 }
 
+/// A request holds its place under the admission bound until the caller takes its result: the
+/// completions a slow consumer leaves in its queue (or tickets not yet waited for) count, so
+/// the memory they hold is bounded too.
+#[test]
+fn results_not_yet_taken_count_against_the_admission_bound() {
+    let (dir, _) = mlp_dir("busy-undrained", &[4, 2], 5);
+    let rt = runtime();
+    let mut opts = timeout_opts(64, Duration::ZERO, 1);
+    opts.admission_bound = Some(3);
+    let model = rt.load_model(&dir, opts).unwrap();
+    let q = CompletionQueue::new().unwrap();
+    for tag in 0..2 {
+        model.submit_to(Input::F32(vec![0.0; 4]), SubmitOptions::default(), &q, tag).unwrap();
+    }
+    let ticket = model.submit(Input::F32(vec![0.0; 4]), SubmitOptions::default()).unwrap();
+    // All three complete; none is taken yet.
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while q.len() < 2 || !ticket.is_done() {
+        assert!(Instant::now() < give_up, "the requests did not complete");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(model.admitted(), 3);
+    let e = model.submit(Input::F32(vec![0.0; 4]), SubmitOptions::default()).err().unwrap();
+    assert_eq!(e.code(), Code::Busy, "{e}");
+    // Taking a queued completion frees one place, waiting for the ticket another.
+    let taken = q.next(1, Duration::from_secs(10)).unwrap();
+    assert_eq!(model.admitted(), 3, "a completion held by the caller still counts");
+    drop(taken);
+    assert_eq!(model.admitted(), 2);
+    ticket.wait().unwrap();
+    assert_eq!(model.admitted(), 1);
+    model.submit(Input::F32(vec![0.0; 4]), SubmitOptions::default()).unwrap().wait().unwrap();
+    drop(q); // the completion left in it is dropped with it
+    assert_eq!(model.admitted(), 0);
+}
+
 #[test]
 fn queued_request_expires_at_its_deadline() {
     let (dir, _) = mlp_dir("deadline", &[4, 2], 6);

@@ -127,7 +127,8 @@ fn output(c: &serve_completion) -> crate::Result<&Output> {
     })
 }
 
-/// Free a completion and the output it holds. NULL is allowed.
+/// Free a completion and the output it holds, and release the request's place under its
+/// model's admission bound. NULL is allowed.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_completion_free(completion: *mut serve_completion) {
     ffi_boundary! {

@@ -81,7 +81,9 @@ pub extern "C" fn serve_runtime_options_set_cpu_threads(
 }
 
 /// Default admission bound of each model: how many of its requests may be accepted and not yet
-/// completed before submit answers `SERVE_CODE_BUSY`. Must be at least 1.
+/// finished with — completed and their completion freed (`serve_completion_free`) — before
+/// submit answers `SERVE_CODE_BUSY`. Completions left in a queue count, so the memory a model's
+/// requests hold stays bounded however slowly the queue is drained. Must be at least 1.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_runtime_options_set_admission_bound(
     options: *mut serve_runtime_options,

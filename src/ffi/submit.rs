@@ -174,7 +174,8 @@ fn submit(
 /// Errors (returned here; the request is then not submitted and produces no completion):
 /// `SERVE_CODE_INVALID_ARGUMENT` (NULL handle, empty or wrong-length input, a non-finite
 /// element, input of the wrong kind for the model), `SERVE_CODE_DEADLINE_EXCEEDED` (deadline already passed),
-/// `SERVE_CODE_BUSY` (the model's admission bound is full: retry later),
+/// `SERVE_CODE_BUSY` (the model's admission bound is full, or — for a request with a deadline —
+/// the work queued ahead would not finish in time: retry later, or elsewhere),
 /// `SERVE_CODE_SHUTDOWN`. Otherwise exactly one completion is delivered to `queue`.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_submit_f32(

@@ -2,7 +2,11 @@
 //! once, before they reach a queue.
 //!
 //! Two limits apply (ARCHITECTURE.md §3.1):
-//! * **The admission bound** — at most `bound` requests accepted and not completed.
+//! * **The admission bound** — at most `bound` requests accepted whose results the caller has
+//!   not taken yet. A request holds its place through a [`Permit`] that travels with its result
+//!   and is released when the caller takes it: a ticket waited for, a completion dropped (C:
+//!   `serve_completion_free`). So results a slow consumer leaves in its queue count too, and the
+//!   memory a model's requests hold, queued, running or done, stays bounded.
 //! * **Deadline-aware shedding** — a request with a deadline is refused when the work already
 //!   accepted would not finish before it. Under overload a queue that only grows makes every
 //!   request late; refusing the requests that cannot make it keeps the admitted ones within
@@ -22,6 +26,7 @@
 //! that finds nothing accepted ahead of it; a sample is taken at most at four times the
 //! average, so one hiccup (a preempted thread, a page fault storm) moves the estimate little.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -43,9 +48,9 @@ fn average(avg: &AtomicU64, sample: u64) {
 pub(crate) struct Admission {
     bound: usize,
     workers: u64,
-    /// Requests accepted and not completed.
+    /// Requests accepted whose permits are not yet released.
     admitted: AtomicUsize,
-    /// Their rows.
+    /// Rows of the accepted requests not yet completed (the work ahead).
     rows: AtomicU64,
     /// The moving average of one row's time on a worker, in picoseconds (0: not measured yet).
     row_ps: AtomicU64,
@@ -70,14 +75,15 @@ impl Admission {
     }
 
     /// Accept a request of `rows` rows due by `deadline` (if any), or refuse it `Busy` naming
-    /// `model`. An accepted request is [`release`](Self::release)d when it completes.
+    /// `model`. An accepted request's rows are released by [`finished`](Self::finished) when it
+    /// completes, its place by the returned permit's drop.
     pub(crate) fn admit(
-        &self,
+        self: &Arc<Self>,
         model: &str,
         rows: u64,
         deadline: Option<Instant>,
         now: Instant,
-    ) -> Result<()> {
+    ) -> Result<Permit> {
         let prev = self.admitted.fetch_add(1, Ordering::AcqRel);
         if prev >= self.bound {
             self.admitted.fetch_sub(1, Ordering::AcqRel);
@@ -92,11 +98,12 @@ impl Admission {
         let ahead = self.rows.fetch_add(rows, Ordering::AcqRel);
         // A model with nothing accepted is never refused for a deadline: its tasks then measure
         // the time per row afresh, so an estimate inflated by a hiccup cannot shut it out.
-        let Some(deadline) = deadline.filter(|_| prev > 0) else { return Ok(()) };
+        let Some(deadline) = deadline.filter(|_| prev > 0) else { return Ok(Permit(self.clone())) };
         let wait = self.expected_wait(ahead.saturating_add(rows));
         let budget = deadline.saturating_duration_since(now);
         if wait > budget.mul_f64(SPARE) {
-            self.release(rows);
+            self.finished(rows);
+            self.admitted.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::new(
                 Code::Busy,
                 format!(
@@ -107,13 +114,13 @@ impl Admission {
                 ),
             ));
         }
-        Ok(())
+        Ok(Permit(self.clone()))
     }
 
-    /// A request of `rows` rows accepted by [`admit`](Self::admit) has completed.
-    pub(crate) fn release(&self, rows: u64) {
+    /// A request of `rows` rows accepted by [`admit`](Self::admit) has completed: its work is no
+    /// longer ahead of anyone (its place is held until its permit goes).
+    pub(crate) fn finished(&self, rows: u64) {
         self.rows.fetch_sub(rows, Ordering::AcqRel);
-        self.admitted.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// A task of `rows` real rows cost its worker `cost` (engine thread only).
@@ -136,33 +143,49 @@ impl Admission {
     }
 }
 
+/// A request's place under its model's admission bound, released on drop (see the module docs).
+pub(crate) struct Permit(Arc<Admission>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.admitted.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Permit")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_bound_refuses_busy_and_completions_free_room() {
-        let a = Admission::new(2, 1);
+        let a = Arc::new(Admission::new(2, 1));
         let now = Instant::now();
-        a.admit("m", 1, None, now).unwrap();
-        a.admit("m", 1, None, now).unwrap();
+        let first = a.admit("m", 1, None, now).unwrap();
+        let _second = a.admit("m", 1, None, now).unwrap();
         let e = a.admit("m", 1, None, now).unwrap_err();
         assert_eq!(e.code(), Code::Busy);
         assert!(e.message().contains("admission bound"), "{e}");
-        a.release(1);
-        a.admit("m", 1, None, now).unwrap();
+        // Completing is not enough: the place is the permit's until the caller takes the result.
+        a.finished(1);
+        assert!(a.admit("m", 1, None, now).is_err());
+        drop(first);
+        let _third = a.admit("m", 1, None, now).unwrap();
         assert_eq!(a.admitted(), 2);
     }
 
     #[test]
     fn deadlines_the_queued_work_cannot_meet_are_refused_at_once() {
-        let a = Admission::new(1000, 2);
+        let a = Arc::new(Admission::new(1000, 2));
         let now = Instant::now();
         let in_ms = |ms| Some(now + Duration::from_millis(ms));
         // Unmeasured: nothing refused for its deadline.
-        for _ in 0..10 {
-            a.admit("m", 1, in_ms(1), now).unwrap();
-        }
+        let mut held: Vec<Permit> = (0..10).map(|_| a.admit("m", 1, in_ms(1), now).unwrap()).collect();
         // 1 ms per row on a worker, two workers, 4 ms a task: the 10 rows ahead and its own
         // take 5.5 ms, plus 4 ms for its task: 9.5 ms, which must fit in 70% of its budget.
         a.observe_task(Duration::from_millis(4), 4);
@@ -170,21 +193,22 @@ mod tests {
         assert_eq!(e.code(), Code::Busy);
         assert!(e.message().contains("deadline") && e.message().contains("9.5 ms"), "{e}");
         assert_eq!(a.admitted(), 10, "a refused request holds nothing");
-        a.admit("m", 1, in_ms(14), now).unwrap();
-        a.admit("m", 1, None, now).unwrap(); // no deadline: only the bound applies
+        held.push(a.admit("m", 1, in_ms(14), now).unwrap());
+        held.push(a.admit("m", 1, None, now).unwrap()); // no deadline: only the bound applies
         // A recurrent request of 20 rows: (12 + 20) / 2 + 4 = 20 ms.
         assert!(a.admit("m", 20, in_ms(28), now).is_err());
-        a.admit("m", 20, in_ms(29), now).unwrap();
+        held.push(a.admit("m", 20, in_ms(29), now).unwrap());
         // Completions shorten the wait: (22 + 1) / 2 + 4 = 15.5 ms.
         for _ in 0..10 {
-            a.release(1);
+            a.finished(1);
         }
-        a.admit("m", 1, in_ms(23), now).unwrap();
+        held.push(a.admit("m", 1, in_ms(23), now).unwrap());
+        assert_eq!(a.admitted(), 14);
     }
 
     #[test]
     fn an_idle_model_admits_and_one_hiccup_moves_the_estimate_little() {
-        let a = Admission::new(100, 1);
+        let a = Arc::new(Admission::new(100, 1));
         let now = Instant::now();
         let soon = Some(now + Duration::from_millis(1));
         a.observe_task(Duration::from_micros(10), 1);
@@ -193,13 +217,13 @@ mod tests {
         assert_eq!(a.expected_wait(1), Duration::from_nanos(2 * 13_750));
         // Even with a deadline it could not meet, a request finding nothing ahead is admitted.
         a.observe_task(Duration::from_secs(1), 1);
-        a.admit("m", 1, soon, now).unwrap();
+        let _p = a.admit("m", 1, soon, now).unwrap();
         assert_eq!(a.admit("m", 1000, soon, now).unwrap_err().code(), Code::Busy);
     }
 
     #[test]
     fn the_time_per_row_follows_the_batches_the_load_forms() {
-        let a = Admission::new(10, 1);
+        let a = Arc::new(Admission::new(10, 1));
         a.observe_task(Duration::from_micros(100), 1); // 100 µs a row at batch 1
         for _ in 0..100 {
             a.observe_task(Duration::from_micros(320), 32); // 10 µs a row at batch 32

@@ -672,7 +672,7 @@ impl Engine {
     fn finish(&mut self, p: Pending, started: Option<Instant>, result: Result<Output>) {
         if let Some(Some(s)) = self.models.get_mut(p.model) {
             s.requests -= 1;
-            s.m.admission.release(p.rows);
+            s.m.admission.finished(p.rows);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             s.m.metrics.completed(code, p.submitted, started, Instant::now());
         }

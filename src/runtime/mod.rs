@@ -42,7 +42,8 @@ use request::{Reply, Sink};
 pub use request::{SubmitOptions, Ticket};
 pub use stats::StatsSnapshot;
 
-/// Default admission bound per model: requests accepted and not yet completed.
+/// Default admission bound per model: requests accepted whose results the caller has not yet
+/// taken (a ticket waited for, a completion dropped).
 pub const DEFAULT_ADMISSION_BOUND: usize = 4096;
 /// Largest accepted max batch size (rows of one task).
 pub const MAX_BATCH_LIMIT: usize = 65_536;
@@ -554,7 +555,8 @@ impl Model {
     pub fn network(&self) -> &Network {
         &self.m.net
     }
-    /// Requests of this model accepted and not yet completed.
+    /// Requests of this model accepted whose results the caller has not yet taken (waited for a
+    /// ticket, dropped a completion): what the admission bound limits.
     pub fn admitted(&self) -> usize {
         self.m.admission.admitted()
     }
@@ -637,10 +639,10 @@ impl Model {
         }
         // Rows of work: one for a fixed-shape request, one per cell of a recurrent one.
         let rows = cells.as_ref().map_or(1, |g| g.len() as u64);
-        self.m.admission.admit(&self.m.name, rows, opts.deadline, now)?;
+        let permit = self.m.admission.admit(&self.m.name, rows, opts.deadline, now)?;
         let id = self.m.rt.next_id.fetch_add(1, Ordering::AcqRel);
         self.m.rt.stats.record_submit();
-        let reply = Reply::new(id, sink(id), self.m.rt.stats.clone());
+        let reply = Reply::new(id, sink(id), self.m.rt.stats.clone(), permit);
         let pending = Pending {
             model: self.m.index,
             submitted: now,
@@ -654,7 +656,8 @@ impl Model {
         if let Err(mpsc::SendError(ev)) = self.m.rt.events.send(Event::Arrive(Box::new(pending))) {
             // The engine is gone (it cannot be while the gate is open, but never lose a request):
             // the reply completes the request `Cancelled` when dropped here.
-            self.m.admission.release(rows);
+            // (Its permit goes with it.)
+            self.m.admission.finished(rows);
             drop(ev);
         }
         drop(gate);

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::model::Output;
+use crate::runtime::admission::Permit;
 use crate::sched::RequestId;
 
 /// A finished request.
@@ -25,6 +26,10 @@ pub struct Completion {
     /// The caller's tag from submit.
     pub tag: u64,
     pub result: Result<Output>,
+    /// The request's place under its model's admission bound, released when the completion is
+    /// dropped (so results left in a queue count against the bound).
+    #[expect(dead_code, reason = "held for its drop, which releases the place")]
+    pub(crate) permit: Option<Permit>,
 }
 
 type Callback = Box<dyn Fn(Completion) + Send + 'static>;
@@ -263,7 +268,7 @@ mod tests {
     use crate::error::Code;
 
     fn c(id: u64) -> Completion {
-        Completion { id, tag: id * 10, result: Ok(Output::F32(vec![id as f32])) }
+        Completion { id, tag: id * 10, result: Ok(Output::F32(vec![id as f32])), permit: None }
     }
 
     #[cfg(target_os = "linux")]

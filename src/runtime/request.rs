@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Code, Error, Result};
 use crate::model::Output;
+use crate::runtime::admission::Permit;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::stats::Stats;
 use crate::sched::RequestId;
@@ -31,7 +32,20 @@ impl SubmitOptions {
 #[derive(Default)]
 struct SlotState {
     result: Option<Result<Output>>,
+    /// Held with the result until the caller takes it (admission.rs).
+    permit: Option<Permit>,
     waker: Option<Waker>,
+}
+
+impl SlotState {
+    /// The result, if delivered; taking it releases the request's admission place.
+    fn take(&mut self) -> Option<Result<Output>> {
+        let r = self.result.take();
+        if r.is_some() {
+            self.permit = None;
+        }
+        r
+    }
 }
 
 #[derive(Default)]
@@ -60,7 +74,7 @@ impl Ticket {
     pub fn wait(self) -> Result<Output> {
         let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if let Some(r) = st.result.take() {
+            if let Some(r) = st.take() {
                 return r;
             }
             st = self.slot.done.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -73,7 +87,7 @@ impl Ticket {
         {
             let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
             loop {
-                if let Some(r) = st.result.take() {
+                if let Some(r) = st.take() {
                     return Ok(r);
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -95,7 +109,7 @@ impl Future for Ticket {
     type Output = Result<Output>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Output>> {
         let mut st = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
-        match st.result.take() {
+        match st.take() {
             Some(r) => Poll::Ready(r),
             None => {
                 st.waker = Some(cx.waker().clone());
@@ -118,11 +132,13 @@ pub(crate) struct Reply {
     id: RequestId,
     sink: Option<Sink>,
     stats: Arc<Stats>,
+    /// The request's admission place, handed on with its result.
+    permit: Option<Permit>,
 }
 
 impl Reply {
-    pub(crate) fn new(id: RequestId, sink: Sink, stats: Arc<Stats>) -> Reply {
-        Reply { id, sink: Some(sink), stats }
+    pub(crate) fn new(id: RequestId, sink: Sink, stats: Arc<Stats>, permit: Permit) -> Reply {
+        Reply { id, sink: Some(sink), stats, permit: Some(permit) }
     }
 
     pub(crate) fn id(&self) -> RequestId {
@@ -148,6 +164,7 @@ impl Reply {
                 let waker = {
                     let mut st = slot.state.lock().unwrap_or_else(|p| p.into_inner());
                     st.result = Some(result);
+                    st.permit = self.permit.take();
                     st.waker.take()
                 };
                 slot.done.notify_all();
@@ -155,7 +172,10 @@ impl Reply {
                     w.wake();
                 }
             }
-            Sink::Queue { queue, tag } => outbox.push((queue, Completion { id: self.id, tag, result })),
+            Sink::Queue { queue, tag } => {
+                let c = Completion { id: self.id, tag, result, permit: self.permit.take() };
+                outbox.push((queue, c));
+            }
         }
     }
 }
