@@ -177,6 +177,8 @@ pub(crate) struct Engine {
     reaper: Sender<Box<dyn Send>>,
     /// The model and worker whose task's completion the engine is handling, if any.
     completing: Option<(usize, usize)>,
+    /// The current event's instant, once read (see [`instant`](Self::instant)).
+    clock: Option<Instant>,
 }
 
 impl Engine {
@@ -202,6 +204,7 @@ impl Engine {
             admit_waiting_later: Vec::new(),
             reaper,
             completing: None,
+            clock: None,
         }
     }
 
@@ -209,8 +212,16 @@ impl Engine {
         Time(u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX))
     }
 
-    fn now(&self) -> Time {
-        self.time(Instant::now())
+    /// The wall clock, read once per event (and once per timer pass): everything one event
+    /// causes — a task's end, the launches and completions it leads to — happens at one instant,
+    /// for the policies and the metrics alike, and the clock is not read per request.
+    fn instant(&mut self) -> Instant {
+        *self.clock.get_or_insert_with(Instant::now)
+    }
+
+    fn now(&mut self) -> Time {
+        let at = self.instant();
+        self.time(at)
     }
 
     /// The engine loop; returns when shut down and every request has completed.
@@ -296,7 +307,7 @@ impl Engine {
     /// Requests whose deadline passed while they waited for state slots complete
     /// `DeadlineExceeded` (they never reached the policy, which would have expired them).
     fn expire_waiting(&mut self) {
-        let now = Instant::now();
+        let now = self.instant();
         let mut expired = Vec::new();
         for state in self.models.iter_mut().flatten() {
             let requests = &self.requests;
@@ -314,6 +325,7 @@ impl Engine {
     }
 
     fn tick_due(&mut self) {
+        self.clock = None;
         self.expire_waiting();
         let now = self.now();
         for idx in 0..self.models.len() {
@@ -333,6 +345,7 @@ impl Engine {
     }
 
     fn handle(&mut self, ev: Event) {
+        self.clock = None;
         self.handle_event(ev);
         self.admit_deferred();
     }
@@ -463,9 +476,9 @@ impl Engine {
         task: TaskId,
         failure: Option<Error>,
     ) -> Option<(usize, Vec<RequestId>)> {
+        let done = self.instant();
         let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
         let entry = state.tasks.remove(&task)?;
-        let done = Instant::now();
         // The time the task cost its worker: from its launch, or from the previous task's end if
         // it was launched by then (busy time); and, for admission's time per row, also the gap
         // before its launch when the previous task's completion launched it — the turn-around a
@@ -572,8 +585,8 @@ impl Engine {
     /// after the tasks launched before it on its worker, and policies rely on a worker's tasks
     /// finishing in launch order.
     fn launch(&mut self, model: usize, l: Launch) {
+        let now = self.instant();
         let state = self.models[model].as_mut().expect("model present");
-        let now = Instant::now();
         let work = if l.nodes.is_empty() {
             let in_len = state.io.0;
             let mut input = vec![0.0f32; l.batch * in_len];
@@ -670,11 +683,12 @@ impl Engine {
 
     /// Release the request's admission slot, record it in the metrics and complete it.
     fn finish(&mut self, p: Pending, started: Option<Instant>, result: Result<Output>) {
+        let now = self.instant();
         if let Some(Some(s)) = self.models.get_mut(p.model) {
             s.requests -= 1;
             s.m.admission.finished(p.rows);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
-            s.m.metrics.completed(code, p.submitted, started, Instant::now());
+            s.m.metrics.completed(code, p.submitted, started, now);
         }
         p.reply.complete(result, &mut self.outbox);
     }

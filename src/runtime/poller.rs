@@ -171,6 +171,8 @@ fn run_with(
             }
         }
         let mut progressed = false;
+        // One clock read per pass that finds tasks done (the watchdog's clock starts there).
+        let mut stamp = None;
         for (&(model, _), w) in streams.iter_mut() {
             if w.fifo.is_empty() {
                 continue;
@@ -181,7 +183,7 @@ fn run_with(
                     break;
                 }
                 w.fifo.pop_front();
-                w.head_since = Instant::now();
+                w.head_since = *stamp.get_or_insert_with(Instant::now);
                 in_flight -= 1;
                 quiet -= usize::from(!w.notifies);
                 progressed = true;
