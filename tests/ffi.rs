@@ -380,3 +380,37 @@ fn non_finite_inputs_are_refused_through_the_c_abi_and_the_rust_api() {
     let y = model.submit(serve::Input::F32(vec![1.0; 4]), Default::default()).unwrap().wait().unwrap();
     assert!(matches!(y, serve::Output::F32(v) if v.iter().all(|x| x.is_finite())));
 }
+
+/// A completion holds its request's place under the admission bound until it is freed: drained
+/// but not freed still counts.
+#[test]
+fn a_completion_holds_its_admission_place_until_freed() {
+    let (dir, _) = common::mlp_dir("ffi-permit", &[4, 2], 2);
+    let rt = cpu_runtime();
+    let mut mo = null_mut();
+    ok(serve_model_options_new(&mut mo));
+    ok(serve_model_options_set_admission_bound(mo, 1));
+    let path = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+    let mut model = null_mut();
+    ok(serve_runtime_load_model(rt, path.as_ptr(), mo, &mut model));
+    serve_model_options_free(mo);
+    let mut q = null_mut();
+    ok(serve_queue_new(&mut q));
+    let x = [1.0f32; 4];
+    let mut id = 0;
+    ok(serve_submit_f32(model, q, 1, x.as_ptr(), 4, null(), &mut id));
+    let mut out = [null_mut(); 1];
+    let mut n = 0;
+    ok(serve_queue_next(q, out.as_mut_ptr(), 1, 10_000_000_000, &mut n));
+    assert_eq!(n, 1);
+    let (code, msg) = take(serve_submit_f32(model, q, 2, x.as_ptr(), 4, null(), &mut id));
+    assert_eq!(code, Code::Busy, "drained but not freed still holds the place: {msg}");
+    serve_completion_free(out[0]);
+    ok(serve_submit_f32(model, q, 3, x.as_ptr(), 4, null(), &mut id));
+    ok(serve_queue_next(q, out.as_mut_ptr(), 1, 10_000_000_000, &mut n));
+    assert_eq!((n, serve_completion_tag(out[0])), (1, 3));
+    serve_completion_free(out[0]);
+    serve_queue_free(q);
+    serve_model_free(model);
+    serve_runtime_free(rt);
+}

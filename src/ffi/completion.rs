@@ -8,6 +8,7 @@ use crate::ffi::{arg, free_handle, out_arg, write_out};
 use crate::ffi_boundary;
 use crate::model::Output;
 use crate::runtime::Completion;
+use crate::runtime::admission::Permit;
 
 /// A finished request: its tag and id, a code, and its output (on success) or error message.
 /// Owned by the caller, who frees it with `serve_completion_free`; outputs and messages borrowed
@@ -19,6 +20,8 @@ pub struct serve_completion {
     code: Code,
     output: Option<Output>,
     message: Option<CString>,
+    /// The request's admission place, released by `serve_completion_free`.
+    _permit: Option<Permit>,
 }
 
 impl From<Completion> for serve_completion {
@@ -27,7 +30,7 @@ impl From<Completion> for serve_completion {
             Ok(o) => (Code::Ok, Some(o), None),
             Err(e) => (e.code(), None, CString::new(e.message().replace('\0', "\\0")).ok()),
         };
-        serve_completion { id: c.id, tag: c.tag, code, output, message }
+        serve_completion { id: c.id, tag: c.tag, code, output, message, _permit: c.permit }
     }
 }
 

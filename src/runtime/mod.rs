@@ -6,7 +6,7 @@
 //! completion counter; the poller sees the counter move and reports `task_done` to the engine,
 //! which completes the task's requests into their tickets or completion queues.
 
-mod admission;
+pub(crate) mod admission;
 mod cells;
 mod engine;
 mod metrics;

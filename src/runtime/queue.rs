@@ -28,7 +28,6 @@ pub struct Completion {
     pub result: Result<Output>,
     /// The request's place under its model's admission bound, released when the completion is
     /// dropped (so results left in a queue count against the bound).
-    #[expect(dead_code, reason = "held for its drop, which releases the place")]
     pub(crate) permit: Option<Permit>,
 }
 
