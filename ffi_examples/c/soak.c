@@ -33,10 +33,13 @@
  * tokens: 1 to max_decode ids below the vocabulary). The main thread samples this process's RSS
  * (/proc/self/statm) every --sample-seconds and prints a `sample` line; RSS growth is measured
  * from the end of warm-up to the end of the run. Each line also gives the interval's backlog peak:
- * the most requests accepted and not yet settled by the consumer, seen at a submit. The runtime
- * releases a request's admission when it completes, not when the caller drains it, so a backlog
- * above the sum of the admission bounds means completions were waiting in the queue (a starved
- * consumer): a new backlog peak after warm-up raises RSS without any leak. At the end: shutdown with drain, then every
+ * the most requests accepted and not yet settled by the consumer, seen at a submit. A request
+ * holds its admission place until its completion is freed, so the backlog never exceeds the sum
+ * of the admission bounds, and neither does what the runtime holds for it. Before the run, a
+ * priming pass fills every model to its bound with the consumer paused (so the completions pile
+ * up in the queue too), then lets it all drain: the runtime's queues and maps reach the largest
+ * size the bounds allow before the RSS baseline, and a burst during the run cannot grow them
+ * further. At the end: shutdown with drain, then every
  * request must have completed OK, nothing may be pending (ledger and serve_runtime_stats), and
  * every handle is freed.
  *
@@ -387,7 +390,7 @@ typedef struct {
   uint64_t next_seq; /* submitter only */
   atomic_uint_fast64_t accepted, completed, ledger_full, violations, bad_outputs;
   atomic_uint_fast64_t by_code[CODES], refused_by_code[CODES];
-  atomic_bool window_mode, finish;
+  atomic_bool window_mode, finish, paused;
   sem_t credits;                  /* closed loop: free window places */
   uint64_t soak_start, soak_end;  /* open loop: [start, end) */
   double rate;                    /* open loop: arrivals/s */
@@ -505,6 +508,11 @@ static void *consumer(void *arg) {
   serve_completion *batch[DRAIN_BATCH];
   for (;;) {
     size_t n = 0;
+    if (atomic_load(&s->paused) && !atomic_load(&s->finish)) {
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+      continue;
+    }
     if (!ok(serve_queue_next(s->q, batch, DRAIN_BATCH, 50000000u, &n), "serve_queue_next")) break;
     for (size_t i = 0; i < n; i++) settle(s, batch[i]);
     if (n == 0 && atomic_load(&s->finish)) break;
@@ -566,6 +574,32 @@ static bool calibrate(soak_t *s, size_t mi, uint64_t *rng) {
          serve_model_kind(md->m), md->capacity, s->cfg.window);
   if (md->capacity <= 0) fail("calibrating %s: no completions measured", md->dir);
   return md->capacity > 0;
+}
+
+/* Fill every model to its admission bound with the consumer paused, wait until the runtime has
+ * completed all of it (the completions then wait in the queue), and let the consumer settle it:
+ * the runtime's structures reach their bounded peak before the RSS baseline. Refusals here are
+ * the bound doing its job and are not counted. */
+static bool prime(soak_t *s, uint64_t *rng) {
+  atomic_store(&s->paused, true);
+  for (size_t mi = 0; mi < s->n_models; mi++)
+    while (submit_one(s, mi, (size_t)rng_below(rng, POOL))) {
+    }
+  uint64_t until = now_ns() + DRAIN_TIMEOUT_NS;
+  bool done = false;
+  while (!done && now_ns() < until) {
+    serve_stats *st = NULL;
+    if (!ok(serve_runtime_stats(s->rt, &st), "serve_runtime_stats")) break;
+    done = serve_stats_in_flight(st) == 0;
+    serve_stats_free(st);
+    struct timespec ts = {0, 1000000};
+    if (!done) nanosleep(&ts, NULL);
+  }
+  atomic_store(&s->paused, false);
+  bool settled = wait_settled(s, DRAIN_TIMEOUT_NS);
+  for (unsigned i = 0; i < CODES; i++) atomic_store(&s->refused_by_code[i], 0);
+  if (!done || !settled) fail("priming: requests still outstanding after 60 s");
+  return done && settled;
 }
 
 static void *submitter(void *arg) {
@@ -716,6 +750,12 @@ int main(int argc, char **argv) {
     if (calibrated) inv += 1.0 / s.models[i].capacity;
   }
   double capacity = calibrated ? (double)s.n_models / inv : 0;
+  if (calibrated) {
+    uint64_t primed_from = atomic_load(&s.accepted);
+    calibrated = prime(&s, &rng);
+    printf("primed: %" PRIu64 " requests held to the admission bounds, then drained; rss=%.2fMiB\n",
+           (uint64_t)atomic_load(&s.accepted) - primed_from, mib(rss_bytes()));
+  }
   uint64_t rss_warm = 0, rss_end = 0, rss_max = 0, before = 0, backlog_before = 0, backlog_after = 0;
   uint64_t accepted_before = atomic_load(&s.accepted), completed_before = atomic_load(&s.completed);
   if (calibrated) {
