@@ -164,11 +164,14 @@ pub trait Runner: Send + Sync {
     /// Make a finished task's results readable in its [`TaskIo`]. The engine calls it once for
     /// each task it handed to [`launch`](Runner::launch) on `worker` (also when the launch failed:
     /// then there is nothing to do), after the poller has seen the task's count (or reported the
-    /// stream failed), before it reads `output`, `tokens` and `error`. Tasks still in flight at
+    /// stream failed or stalled), before it reads `output`, `tokens` and `error`. A task reported
+    /// without its count (a failed stream, or one the stall watchdog gave up on) may still be
+    /// running: `collect` must then set its error and free nothing the stream may still use
+    /// (the engine gives the task's requests an error either way). Tasks still in flight at
     /// shutdown are never collected: the runner releases what they hold when it is dropped. A
     /// runner whose stream writes `TaskIo` itself (the CPU) has nothing to do; the CUDA runner
     /// copies the results from the task's pinned buffers, sets the error of a task whose stream
-    /// failed, and recycles the buffers.
+    /// failed, and recycles the buffers only once the counter has passed them.
     fn collect(&self, worker: usize, task: &TaskData) {
         let _ = (worker, task);
     }
