@@ -157,7 +157,7 @@ impl Runner for FaultyRunner {
     fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal> {
         Arc::new(FaultySignal {
             inner: self.inner.signal(worker),
-            faults: self.workers[worker.min(self.workers.len() - 1)].clone(),
+            faults: self.workers[worker].clone(),
             lost: self.lost.clone(),
         })
     }

@@ -15,15 +15,15 @@
 //!
 //! The estimate: the work ahead is counted in *rows* (a fixed-shape request is one row; a
 //! recurrent request one row per cell of its graph as submitted), and the time one row takes
-//! is measured on the model's own tasks: a moving average of what a task cost its worker
-//! (its run time, plus the turn-around before it when the previous task's completion launched it)
-//! divided by its real rows, so it follows the batch sizes the load produces (large batches
+//! is measured on the model's own tasks: a moving average of the time a task held its worker
+//! (the engine's busy time, which includes the turn-around between back-to-back tasks) divided
+//! by its real rows, so it follows the batch sizes the load produces (large batches
 //! under overload make a row cheap). The wait for a new request is then
 //! `(rows ahead + its rows) × time per row ÷ workers`, plus one task (the batch it ends up in
 //! runs whole), and it is admitted if that takes at most 70% of its time to its deadline (the
 //! rest absorbs the estimate's error: task times vary with the batches formed and the load).
 //! Until a first task has been measured nothing is refused for its deadline, nor is a request
-//! that finds nothing accepted ahead of it; a sample is taken at most at four times the
+//! that finds no work ahead of it; a sample is taken at most at four times the
 //! average, so one hiccup (a preempted thread, a page fault storm) moves the estimate little.
 
 use std::sync::Arc;
@@ -95,15 +95,15 @@ impl Admission {
                 ),
             ));
         }
+        let permit = Permit(self.clone());
         let ahead = self.rows.fetch_add(rows, Ordering::AcqRel);
-        // A model with nothing accepted is never refused for a deadline: its tasks then measure
-        // the time per row afresh, so an estimate inflated by a hiccup cannot shut it out.
-        let Some(deadline) = deadline.filter(|_| prev > 0) else { return Ok(Permit(self.clone())) };
+        // A request with no work ahead is never refused for its deadline: its task then measures
+        // the time per row afresh, so an estimate inflated by a hiccup cannot shut the model out.
+        let Some(deadline) = deadline.filter(|_| ahead > 0) else { return Ok(permit) };
         let wait = self.expected_wait(ahead.saturating_add(rows));
         let budget = deadline.saturating_duration_since(now);
         if wait > budget.mul_f64(SPARE) {
-            self.finished(rows);
-            self.admitted.fetch_sub(1, Ordering::AcqRel);
+            self.finished(rows); // and the permit's drop gives the place back
             return Err(Error::new(
                 Code::Busy,
                 format!(
@@ -114,7 +114,7 @@ impl Admission {
                 ),
             ));
         }
-        Ok(Permit(self.clone()))
+        Ok(permit)
     }
 
     /// A request of `rows` rows accepted by [`admit`](Self::admit) has completed: its work is no
@@ -123,12 +123,12 @@ impl Admission {
         self.rows.fetch_sub(rows, Ordering::AcqRel);
     }
 
-    /// A task of `rows` real rows cost its worker `cost` (engine thread only).
-    pub(crate) fn observe_task(&self, cost: Duration, rows: usize) {
+    /// A task of `rows` real rows held its worker for `busy` (engine thread only).
+    pub(crate) fn observe_task(&self, busy: Duration, rows: usize) {
         if rows == 0 {
             return;
         }
-        let ns = u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX);
+        let ns = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
         average(&self.row_ps, ns.saturating_mul(1000) / rows as u64);
         average(&self.task_ns, ns);
     }

@@ -109,8 +109,6 @@ struct TaskEntry {
     /// The worker it was launched on (for [`Runner::collect`]).
     worker: usize,
     launched: Instant,
-    /// Launched while the engine handled the completion of the worker's previous task.
-    followed: bool,
     /// The request and node of each real row.
     requests: Vec<RequestId>,
     nodes: Vec<u32>,
@@ -175,8 +173,6 @@ pub(crate) struct Engine {
     admit_waiting_later: Vec<usize>,
     /// Where released models go to be dropped (the reaper thread, see `Runtime::start`).
     reaper: Sender<Box<dyn Send>>,
-    /// The model and worker whose task's completion the engine is handling, if any.
-    completing: Option<(usize, usize)>,
     /// The current event's instant, once read (see [`instant`](Self::instant)).
     clock: Option<Instant>,
 }
@@ -203,7 +199,6 @@ impl Engine {
             drain_until: None,
             admit_waiting_later: Vec::new(),
             reaper,
-            completing: None,
             clock: None,
         }
     }
@@ -453,40 +448,35 @@ impl Engine {
     /// A task finished on its worker (the poller reports a worker's tasks in launch order, those
     /// whose launch failed included): hand out its results, then tell the policy.
     fn task_done(&mut self, model: usize, task: TaskId, failure: Option<Error>) {
-        if let Some((worker, ended)) = self.collect_results(model, task, failure) {
+        if let Some(ended) = self.collect_results(model, task, failure) {
             let now = self.now();
-            // A task the policy launches on this worker now follows this one back to back.
-            self.completing = Some((model, worker));
             self.with_policy(model, |p| {
                 for id in ended {
                     p.end_early(now, id);
                 }
                 p.task_done(now, task)
             });
-            self.completing = None;
         }
     }
 
     /// Split a finished task's output (or error) among its requests. `None` for an unknown task;
-    /// otherwise its worker and the requests that ended before their last cell (the policy must
-    /// be told).
+    /// otherwise the requests that ended before their last cell (the policy must be told).
     fn collect_results(
         &mut self,
         model: usize,
         task: TaskId,
         failure: Option<Error>,
-    ) -> Option<(usize, Vec<RequestId>)> {
+    ) -> Option<Vec<RequestId>> {
         let done = self.instant();
         let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
         let entry = state.tasks.remove(&task)?;
-        // The time the task cost its worker: from its launch, or from the previous task's end if
-        // it was launched by then (busy time); and, for admission's time per row, also the gap
-        // before its launch when the previous task's completion launched it — the turn-around a
-        // backlogged worker pays per task (a task launched later found the worker idle).
-        let mut cost = Duration::ZERO;
+        // The time the task held its worker: from its launch, or from the previous task's end if
+        // it was launched by then. A task launched while the engine handled the previous one's
+        // end carries that event's instant (one clock read per event), so its time includes the
+        // turn-around a backlogged worker pays per task; one launched later found it idle.
+        let mut busy = Duration::ZERO;
         if let Some(free_at) = state.worker_free_at.get_mut(entry.worker) {
-            let busy = done.saturating_duration_since(entry.launched.max(*free_at));
-            cost = if entry.followed { done.saturating_duration_since(*free_at) } else { busy };
+            busy = done.saturating_duration_since(entry.launched.max(*free_at));
             state.m.metrics.worker_busy(entry.worker, busy);
             *free_at = done;
         }
@@ -500,7 +490,7 @@ impl Engine {
         if error.is_none() {
             // Only tasks that ran measure the time per row: a failed launch took none, and a
             // stalled stream's time says nothing about the next task's.
-            state.m.admission.observe_task(cost, entry.requests.len());
+            state.m.admission.observe_task(busy, entry.requests.len());
         }
         let output = std::mem::take(&mut io.output);
         let mut ended = Vec::new();
@@ -552,7 +542,7 @@ impl Engine {
         }
         drop(io);
         state.m.policy.recycle(entry.requests, entry.nodes);
-        Some((entry.worker, ended))
+        Some(ended)
     }
 
     /// Feed one event to a model's policy and carry out every decision it makes.
@@ -617,7 +607,6 @@ impl Engine {
             data: data.clone(),
             worker: l.worker,
             launched: now,
-            followed: self.completing == Some((model, l.worker)),
             requests: l.requests,
             nodes: l.nodes,
         };
@@ -681,7 +670,8 @@ impl Engine {
         self.finish(pending, started, result);
     }
 
-    /// Release the request's admission slot, record it in the metrics and complete it.
+    /// Take the request's rows off the work ahead, record it in the metrics and complete it
+    /// (its admission permit goes on with the reply, released when the caller takes the result).
     fn finish(&mut self, p: Pending, started: Option<Instant>, result: Result<Output>) {
         let now = self.instant();
         if let Some(Some(s)) = self.models.get_mut(p.model) {

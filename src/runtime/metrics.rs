@@ -296,8 +296,7 @@ impl Metrics {
             self.busy.remove(&labels);
             self.stalls.remove(&labels);
         }
-        // Still under `names`: a model of this name added meanwhile waits, then creates anew.
-        drop(names);
+        // `names` is held to here: a model of this name added meanwhile waits, then creates anew.
     }
 }
 

@@ -138,21 +138,22 @@ fn run_with(
             };
             match cmd {
                 PollerCmd::Watch { model, worker, task, target, signal } => {
+                    let now = Instant::now();
                     let w = streams.entry((model, worker)).or_insert_with(|| Watched {
                         notifies: signal.notifies(),
                         signal,
                         fifo: VecDeque::new(),
-                        head_since: Instant::now(),
+                        head_since: now,
                         abandoned: None,
                     });
                     if w.fifo.is_empty() {
-                        w.head_since = Instant::now();
+                        w.head_since = now;
                     }
                     w.fifo.push_back((target, task));
                     in_flight += 1;
                     if !w.notifies {
                         if quiet == 0 {
-                            next_health = Instant::now() + HEALTH_EVERY;
+                            next_health = now + HEALTH_EVERY;
                         }
                         quiet += 1;
                     }
