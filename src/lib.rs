@@ -11,6 +11,7 @@ pub mod ffi;
 pub mod model;
 pub mod runtime;
 pub mod sched;
+pub mod sim;
 pub mod workload;
 
 pub use backend::{BackendChoice, BackendKind};

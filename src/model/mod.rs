@@ -6,7 +6,7 @@
 //! (a FIFO, a device, a directory or a symlink loop is INVALID_ARGUMENT), and every model.toml key
 //! and tensor dimension is checked against the documented [`limits`] (FORMAT naming the key).
 
-mod file;
+pub(crate) mod file;
 pub mod limits;
 pub mod lstm;
 pub mod mlp;

@@ -2,30 +2,18 @@
 //! a policy's launch (node → state slots, token, children), and a finished task's rows turned back
 //! into request results (final `h`, decoded tokens, `eos`).
 
-use std::collections::VecDeque;
-use std::sync::Arc;
-
 use crate::backend::{CellRow, CellTask};
 use crate::error::{Error, Result};
 use crate::model::{DECODER, Input, NO_TOKEN, Network, Output};
-use crate::sched::{CellGraph, RequestId};
+use crate::sched::CellGraph;
 
-/// The recurrent state of one request in the engine.
-pub(crate) struct RequestCells {
-    pub graph: Arc<CellGraph>,
-    /// Its state slots (empty while it waits for them): one for a chain model, one per node for a
-    /// tree.
-    pub slots: Vec<u32>,
-    /// Seq2Seq: tokens decoded so far.
+/// A Seq2Seq request's decoding progress (the driver's side: the tokens the backend returned).
+#[derive(Default)]
+pub(crate) struct Decoding {
+    /// Tokens decoded so far.
     pub decoded: Vec<u32>,
-    /// Seq2Seq: the output is complete (`eos` or `max_decode`); later decoder rows are ignored.
+    /// The output is complete (`eos` or `max_decode`); later decoder rows are ignored.
     pub ended: bool,
-}
-
-impl RequestCells {
-    pub fn new(graph: Arc<CellGraph>) -> RequestCells {
-        RequestCells { graph, slots: Vec::new(), decoded: Vec::new(), ended: false }
-    }
 }
 
 /// State slots needed by a request of `net` with this graph.
@@ -36,50 +24,31 @@ pub(crate) fn slots_needed(net: &Network, graph: &CellGraph) -> usize {
     }
 }
 
-/// The free state slots of one model, and the requests waiting for slots (in arrival order).
-pub(crate) struct SlotPool {
-    free: Vec<u32>,
-    pub waiting: VecDeque<RequestId>,
-}
-
-impl SlotPool {
-    pub fn new(slots: usize) -> SlotPool {
-        SlotPool { free: (0..slots as u32).rev().collect(), waiting: VecDeque::new() }
-    }
-
-    /// `n` slots, or `None` if fewer are free.
-    pub fn take(&mut self, n: usize) -> Option<Vec<u32>> {
-        let at = self.free.len().checked_sub(n)?;
-        Some(self.free.split_off(at))
-    }
-
-    pub fn give_back(&mut self, slots: &mut Vec<u32>) {
-        self.free.append(slots);
-    }
-}
-
 /// Add the row of `node` of a request to `task`.
-pub(crate) fn push_row(net: &Network, input: &Input, rc: &RequestCells, node: u32, task: &mut CellTask) {
+pub(crate) fn push_row(
+    net: &Network,
+    input: &Input,
+    graph: &CellGraph,
+    slots: &[u32],
+    node: u32,
+    task: &mut CellTask,
+) {
     let v = node as usize;
     let row = match (net, input) {
-        (Network::Lstm(_), Input::Tokens(t)) => CellRow {
-            slot: rc.slots[0],
-            token: t[v],
-            first: v == 0,
-            children: 0..0,
-            output: v + 1 == t.len(),
-        },
+        (Network::Lstm(_), Input::Tokens(t)) => {
+            CellRow { slot: slots[0], token: t[v], first: v == 0, children: 0..0, output: v + 1 == t.len() }
+        }
         (Network::Seq2Seq(_), Input::Tokens(t)) if v < t.len() => {
-            CellRow { slot: rc.slots[0], token: t[v], first: v == 0, children: 0..0, output: false }
+            CellRow { slot: slots[0], token: t[v], first: v == 0, children: 0..0, output: false }
         }
         (Network::Seq2Seq(_), Input::Tokens(t)) => {
-            CellRow { slot: rc.slots[0], token: NO_TOKEN, first: v == t.len(), children: 0..0, output: false }
+            CellRow { slot: slots[0], token: NO_TOKEN, first: v == t.len(), children: 0..0, output: false }
         }
         (Network::TreeLstm(_), Input::Tree { tokens, parents }) => {
             let start = task.children.len() as u32;
-            task.children.extend(rc.graph.preds(v).iter().map(|c| rc.slots[c as usize]));
+            task.children.extend(graph.preds(v).iter().map(|c| slots[c as usize]));
             CellRow {
-                slot: rc.slots[v],
+                slot: slots[v],
                 token: tokens[v],
                 first: false,
                 children: start..task.children.len() as u32,
@@ -115,7 +84,7 @@ impl Finished<'_> {
         &mut self,
         net: &Network,
         input: &Input,
-        rc: &mut RequestCells,
+        rc: &mut Decoding,
         i: usize,
         node: u32,
     ) -> Result<RowOutcome> {

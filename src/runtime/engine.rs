@@ -25,13 +25,14 @@ use crate::backend::{CellTask, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::{Input, Network, Output};
 use crate::runtime::admission::Admission;
-use crate::runtime::cells::{Finished, RequestCells, RowOutcome, SlotPool, push_row, slots_needed};
+use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_row, slots_needed};
+use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
 use crate::runtime::metrics::ModelMetrics;
 use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled};
 use crate::runtime::stats::Stats;
-use crate::sched::{Arrival, CellGraph, Decision, IdMap, Launch, Policy, RequestId, TaskId, Time};
+use crate::sched::{CellGraph, IdMap, Policy, RequestId, TaskId, Time};
 
 /// A request admitted by submit, on its way to the engine.
 pub(crate) struct Pending {
@@ -93,39 +94,30 @@ pub(crate) enum Event {
 /// Events handled back to back before timers are checked and completions delivered.
 const MAX_EVENTS_PER_TURN: usize = 256;
 
-struct Request {
-    pending: Pending,
+/// The engine's own data of a request, carried by the core (`core::CoreRequest::data`).
+struct Live {
+    /// When submit accepted it.
+    submitted: Instant,
+    /// Its rows of work, as admission counted them (released at completion).
+    rows: u64,
+    input: Input,
+    reply: Reply,
     /// The result computed by the request's task(s), set when it is known.
     result: Option<Result<Output>>,
-    /// Recurrent requests: state slots and decoding progress.
-    cells: Option<RequestCells>,
-    /// When the request was first part of a launched task (for the deadline message and the
-    /// metrics' service time).
-    started: Option<Instant>,
+    /// Seq2Seq: the tokens decoded so far.
+    decoding: Decoding,
 }
 
-struct TaskEntry {
-    data: Arc<TaskData>,
-    /// The worker it was launched on (for [`Runner::collect`]).
-    worker: usize,
-    launched: Instant,
-    /// The request and node of each real row.
-    requests: Vec<RequestId>,
-    nodes: Vec<u32>,
-}
-
+/// The backend side of a model: what the core does not hold.
 struct ModelState {
-    m: EngineModel,
-    tasks: IdMap<TaskEntry>,
+    net: Arc<Network>,
+    runner: Arc<dyn Runner>,
+    metrics: Arc<ModelMetrics>,
+    admission: Arc<Admission>,
+    /// The data of each task in flight, and the worker it runs on.
+    tasks: IdMap<Arc<TaskData>>,
     /// Input and output values per row.
     io: (usize, usize),
-    /// State slots of a recurrent model, and the requests waiting for them.
-    slots: SlotPool,
-    /// Requests of the model the engine holds (arrived, not completed).
-    requests: usize,
-    /// When each worker's last reported task completed (a worker is busy from a task's launch or
-    /// this, whichever is later, to the task's completion).
-    worker_free_at: Vec<Instant>,
     /// Workers the stall watchdog gave up on and that have not recovered.
     stalled: Vec<bool>,
 }
@@ -154,13 +146,11 @@ impl ModelIndices {
 
 pub(crate) struct Engine {
     epoch: Instant,
+    /// Requests, slots, policies and tasks in flight: the decisions (core.rs).
+    core: EngineCore<Live>,
     /// Indexed by model index; `None` for a free index.
     models: Vec<Option<ModelState>>,
     indices: Arc<Mutex<ModelIndices>>,
-    /// Closing models (see the module docs), released once idle.
-    closing: Vec<usize>,
-    /// Keyed with the cheap id hash: looked up for every row of every task.
-    requests: IdMap<Request>,
     poller: Sender<PollerCmd>,
     /// Unparked after every watch, so a poller parked between a fast completion and the watch
     /// that announces it does not sleep out its park.
@@ -168,9 +158,6 @@ pub(crate) struct Engine {
     stats: Arc<Stats>,
     outbox: Vec<(Arc<QueueShared>, Completion)>,
     drain_until: Option<Instant>,
-    /// Models whose freed state slots may admit waiting requests, once the decisions in hand are
-    /// carried out (admitting re-enters the policy).
-    admit_waiting_later: Vec<usize>,
     /// Where released models go to be dropped (the reaper thread, see `Runtime::start`).
     reaper: Sender<Box<dyn Send>>,
     /// The current event's instant, once read (see [`instant`](Self::instant)).
@@ -188,16 +175,14 @@ impl Engine {
     ) -> Engine {
         Engine {
             epoch,
+            core: EngineCore::default(),
             models: Vec::new(),
             indices,
-            closing: Vec::new(),
-            requests: IdMap::default(),
             poller,
             poller_thread,
             stats,
             outbox: Vec::new(),
             drain_until: None,
-            admit_waiting_later: Vec::new(),
             reaper,
             clock: None,
         }
@@ -205,6 +190,10 @@ impl Engine {
 
     fn time(&self, at: Instant) -> Time {
         Time(u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn instant_of(&self, t: Time) -> Instant {
+        self.epoch + Duration::from_nanos(t.0)
     }
 
     /// The wall clock, read once per event (and once per timer pass): everything one event
@@ -242,12 +231,13 @@ impl Engine {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => self.drain_until = Some(Instant::now()),
             }
-            self.tick_due();
-            self.admit_deferred();
-            self.release_closed();
+            self.clock = None;
+            let now = self.now();
+            self.core.tick(now);
+            self.carry_out();
             self.publish();
             if let Some(until) = self.drain_until {
-                if self.requests.is_empty() {
+                if self.core.is_empty() {
                     break;
                 }
                 if Instant::now() >= until {
@@ -260,6 +250,7 @@ impl Engine {
         // it; their replies complete them `Cancelled`.
         let _ = self.poller.send(PollerCmd::Stop);
         // Policies and runners go now: streams finish the task in hand and their threads end.
+        self.core = EngineCore::default();
         self.models.clear();
         self.publish();
     }
@@ -268,81 +259,26 @@ impl Engine {
     /// gauge older than it.
     fn publish(&mut self) {
         let (mut queued, mut running) = (0, 0);
-        for s in self.models.iter().flatten() {
-            let q = s.m.policy.queued();
+        for (idx, s) in self.models.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let q = self.core.queued(idx);
             queued += q;
-            running += s.m.policy.running();
-            s.m.metrics.set_gauges(q, s.requests);
+            running += self.core.running(idx);
+            s.metrics.set_gauges(q, self.core.requests_of(idx));
         }
         self.stats.set_gauges(queued, running);
         flush(&mut self.outbox);
     }
 
     fn next_wakeup(&self) -> Option<Instant> {
-        let policy = self
-            .models
-            .iter()
-            .flatten()
-            .filter_map(|s| s.m.policy.next_wakeup())
-            .min()
-            .and_then(|t| self.epoch.checked_add(std::time::Duration::from_nanos(t.0)));
-        policy.into_iter().chain(self.drain_until).chain(self.waiting_deadline()).min()
-    }
-
-    /// The earliest deadline of a request waiting for state slots (the policy has not seen it).
-    fn waiting_deadline(&self) -> Option<Instant> {
-        self.models
-            .iter()
-            .flatten()
-            .flat_map(|s| s.slots.waiting.iter())
-            .filter_map(|id| self.requests.get(id).and_then(|r| r.pending.deadline))
-            .min()
-    }
-
-    /// Requests whose deadline passed while they waited for state slots complete
-    /// `DeadlineExceeded` (they never reached the policy, which would have expired them).
-    fn expire_waiting(&mut self) {
-        let now = self.instant();
-        let mut expired = Vec::new();
-        for state in self.models.iter_mut().flatten() {
-            let requests = &self.requests;
-            state.slots.waiting.retain(|id| {
-                let late = requests.get(id).and_then(|r| r.pending.deadline).is_some_and(|d| d <= now);
-                if late {
-                    expired.push(*id);
-                }
-                !late
-            });
-        }
-        for id in expired {
-            self.complete(id, Code::DeadlineExceeded);
-        }
-    }
-
-    fn tick_due(&mut self) {
-        self.clock = None;
-        self.expire_waiting();
-        let now = self.now();
-        for idx in 0..self.models.len() {
-            let due =
-                matches!(&self.models[idx], Some(s) if s.m.policy.next_wakeup().is_some_and(|t| t <= now));
-            if due {
-                self.with_policy(idx, |p| p.tick(now));
-            }
-        }
-    }
-
-    /// Admit requests waiting for state slots that completions freed.
-    fn admit_deferred(&mut self) {
-        while let Some(model) = self.admit_waiting_later.pop() {
-            self.admit_waiting(model);
-        }
+        let core = self.core.next_wakeup().map(|t| self.instant_of(t));
+        core.into_iter().chain(self.drain_until).min()
     }
 
     fn handle(&mut self, ev: Event) {
         self.clock = None;
         self.handle_event(ev);
-        self.admit_deferred();
+        self.carry_out();
     }
 
     fn handle_event(&mut self, ev: Event) {
@@ -351,64 +287,48 @@ impl Engine {
                 if self.models.len() <= idx {
                     self.models.resize_with(idx + 1, || None);
                 }
-                let io = m.runner.io_lens();
-                let slots = SlotPool::new(m.runner.state_slots());
                 debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
-                let workers = m.runner.workers();
-                let state = ModelState {
-                    m: *m,
+                let EngineModel { net, policy, runner, metrics, admission } = *m;
+                let workers = runner.workers();
+                self.core.add_model(idx, policy, runner.state_slots(), workers);
+                self.models[idx] = Some(ModelState {
+                    net,
+                    io: runner.io_lens(),
+                    runner,
+                    metrics,
+                    admission,
                     tasks: IdMap::default(),
-                    io,
-                    slots,
-                    requests: 0,
-                    worker_free_at: vec![Instant::now(); workers],
                     stalled: vec![false; workers],
-                };
-                self.models[idx] = Some(state);
+                });
             }
-            Event::RemoveModel(idx) => {
-                // Sent once, by the last handle's drop; the index is not reused before release.
-                debug_assert!(!self.closing.contains(&idx), "model {idx} removed twice");
-                if matches!(self.models.get(idx), Some(Some(_))) {
-                    self.closing.push(idx);
-                }
-            }
-            Event::Arrive(mut p) => {
-                let id = p.reply.id();
-                let model = p.model;
-                let cells = p.cells.take().map(RequestCells::new);
-                let recurrent = cells.is_some();
+            // Sent once, by the last handle's drop; the index is not reused before release.
+            Event::RemoveModel(idx) => self.core.close_model(idx),
+            Event::Arrive(p) => {
+                let Pending { model, submitted, rows, input, cells, deadline, priority, reply } = *p;
+                let id = reply.id();
                 // A handle is alive while it submits, so its model is here and not closing;
                 // were it not, the dropped reply completes the request `Cancelled`.
-                let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-                state.requests += 1;
-                self.requests.insert(id, Request { pending: *p, result: None, cells, started: None });
-                if recurrent {
-                    // Requests take their state slots in arrival order.
-                    state.slots.waiting.push_back(id);
-                    self.admit_waiting(model);
-                } else {
-                    self.arrive(model, id);
+                let Some(state) = self.models.get(model).and_then(|s| s.as_ref()) else { return };
+                let slots_needed = cells.as_ref().map_or(0, |g| slots_needed(&state.net, g));
+                let data =
+                    Live { submitted, rows, input, reply, result: None, decoding: Decoding::default() };
+                let deadline = deadline.map(|d| self.time(d));
+                let now = self.now();
+                let s = Submit { model, id, graph: cells, slots_needed, deadline, priority, data };
+                if let Err(live) = self.core.submit(now, s) {
+                    self.finish(model, None, live, Err(Error::new(Code::Cancelled, "the model was freed")));
                 }
             }
             Event::Cancel(id) => {
-                let Some(model) = self.requests.get(&id).map(|r| r.pending.model) else { return };
-                let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-                if let Some(at) = state.slots.waiting.iter().position(|&w| w == id) {
-                    // Still waiting for state slots: the policy never saw it.
-                    state.slots.waiting.remove(at);
-                    self.complete(id, Code::Cancelled);
-                } else {
-                    let now = self.now();
-                    self.with_policy(model, |p| p.cancel(now, id));
-                }
+                let now = self.now();
+                self.core.cancel(now, id);
             }
             Event::TaskDone { model, task, failure } => self.task_done(model, task, failure),
             Event::WorkerStalled { model, worker } => self.set_stalled(model, worker, true),
             Event::WorkerRecovered { model, worker } => self.set_stalled(model, worker, false),
             Event::Flush(model) => {
                 let now = self.now();
-                self.with_policy(model, |p| p.flush(now));
+                self.core.flush(now, model);
             }
             Event::Shutdown { drain_until } => {
                 self.drain_until = Some(self.drain_until.map_or(drain_until, |d| d.min(drain_until)));
@@ -416,145 +336,87 @@ impl Engine {
         }
     }
 
-    /// Give the request to its model's policy.
-    fn arrive(&mut self, model: usize, id: RequestId) {
-        let r = &self.requests[&id];
-        let arrival = Arrival {
-            id,
-            deadline: r.pending.deadline.map(|d| self.time(d)),
-            priority: r.pending.priority,
-            cells: r.cells.as_ref().map(|c| c.graph.clone()),
-        };
-        let now = self.now();
-        self.with_policy(model, |pol| pol.arrive(now, arrival));
-    }
-
-    /// Hand state slots to waiting requests, in arrival order, while there are enough.
-    fn admit_waiting(&mut self, model: usize) {
-        loop {
-            let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-            let Some(&id) = state.slots.waiting.front() else { return };
-            let Some(rc) = self.requests.get_mut(&id).and_then(|r| r.cells.as_mut()) else {
-                state.slots.waiting.pop_front();
-                continue;
-            };
-            let Some(slots) = state.slots.take(slots_needed(&state.m.net, &rc.graph)) else { return };
-            rc.slots = slots;
-            state.slots.waiting.pop_front();
-            self.arrive(model, id);
+    /// Carry out everything the core has decided.
+    fn carry_out(&mut self) {
+        while let Some(out) = self.core.poll() {
+            match out {
+                CoreOutput::Launch { model, task } => self.launch(model, task),
+                CoreOutput::Complete { id: _, code, model, started, data } => {
+                    self.complete(model, code, started, data)
+                }
+                CoreOutput::Released { model, policy } => self.release(model, policy),
+            }
         }
     }
 
     /// A task finished on its worker (the poller reports a worker's tasks in launch order, those
-    /// whose launch failed included): hand out its results, then tell the policy.
+    /// whose launch failed included): split its output (or error) among its requests, then the
+    /// core tells the policy.
     fn task_done(&mut self, model: usize, task: TaskId, failure: Option<Error>) {
-        if let Some(ended) = self.collect_results(model, task, failure) {
-            let now = self.now();
-            self.with_policy(model, |p| {
-                for id in ended {
-                    p.end_early(now, id);
-                }
-                p.task_done(now, task)
-            });
-        }
-    }
-
-    /// Split a finished task's output (or error) among its requests. `None` for an unknown task;
-    /// otherwise the requests that ended before their last cell (the policy must be told).
-    fn collect_results(
-        &mut self,
-        model: usize,
-        task: TaskId,
-        failure: Option<Error>,
-    ) -> Option<Vec<RequestId>> {
-        let done = self.instant();
-        let state = self.models.get_mut(model).and_then(|s| s.as_mut())?;
-        let entry = state.tasks.remove(&task)?;
-        // The time the task held its worker: from its launch, or from the previous task's end if
-        // it was launched by then. A task launched while the engine handled the previous one's
-        // end carries that event's instant (one clock read per event), so its time includes the
-        // turn-around a backlogged worker pays per task; one launched later found it idle.
-        let mut busy = Duration::ZERO;
-        if let Some(free_at) = state.worker_free_at.get_mut(entry.worker) {
-            busy = done.saturating_duration_since(entry.launched.max(*free_at));
-            state.m.metrics.worker_busy(entry.worker, busy);
-            *free_at = done;
-        }
+        let now = self.now();
+        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+        let Some(data) = state.tasks.remove(&task) else { return };
+        let Some(worker) = self.core.task(model, task).map(|t| t.worker) else { return };
         // The runner makes the results readable (the CUDA runner copies them from pinned memory).
-        state.m.runner.collect(entry.worker, &entry.data);
+        state.runner.collect(worker, &data);
         let out_len = state.io.1;
-        let mut io = entry.data.io.lock().unwrap_or_else(|p| p.into_inner());
+        let mut io = data.io.lock().unwrap_or_else(|p| p.into_inner());
         // A task given up on never delivers what its stream may still write (the runner's error,
         // if it set one, says more).
         let error = io.error.take().or(failure);
-        if error.is_none() {
-            // Only tasks that ran measure the time per row: a failed launch took none, and a
-            // stalled stream's time says nothing about the next task's.
-            state.m.admission.observe_task(busy, entry.requests.len());
-        }
         let output = std::mem::take(&mut io.output);
-        let mut ended = Vec::new();
-        if let Work::Cells(cells) = &io.work {
-            let net = &*state.m.net;
+        let net = &*state.net;
+        let done = if let Work::Cells(cells) = &io.work {
             let mut finished =
                 Finished { task: cells, tokens: &io.tokens, outputs: output.chunks_exact(out_len.max(1)) };
-            for (i, (id, &node)) in entry.requests.iter().zip(&entry.nodes).enumerate() {
-                let Some(r) = self.requests.get_mut(id) else { continue };
+            self.core.task_done(now, model, task, |i, r, node| {
                 let outcome = match &error {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
-                    None => {
-                        let rc = r.cells.as_mut().expect("cell rows belong to recurrent requests");
-                        finished.row_outcome(net, &r.pending.input, rc, i, node)
-                    }
+                    None => finished.row_outcome(
+                        net,
+                        &r.data.input,
+                        &mut r.data.decoding,
+                        i,
+                        node.expect("cell tasks have nodes"),
+                    ),
                 };
                 match outcome {
-                    Ok(RowOutcome::Continue) => {}
+                    Ok(RowOutcome::Continue) => RowEnd::Continue,
                     Ok(RowOutcome::Result { output, early }) => {
-                        r.result = Some(Ok(output));
-                        if early {
-                            ended.push(*id);
-                        }
+                        r.data.result = Some(Ok(output));
+                        if early { RowEnd::Early } else { RowEnd::Continue }
                     }
-                    Err(e) => {
-                        // A failed cell ends the request: its later cells would read bad state.
-                        if !matches!(r.result, Some(Err(_))) {
-                            r.result = Some(Err(e));
-                            ended.push(*id);
-                        }
+                    // A failed cell ends the request: its later cells would read bad state.
+                    Err(e) if !matches!(r.data.result, Some(Err(_))) => {
+                        r.data.result = Some(Err(e));
+                        RowEnd::Early
                     }
+                    Err(_) => RowEnd::Continue,
                 }
-            }
+            })
         } else {
-            for (row, id) in entry.requests.iter().enumerate() {
-                let Some(r) = self.requests.get_mut(id) else { continue };
-                r.result = Some(match &error {
+            let rows = data.rows;
+            self.core.task_done(now, model, task, |row, r, _| {
+                r.data.result = Some(match &error {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
                     None => match output.get(row * out_len..(row + 1) * out_len) {
                         Some(v) => Ok(Output::F32(v.to_vec())),
                         None => Err(Error::internal(format!(
-                            "task {task} produced {} values for {} rows of {out_len}",
+                            "task {task} produced {} values for {rows} rows of {out_len}",
                             output.len(),
-                            entry.data.rows
                         ))),
                     },
                 });
-            }
-        }
+                RowEnd::Continue
+            })
+        };
         drop(io);
-        state.m.policy.recycle(entry.requests, entry.nodes);
-        Some(ended)
-    }
-
-    /// Feed one event to a model's policy and carry out every decision it makes.
-    fn with_policy(&mut self, model: usize, f: impl FnOnce(&mut dyn Policy)) {
-        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        f(&mut *state.m.policy);
-        loop {
-            let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-            let Some(d) = state.m.policy.poll() else { return };
-            match d {
-                Decision::Launch(l) => self.launch(model, l),
-                Decision::Complete { id, code } => self.complete(id, code),
+        if let Some(done) = done {
+            state.metrics.worker_busy(done.worker, done.busy);
+            // Only tasks that ran measure the time per row: a failed launch took none, and a
+            // stalled stream's time says nothing about the next task's.
+            if error.is_none() {
+                state.admission.observe_task(done.busy, done.rows);
             }
         }
     }
@@ -565,7 +427,7 @@ impl Engine {
         {
             *w = stalled;
             if stalled {
-                s.m.metrics.worker_stalled(worker);
+                s.metrics.worker_stalled(worker);
             }
         }
     }
@@ -574,53 +436,42 @@ impl Engine {
     /// error and is watched like any other, with a target reached at once: the poller reports it
     /// after the tasks launched before it on its worker, and policies rely on a worker's tasks
     /// finishing in launch order.
-    fn launch(&mut self, model: usize, l: Launch) {
-        let now = self.instant();
-        let state = self.models[model].as_mut().expect("model present");
-        let work = if l.nodes.is_empty() {
+    fn launch(&mut self, model: usize, task: TaskId) {
+        let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+        let Some(t) = self.core.task(model, task) else { return };
+        let work = if t.nodes.is_empty() {
             let in_len = state.io.0;
-            let mut input = vec![0.0f32; l.batch * in_len];
-            for (row, id) in l.requests.iter().enumerate() {
-                if let Some(Request { pending: Pending { input: Input::F32(v), .. }, started, .. }) =
-                    self.requests.get_mut(id)
-                {
+            let mut input = vec![0.0f32; t.batch * in_len];
+            for (row, id) in t.requests.iter().enumerate() {
+                if let Some(Input::F32(v)) = self.core.request(*id).map(|r| &r.data.input) {
                     input[row * in_len..(row + 1) * in_len].copy_from_slice(v);
-                    started.get_or_insert(now);
                 }
             }
             Work::Dense(input)
         } else {
             let mut cells =
-                CellTask { cell: l.cell, rows: Vec::with_capacity(l.requests.len()), children: Vec::new() };
-            for (id, &node) in l.requests.iter().zip(&l.nodes) {
-                let r = self.requests.get_mut(id).expect("a launched request is pending");
-                r.started.get_or_insert(now);
-                let rc = r.cells.as_ref().expect("cell rows belong to recurrent requests");
-                push_row(&state.m.net, &r.pending.input, rc, node, &mut cells);
+                CellTask { cell: t.cell, rows: Vec::with_capacity(t.requests.len()), children: Vec::new() };
+            for (id, &node) in t.requests.iter().zip(&t.nodes) {
+                let r = self.core.request(*id).expect("a launched request is pending");
+                let graph = r.graph.as_ref().expect("cell rows belong to recurrent requests");
+                push_row(&state.net, &r.data.input, graph, &r.slots, node, &mut cells);
             }
             Work::Cells(cells)
         };
-        let data = TaskData::new(l.batch, work);
-        self.stats.record_task(l.requests.len());
-        state.m.metrics.task_launched(l.requests.len());
-        let entry = TaskEntry {
-            data: data.clone(),
-            worker: l.worker,
-            launched: now,
-            requests: l.requests,
-            nodes: l.nodes,
-        };
-        state.tasks.insert(l.task, entry);
-        let launched = if state.stalled.get(l.worker).copied().unwrap_or(false) {
+        let (worker, rows) = (t.worker, t.requests.len());
+        let data = TaskData::new(t.batch, work);
+        self.stats.record_task(rows);
+        state.metrics.task_launched(rows);
+        state.tasks.insert(task, data.clone());
+        let launched = if state.stalled.get(worker).copied().unwrap_or(false) {
             Err(Error::new(
                 Code::Backend,
                 format!(
-                    "worker {}'s stream is stalled (see the stall timeout); nothing is launched on it",
-                    l.worker
+                    "worker {worker}'s stream is stalled (see the stall timeout); nothing is launched on it"
                 ),
             ))
         } else {
-            state.m.runner.launch(l.worker, data.clone())
+            state.runner.launch(worker, data.clone())
         };
         let target = match launched {
             Ok(target) => target,
@@ -629,8 +480,8 @@ impl Engine {
                 0
             }
         };
-        let signal = state.m.runner.signal(l.worker);
-        let cmd = PollerCmd::Watch { model, worker: l.worker, task: l.task, target, signal };
+        let signal = state.runner.signal(worker);
+        let cmd = PollerCmd::Watch { model, worker, task, target, signal };
         if self.poller.send(cmd).is_err() {
             // The poller has stopped (the engine is going away, or the poller thread died): the
             // task is never reported, and its requests complete `Cancelled` with the engine.
@@ -639,23 +490,12 @@ impl Engine {
         self.poller_thread.unpark();
     }
 
-    fn complete(&mut self, id: RequestId, code: Code) {
-        let Some(Request { pending, result: computed, cells, started }) = self.requests.remove(&id) else {
-            return;
-        };
-        if let Some(mut rc) = cells
-            && !rc.slots.is_empty()
-            && let Some(Some(state)) = self.models.get_mut(pending.model)
-        {
-            // Nothing of the request runs any more (the policy's contract): its slots are free.
-            state.slots.give_back(&mut rc.slots);
-            let model = pending.model;
-            self.admit_waiting_later.push(model);
-        }
+    fn complete(&mut self, model: usize, code: Code, started: Option<Time>, mut live: Live) {
         let result = match code {
-            Code::Ok => {
-                computed.unwrap_or_else(|| Err(Error::internal("request completed without a result")))
-            }
+            Code::Ok => live
+                .result
+                .take()
+                .unwrap_or_else(|| Err(Error::internal("request completed without a result"))),
             Code::Cancelled => Err(Error::new(Code::Cancelled, "request cancelled")),
             Code::DeadlineExceeded => Err(Error::new(
                 Code::DeadlineExceeded,
@@ -667,23 +507,23 @@ impl Engine {
             )),
             other => Err(Error::new(other, "request failed")),
         };
-        self.finish(pending, started, result);
+        self.finish(model, started, live, result);
     }
 
     /// Take the request's rows off the work ahead, record it in the metrics and complete it
     /// (its admission permit goes on with the reply, released when the caller takes the result).
-    fn finish(&mut self, p: Pending, started: Option<Instant>, result: Result<Output>) {
+    fn finish(&mut self, model: usize, started: Option<Time>, live: Live, result: Result<Output>) {
         let now = self.instant();
-        if let Some(Some(s)) = self.models.get_mut(p.model) {
-            s.requests -= 1;
-            s.m.admission.finished(p.rows);
+        let started = started.map(|t| self.instant_of(t));
+        if let Some(Some(s)) = self.models.get_mut(model) {
+            s.admission.finished(live.rows);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
-            s.m.metrics.completed(code, p.submitted, started, now);
+            s.metrics.completed(code, live.submitted, started, now);
         }
-        p.reply.complete(result, &mut self.outbox);
+        live.reply.complete(result, &mut self.outbox);
     }
 
-    /// Release every closing model that has no request left and no task in flight: the poller
+    /// The core released a closing model (no request left, every task reported): the poller
     /// forgets its workers, its policy and runner are dropped, and its index becomes free.
     ///
     /// The policy and runner are dropped on the reaper thread, so the engine never waits for
@@ -692,42 +532,28 @@ impl Engine {
     /// its last notify and sees its queue closed: the wait is short and bounded. (A CUDA
     /// runner's drop waits for the device context to be idle, so for the work other models have
     /// in flight: the reason it is not done here.)
-    fn release_closed(&mut self) {
-        let mut k = 0;
-        while k < self.closing.len() {
-            let idx = self.closing[k];
-            let idle = matches!(&self.models[idx], Some(s) if s.requests == 0 && s.tasks.is_empty());
-            if !idle {
-                k += 1;
-                continue;
-            }
-            self.closing.swap_remove(k);
-            // Sent before the index is free, so it reaches the poller before any watch of a
-            // model that reuses the index. (The slot is empty before the index is free, and a
-            // model added under it is seen by this thread only after the drop.)
-            let _ = self.poller.send(PollerCmd::Forget { model: idx });
-            let state = self.models[idx].take();
-            self.indices.lock().unwrap_or_else(|p| p.into_inner()).give_back(idx);
-            if let Some(state) = state {
-                // Dropped by the reaper thread; here only if it is gone.
-                let _ = self.reaper.send(Box::new(state));
-            }
-        }
+    fn release(&mut self, idx: usize, policy: Box<dyn Policy>) {
+        // Sent before the index is free, so it reaches the poller before any watch of a model
+        // that reuses the index. (The slot is empty before the index is free, and a model added
+        // under it is seen by this thread only after the drop.)
+        let _ = self.poller.send(PollerCmd::Forget { model: idx });
+        let state = self.models.get_mut(idx).and_then(|s| s.take());
+        self.indices.lock().unwrap_or_else(|p| p.into_inner()).give_back(idx);
+        // Dropped by the reaper thread; here only if it is gone.
+        let _ = self.reaper.send(Box::new((state, policy)));
     }
 
     /// Shutdown deadline reached: every request still pending completes `Cancelled` now.
     fn cancel_everything(&mut self) {
-        let pending: Vec<(Pending, Option<Instant>)> =
-            self.requests.drain().map(|(_, r)| (r.pending, r.started)).collect();
-        for (p, started) in pending {
-            self.finish(p, started, Err(shutdown_cancelled()));
+        for (model, started, live) in self.core.drain_requests() {
+            self.finish(model, started, live, Err(shutdown_cancelled()));
         }
     }
 }
 
 impl Drop for Engine {
     /// Deliver what was completed even if the engine thread unwinds; requests still pending
-    /// complete `Cancelled` as their replies drop with `requests`.
+    /// complete `Cancelled` as their replies drop with the core.
     fn drop(&mut self) {
         flush(&mut self.outbox);
     }

@@ -7,7 +7,8 @@
 //! which completes the task's requests into their tickets or completion queues.
 
 pub(crate) mod admission;
-mod cells;
+pub(crate) mod cells;
+pub(crate) mod core;
 mod engine;
 mod metrics;
 mod poller;
@@ -197,7 +198,7 @@ impl Default for CellularOptions {
 pub const DEFAULT_STATE_BYTES: usize = 256 << 20;
 
 /// The policy object for `net` under `cfg`, its worker count and its largest task (rows).
-fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<(Box<dyn Policy>, usize, usize)> {
+pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<(Box<dyn Policy>, usize, usize)> {
     let recurrent = net.is_recurrent();
     let kind = net.kind();
     let cfg = match cfg {
@@ -270,7 +271,7 @@ const MAX_TASK_ROWS: usize = 1 << 16;
 /// largest size, but never more than [`DEFAULT_STATE_BYTES`] hold (and at least one). A model
 /// file's `max_nodes` therefore never sizes the arena past its budget: a tree larger than the
 /// arena is refused at submit ("needs N state slots"); `ModelOptions::state_slots` sets more.
-fn default_state_slots(net: &Network, bound: usize) -> usize {
+pub(crate) fn default_state_slots(net: &Network, bound: usize) -> usize {
     let (per_request, most) = match net {
         Network::Mlp(_) => return 0,
         Network::Lstm(_) | Network::Seq2Seq(_) => (1, 1),

@@ -1,0 +1,220 @@
+//! Cost models: how long the simulator's tasks take.
+//!
+//! A [`CostModel`] gives the time a task holds its worker as a function of its shape (cell type
+//! and rows), and the engine's own delays around it. [`CostFile`] is the one implementation: a
+//! table of measured points per cell type, linear between points (and along the nearest
+//! segment beyond them), read from JSON — written by `serve profile` on a real backend, or
+//! shipped with the crate from a paper's figures ([`CostFile::builtin`]).
+//!
+//! The file format (fields may be added, never renamed):
+//! ```json
+//! {"name": "batchmaker-v100", "source": "where the numbers come from", "backend": "v100",
+//!  "model": {"kind": "lstm", "hidden": 1024},
+//!  "cells": [{"cell": "step", "points": [[64, 185.0], [512, 784.0]]}],
+//!  "launch_us": 0.0, "report_us": 0.0}
+//! ```
+//! `points` are `[rows, microseconds]`, rows ascending; a cell's name is the model's cell type
+//! name (`step` for lstm, `encoder`/`decoder` for seq2seq, `leaf`/`internal` for treelstm,
+//! `dense` for a fixed-shape model). `launch_us` is the time from a launch decision to the
+//! worker's stream taking the task up (the engine gathering the batch and handing it over),
+//! `report_us` from the stream finishing a task to the engine learning of it (the completion
+//! counter seen by the poller, its event handled by the engine).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How long simulated work takes.
+pub trait CostModel {
+    /// The time a task of `rows` rows (padding included) of cell type `cell` (by name) holds
+    /// its worker; `None` if the model has no figure for the cell type.
+    fn task_time(&self, cell: &str, rows: usize) -> Option<Duration>;
+    /// From a launch decision to the worker taking the task up.
+    fn launch_delay(&self) -> Duration;
+    /// From a task's end on its worker to the engine's `task_done`.
+    fn report_delay(&self) -> Duration;
+}
+
+/// Most points one cell type may have, and most cell types in a file (files come from outside).
+const MAX_POINTS: usize = 4096;
+const MAX_CELLS: usize = 64;
+/// Largest size of a cost file read from disk.
+pub const MAX_COST_FILE_BYTES: u64 = 16 << 20;
+
+/// One cell type's measured times.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CellCost {
+    pub cell: String,
+    /// `[rows, microseconds]`, rows strictly ascending.
+    pub points: Vec<(usize, f64)>,
+}
+
+/// A cost table (see the module docs).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CostFile {
+    pub name: String,
+    #[serde(default)]
+    pub source: String,
+    #[serde(default)]
+    pub backend: String,
+    /// What was measured (kind, sizes), free-form.
+    #[serde(default)]
+    pub model: serde_json::Value,
+    pub cells: Vec<CellCost>,
+    #[serde(default)]
+    pub launch_us: f64,
+    #[serde(default)]
+    pub report_us: f64,
+}
+
+/// The cost files shipped with the crate: `(name, JSON)`.
+const BUILTIN: &[(&str, &str)] = &[("batchmaker-v100", include_str!("../../costs/batchmaker-v100.json"))];
+
+impl CostFile {
+    /// Names of the shipped cost files.
+    pub fn builtin_names() -> impl Iterator<Item = &'static str> {
+        BUILTIN.iter().map(|(n, _)| *n)
+    }
+
+    /// A shipped cost file by name.
+    pub fn builtin(name: &str) -> Option<CostFile> {
+        BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, json)| {
+            CostFile::parse(json).unwrap_or_else(|e| panic!("shipped cost file `{name}` is invalid: {e}"))
+        })
+    }
+
+    /// A shipped cost file by name, or else the file at that path.
+    pub fn open(name_or_path: &str) -> Result<CostFile> {
+        if let Some(c) = CostFile::builtin(name_or_path) {
+            return Ok(c);
+        }
+        let path = Path::new(name_or_path);
+        let text = crate::model::file::read_file(path, MAX_COST_FILE_BYTES).map_err(|e| {
+            e.context(format!(
+                "cost `{name_or_path}` (neither a shipped cost — {} — nor a readable file)",
+                CostFile::builtin_names().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let text = String::from_utf8(text)
+            .map_err(|_| Error::format(format!("cost file {}: not UTF-8", path.display())))?;
+        CostFile::parse(&text).map_err(|e| e.context(format!("cost file {}", path.display())))
+    }
+
+    /// Parse and check a cost file.
+    pub fn parse(json: &str) -> Result<CostFile> {
+        let c: CostFile = serde_json::from_str(json).map_err(|e| Error::format(format!("cost file: {e}")))?;
+        c.check()?;
+        Ok(c)
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::format(format!("cost file `{}`: {what}", self.name)));
+        if self.cells.is_empty() || self.cells.len() > MAX_CELLS {
+            return bad(format!("{} cell types; 1 to {MAX_CELLS} expected", self.cells.len()));
+        }
+        for (k, v) in [("launch_us", self.launch_us), ("report_us", self.report_us)] {
+            if !v.is_finite() || v < 0.0 {
+                return bad(format!("`{k}` is {v}; a finite time ≥ 0 expected"));
+            }
+        }
+        for c in &self.cells {
+            if c.points.is_empty() || c.points.len() > MAX_POINTS {
+                return bad(format!(
+                    "cell `{}` has {} points; 1 to {MAX_POINTS} expected",
+                    c.cell,
+                    c.points.len()
+                ));
+            }
+            for w in c.points.windows(2) {
+                if w[1].0 <= w[0].0 {
+                    return bad(format!(
+                        "cell `{}`: rows {} then {}; strictly ascending expected",
+                        c.cell, w[0].0, w[1].0
+                    ));
+                }
+            }
+            for &(rows, us) in &c.points {
+                if rows == 0 || !us.is_finite() || us <= 0.0 {
+                    return bad(format!(
+                        "cell `{}`: point [{rows}, {us}]; rows ≥ 1 and a finite time > 0 expected",
+                        c.cell
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Microseconds for `rows` rows of `cell`: linear between the two points around `rows`,
+    /// along the nearest segment beyond the ends (a single point scales in proportion to rows),
+    /// never below the smallest measured time's share of one row.
+    pub fn micros(&self, cell: &str, rows: usize) -> Option<f64> {
+        let pts = &self.cells.iter().find(|c| c.cell == cell)?.points;
+        let x = rows as f64;
+        let floor = pts[0].1 / pts[0].0 as f64;
+        if pts.len() == 1 {
+            return Some(pts[0].1 * x / pts[0].0 as f64);
+        }
+        let i = pts.partition_point(|p| p.0 < rows).clamp(1, pts.len() - 1);
+        let ((x0, y0), (x1, y1)) = (pts[i - 1], pts[i]);
+        let (x0, x1) = (x0 as f64, x1 as f64);
+        Some((y0 + (y1 - y0) * (x - x0) / (x1 - x0)).max(floor))
+    }
+}
+
+fn micros(us: f64) -> Duration {
+    Duration::from_nanos((us * 1e3).round() as u64)
+}
+
+impl CostModel for CostFile {
+    fn task_time(&self, cell: &str, rows: usize) -> Option<Duration> {
+        self.micros(cell, rows).map(micros)
+    }
+    fn launch_delay(&self) -> Duration {
+        micros(self.launch_us)
+    }
+    fn report_delay(&self) -> Duration {
+        micros(self.report_us)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batchmaker_v100_matches_the_paper_and_is_linear_between() {
+        let c = CostFile::builtin("batchmaker-v100").unwrap();
+        assert_eq!(c.micros("step", 64), Some(185.0));
+        assert_eq!(c.micros("step", 512), Some(784.0));
+        let mid = c.micros("step", 288).unwrap();
+        assert!((mid - (185.0 + 784.0) / 2.0).abs() < 1e-9, "{mid}");
+        // Below 64 rows the same line goes on (toward its intercept).
+        let one = c.micros("step", 1).unwrap();
+        assert!(one > 90.0 && one < 185.0, "{one}");
+        assert_eq!(c.micros("decoder", 1), None);
+    }
+
+    #[test]
+    fn bad_files_are_format_errors_naming_the_problem() {
+        let e =
+            CostFile::parse(r#"{"name":"x","cells":[{"cell":"a","points":[[4,1.0],[2,2.0]]}]}"#).unwrap_err();
+        assert_eq!(e.code(), crate::Code::Format);
+        assert!(e.message().contains("ascending"), "{e}");
+        let e = CostFile::parse(r#"{"name":"x","cells":[{"cell":"a","points":[[4,-1.0]]}]}"#).unwrap_err();
+        assert!(e.message().contains("[4, -1]"), "{e}");
+        let e = CostFile::parse(r#"{"name":"x","cells":[]}"#).unwrap_err();
+        assert!(e.message().contains("0 cell types"), "{e}");
+        assert!(CostFile::open("no-such-cost").unwrap_err().message().contains("batchmaker-v100"));
+    }
+
+    #[test]
+    fn one_point_scales_in_proportion() {
+        let c = CostFile::parse(r#"{"name":"x","cells":[{"cell":"a","points":[[10,100.0]]}]}"#).unwrap();
+        assert_eq!(c.micros("a", 20), Some(200.0));
+        assert_eq!(c.task_time("a", 1), Some(Duration::from_micros(10)));
+    }
+}

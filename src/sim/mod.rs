@@ -1,0 +1,321 @@
+//! The discrete-event simulator (ARCHITECTURE.md §8): the runtime's [`EngineCore`] and policies
+//! driven on virtual time, with task durations from a [`CostModel`] instead of a backend.
+//!
+//! It is the engine's second driver. The threaded engine reads the wall clock, launches tasks on
+//! a backend's streams and learns of their ends from the poller; the simulator keeps an event
+//! heap (arrivals, task ends, policy wakeups) and a clock that jumps from one event to the next.
+//! Each worker is one in-order stream: a task starts when its launch has reached the stream
+//! ([`CostModel::launch_delay`] after the decision) and the stream's previous task has ended,
+//! runs for [`CostModel::task_time`] of its cell type and rows (padding included), and is
+//! reported to the core [`CostModel::report_delay`] after its end. Everything between — which
+//! requests wait, which rows form a task, when a request completes — is decided by the same
+//! code as in the runtime, so a simulated run differs from a real one only by the cost model's
+//! error (measured by `serve sim --check`, see the README).
+//!
+//! Deterministic: the same inputs give the identical sequence of decisions (ties in time are
+//! broken by the order events were scheduled).
+
+pub mod cost;
+pub mod workload;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use cost::{CostFile, CostModel};
+
+use crate::error::{Code, Error, Result};
+use crate::model::Network;
+use crate::runtime::PolicyConfig;
+use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
+use crate::sched::{CellGraph, RequestId, TaskId, Time, WorkerId};
+
+/// One simulated request.
+#[derive(Clone, Debug)]
+pub struct SimRequest {
+    /// The request unfolded into cells (as `Network::unfold` makes it); `None` for a
+    /// fixed-shape request.
+    pub graph: Option<Arc<CellGraph>>,
+    /// The node whose row ends the request before its last cell (a Seq2Seq decode reaching
+    /// `eos`), if any.
+    pub ends_at: Option<u32>,
+}
+
+/// How requests arrive.
+#[derive(Clone, Debug)]
+pub enum Load {
+    /// Open loop: request `i` arrives at `at[i]` (ascending), whatever happens to the others.
+    Open(Vec<Duration>),
+    /// Closed loop: `window` requests in flight; each completion brings the next request at once.
+    Closed { window: usize },
+}
+
+/// What to simulate.
+pub struct SimSpec<'a> {
+    /// The model (its kind, cell types and state size; its weights are not used).
+    pub net: &'a Network,
+    pub policy: &'a PolicyConfig,
+    pub cost: &'a dyn CostModel,
+    /// Requests admitted and not complete at most; an arrival beyond it is refused `Busy`, as
+    /// the runtime's admission bound refuses it.
+    pub admission_bound: usize,
+    /// Record every decision in [`SimOutcome::trace`].
+    pub trace: bool,
+}
+
+/// One decision of a simulated run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TraceEvent {
+    Arrive { at: Time, id: RequestId },
+    Launch { at: Time, task: TaskId, worker: WorkerId, rows: usize, batch: usize },
+    Complete { at: Time, id: RequestId, code: Code },
+}
+
+/// What a simulated run measured.
+#[derive(Clone, Debug, Default)]
+pub struct SimOutcome {
+    /// Latency (arrival to completion) of each request that completed `Ok`, in completion order.
+    pub latencies: Vec<Duration>,
+    /// Requests that completed with an error (refusals at admission included), by code.
+    pub errors: BTreeMap<Code, u64>,
+    pub tasks: u64,
+    /// Real rows over all tasks (so `task_rows / tasks` is the mean formed batch).
+    pub task_rows: u64,
+    /// First arrival and last completion: the span throughput is measured over.
+    pub first_arrival: Time,
+    pub last_completion: Time,
+    /// Events handled (arrivals, task ends, wakeups).
+    pub events: u64,
+    pub trace: Vec<TraceEvent>,
+}
+
+impl SimOutcome {
+    pub fn completed(&self) -> u64 {
+        self.latencies.len() as u64
+    }
+
+    pub fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// Requests completed `Ok` per second of simulated time.
+    pub fn throughput(&self) -> f64 {
+        let span = self.last_completion.since(self.first_arrival).as_secs_f64();
+        if span > 0.0 { self.completed() as f64 / span } else { 0.0 }
+    }
+
+    pub fn mean_batch(&self) -> f64 {
+        if self.tasks == 0 { 0.0 } else { self.task_rows as f64 / self.tasks as f64 }
+    }
+}
+
+/// The simulator's per-request data in the core.
+struct Live {
+    arrived: Time,
+    ends_at: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Arrive(usize),
+    Done(TaskId),
+    Wake,
+}
+
+/// The model index the simulator serves its one model under.
+const MODEL: usize = 0;
+
+struct Sim<'a> {
+    spec: &'a SimSpec<'a>,
+    cell_names: Vec<&'static str>,
+    core: EngineCore<Live>,
+    heap: BinaryHeap<Reverse<(Time, u64, Ev)>>,
+    seq: u64,
+    /// When each worker's stream finishes the last task launched on it.
+    stream_free: Vec<Time>,
+    /// The wakeup already on the heap, if any.
+    wake: Option<Time>,
+    out: SimOutcome,
+    next_id: RequestId,
+}
+
+/// Run `requests` under `load` and return what was measured. Fails if the policy does not fit
+/// the model, or the cost model has no figure for a cell type a task runs.
+pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Result<SimOutcome> {
+    if requests.is_empty() {
+        return Err(Error::invalid("a simulation needs at least one request"));
+    }
+    if let Load::Open(at) = load
+        && at.len() != requests.len()
+    {
+        return Err(Error::invalid(format!("{} arrival times for {} requests", at.len(), requests.len())));
+    }
+    let (policy, workers, _) = crate::runtime::make_policy(spec.net, spec.policy)?;
+    let slots = if spec.net.is_recurrent() {
+        crate::runtime::default_state_slots(spec.net, spec.admission_bound)
+    } else {
+        0
+    };
+    let mut core = EngineCore::default();
+    core.add_model(MODEL, policy, slots, workers);
+    let cell_names = if spec.net.is_recurrent() {
+        spec.net.cell_types().iter().map(|t| t.name).collect()
+    } else {
+        vec!["dense"]
+    };
+    let mut sim = Sim {
+        spec,
+        cell_names,
+        core,
+        heap: BinaryHeap::new(),
+        seq: 0,
+        stream_free: vec![Time::ZERO; workers],
+        wake: None,
+        out: SimOutcome::default(),
+        next_id: 0,
+    };
+    match load {
+        Load::Open(at) => {
+            for (i, &t) in at.iter().enumerate() {
+                sim.push(Time::ZERO + t, Ev::Arrive(i));
+            }
+        }
+        Load::Closed { window } => {
+            for i in 0..(*window).clamp(1, requests.len()) {
+                sim.push(Time::ZERO, Ev::Arrive(i));
+            }
+        }
+    }
+    sim.out.first_arrival = match load {
+        Load::Open(at) => Time::ZERO + at[0],
+        Load::Closed { .. } => Time::ZERO,
+    };
+    let mut next_closed = match load {
+        Load::Closed { window } => (*window).clamp(1, requests.len()),
+        Load::Open(_) => requests.len(),
+    };
+    while let Some(Reverse((now, _, ev))) = sim.heap.pop() {
+        sim.out.events += 1;
+        let completed_before = sim.out.completed() + sim.out.error_count();
+        match ev {
+            Ev::Arrive(i) => sim.arrive(now, &requests[i]),
+            Ev::Done(task) => sim.done(now, task),
+            Ev::Wake => {
+                if sim.wake == Some(now) {
+                    sim.wake = None;
+                }
+            }
+        }
+        if sim.core.next_wakeup().is_some_and(|w| w <= now) {
+            sim.core.tick(now);
+        }
+        sim.carry_out(now)?;
+        // Closed loop: every completion lets the next request in.
+        let finished = sim.out.completed() + sim.out.error_count() - completed_before;
+        for _ in 0..finished {
+            if next_closed < requests.len() {
+                sim.push(now, Ev::Arrive(next_closed));
+                next_closed += 1;
+            }
+        }
+        sim.schedule_wake(now);
+    }
+    if !sim.core.is_empty() {
+        return Err(Error::internal("the simulation ended with requests still pending (a policy stalled)"));
+    }
+    Ok(sim.out)
+}
+
+impl Sim<'_> {
+    fn push(&mut self, at: Time, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, ev)));
+    }
+
+    fn arrive(&mut self, now: Time, r: &SimRequest) {
+        let id = self.next_id;
+        self.next_id += 1;
+        if self.core.requests_of(MODEL) >= self.spec.admission_bound {
+            *self.out.errors.entry(Code::Busy).or_default() += 1;
+            self.out.last_completion = now;
+            return;
+        }
+        if self.spec.trace {
+            self.out.trace.push(TraceEvent::Arrive { at: now, id });
+        }
+        let slots_needed =
+            r.graph.as_ref().map_or(0, |g| crate::runtime::cells::slots_needed(self.spec.net, g));
+        let s = Submit {
+            model: MODEL,
+            id,
+            graph: r.graph.clone(),
+            slots_needed,
+            deadline: None,
+            priority: 0,
+            data: Live { arrived: now, ends_at: r.ends_at },
+        };
+        if self.core.submit(now, s).is_err() {
+            unreachable!("the simulated model is never closed");
+        }
+    }
+
+    fn done(&mut self, now: Time, task: TaskId) {
+        self.core.task_done(now, MODEL, task, |_, r, node| {
+            if node.is_some() && node == r.data.ends_at { RowEnd::Early } else { RowEnd::Continue }
+        });
+    }
+
+    fn carry_out(&mut self, now: Time) -> Result<()> {
+        while let Some(out) = self.core.poll() {
+            match out {
+                CoreOutput::Launch { model, task } => {
+                    let t = self.core.task(model, task).expect("a launched task is in flight");
+                    let cell = self.cell_names.get(usize::from(t.cell)).copied().unwrap_or("?");
+                    let run = self.spec.cost.task_time(cell, t.batch).ok_or_else(|| {
+                        Error::invalid(format!("the cost model has no time for cell type `{cell}`"))
+                    })?;
+                    let (worker, rows, batch) = (t.worker, t.requests.len(), t.batch);
+                    let free = &mut self.stream_free[worker];
+                    let start = (now + self.spec.cost.launch_delay()).max(*free);
+                    *free = start + run;
+                    let report = *free + self.spec.cost.report_delay();
+                    self.push(report, Ev::Done(task));
+                    self.out.tasks += 1;
+                    self.out.task_rows += rows as u64;
+                    if self.spec.trace {
+                        self.out.trace.push(TraceEvent::Launch { at: now, task, worker, rows, batch });
+                    }
+                }
+                CoreOutput::Complete { id, code, data, .. } => {
+                    if code == Code::Ok {
+                        self.out.latencies.push(now.since(data.arrived));
+                    } else {
+                        *self.out.errors.entry(code).or_default() += 1;
+                    }
+                    self.out.last_completion = now;
+                    if self.spec.trace {
+                        self.out.trace.push(TraceEvent::Complete { at: now, id, code });
+                    }
+                }
+                CoreOutput::Released { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Put the core's next wakeup on the heap unless one at or before it is there already.
+    fn schedule_wake(&mut self, now: Time) {
+        let Some(w) = self.core.next_wakeup() else { return };
+        // A wakeup due now was handled above; one the policy still asks for at `now` comes a
+        // nanosecond later, so time always advances.
+        let w = w.max(Time(now.0 + 1));
+        if self.wake.is_none_or(|cur| w < cur) {
+            self.wake = Some(w);
+            self.push(w, Ev::Wake);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

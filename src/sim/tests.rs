@@ -1,0 +1,164 @@
+use std::collections::HashSet;
+
+use super::workload::{Lengths, requests};
+use super::*;
+use crate::PaddingConfig;
+use crate::model::{Lstm, Seq2Seq, TreeLstm};
+use crate::runtime::CellularOptions;
+use crate::workload::poisson_arrivals;
+
+fn lstm() -> Network {
+    Network::Lstm(Lstm::random(50, 4, 4, 1, 1))
+}
+
+fn cost(points: &str, launch_us: f64, report_us: f64) -> CostFile {
+    CostFile::parse(&format!(
+        r#"{{"name":"t","cells":[{points}],"launch_us":{launch_us},"report_us":{report_us}}}"#
+    ))
+    .unwrap()
+}
+
+fn cellular(max_batch: usize) -> PolicyConfig {
+    PolicyConfig::Cellular(CellularOptions { workers: 1, max_batch: vec![max_batch], max_tasks_to_submit: 5 })
+}
+
+fn spec<'a>(net: &'a Network, policy: &'a PolicyConfig, cost: &'a dyn CostModel) -> SimSpec<'a> {
+    SimSpec { net, policy, cost, admission_bound: 4096, trace: true }
+}
+
+#[test]
+fn one_request_takes_its_cells_back_to_back_plus_the_engine_delays() {
+    let net = lstm();
+    let c = cost(r#"{"cell":"step","points":[[1,10.0],[2,12.0]]}"#, 3.0, 2.0);
+    let policy = cellular(8);
+    let reqs = requests(&net, Lengths::Fixed(7), 1, 0).unwrap();
+    let out =
+        simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(vec![Duration::from_micros(100)])).unwrap();
+    // MaxTasksToSubmit = 5: five steps go out at once and run back to back; each report lets
+    // one more out, which reaches the stream 3 µs later, after the stream has run the queue.
+    assert_eq!(out.completed(), 1);
+    assert_eq!(out.tasks, 7);
+    assert_eq!(out.latencies[0], Duration::from_micros(3 + 7 * 10 + 2));
+    assert_eq!(out.mean_batch(), 1.0);
+}
+
+#[test]
+fn the_same_inputs_give_the_identical_decision_trace() {
+    let net = lstm();
+    let c = CostFile::builtin("batchmaker-v100").unwrap();
+    let policy = cellular(64);
+    let reqs = requests(&net, Lengths::Wmt, 2000, 7).unwrap();
+    let load = Load::Open(poisson_arrivals(20_000.0, 2000, 7));
+    let a = simulate(&spec(&net, &policy, &c), &reqs, &load).unwrap();
+    let b = simulate(&spec(&net, &policy, &c), &reqs, &load).unwrap();
+    assert!(a.trace.len() > 2000);
+    assert_eq!(a.trace, b.trace);
+    let other =
+        simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(poisson_arrivals(20_000.0, 2000, 8))).unwrap();
+    assert_ne!(a.trace, other.trace, "another arrival seed decides differently");
+}
+
+#[test]
+fn every_request_completes_exactly_once_and_tasks_respect_the_batch_limit() {
+    for (net, policy) in [
+        (lstm(), cellular(16)),
+        (lstm(), PolicyConfig::Padding(PaddingConfig { max_batch: 16, ..PaddingConfig::default() })),
+        (Network::Seq2Seq(Seq2Seq::random(10, 4, 4, 1, 1, 2, 30, 1)), PolicyConfig::Auto),
+        (
+            {
+                let mut m = TreeLstm::random(50, 4, 4, 1);
+                m.cfg.max_nodes = Some(crate::workload::TREEBANK_MAX_NODES);
+                Network::TreeLstm(m)
+            },
+            PolicyConfig::Auto,
+        ),
+    ] {
+        let cells = net
+            .cell_types()
+            .iter()
+            .map(|t| format!(r#"{{"cell":"{}","points":[[1,20.0],[64,100.0]]}}"#, t.name))
+            .collect::<Vec<_>>()
+            .join(",");
+        let c = cost(&cells, 5.0, 5.0);
+        let reqs = requests(&net, Lengths::Wmt, 500, 3).unwrap();
+        let out = simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(poisson_arrivals(5_000.0, 500, 3)))
+            .unwrap();
+        let mut seen = HashSet::new();
+        for e in &out.trace {
+            match e {
+                TraceEvent::Complete { id, code, .. } => {
+                    assert!(seen.insert(*id), "{id} completed twice");
+                    assert_eq!(*code, Code::Ok);
+                }
+                TraceEvent::Launch { rows, batch, .. } => assert!(rows <= batch && *batch <= 512),
+                TraceEvent::Arrive { .. } => {}
+            }
+        }
+        assert_eq!(seen.len(), 500, "{}", net.kind());
+    }
+}
+
+#[test]
+fn a_decode_that_ends_early_runs_fewer_decoder_steps() {
+    let net = Network::Seq2Seq(Seq2Seq::random(10, 4, 4, 1, 1, 2, 30, 1));
+    let c =
+        cost(r#"{"cell":"encoder","points":[[1,10.0]]},{"cell":"decoder","points":[[1,10.0]]}"#, 0.0, 0.0);
+    let policy = PolicyConfig::Auto;
+    let reqs = requests(&net, Lengths::Fixed(4), 1, 0).unwrap();
+    assert_eq!(reqs[0].ends_at, Some(7), "4 source steps, then 4 decoded tokens");
+    let out = simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(vec![Duration::ZERO])).unwrap();
+    assert_eq!(out.completed(), 1);
+    // 4 encoder steps and 4 decoder steps, then the request ends; decoder steps launched ahead
+    // (MaxTasksToSubmit) may still run.
+    assert!(out.latencies[0] >= Duration::from_micros(80), "{:?}", out.latencies[0]);
+    assert!(out.latencies[0] < Duration::from_micros(30 * 10), "{:?}", out.latencies[0]);
+}
+
+#[test]
+fn the_admission_bound_refuses_what_the_runtime_would() {
+    let net = lstm();
+    let c = cost(r#"{"cell":"step","points":[[1,1000.0]]}"#, 0.0, 0.0);
+    let policy = cellular(4);
+    let reqs = requests(&net, Lengths::Fixed(2), 10, 0).unwrap();
+    let s = SimSpec { admission_bound: 4, ..spec(&net, &policy, &c) };
+    let out = simulate(&s, &reqs, &Load::Open(vec![Duration::ZERO; 10])).unwrap();
+    assert_eq!(out.completed(), 4);
+    assert_eq!(out.errors.get(&Code::Busy), Some(&6));
+}
+
+/// BatchMaker at V100 scale: fixed length 24, b_max 512, saturated. The ideal is one full
+/// batch per step time: 512 / (784 µs × 24) ≈ 27,211 requests/s.
+#[test]
+fn batchmaker_v100_fixed_length_approaches_the_ideal() {
+    let net = lstm();
+    let c = CostFile::builtin("batchmaker-v100").unwrap();
+    let policy = cellular(512);
+    let reqs = requests(&net, Lengths::Fixed(24), 20_000, 0).unwrap();
+    let out =
+        simulate(&SimSpec { trace: false, ..spec(&net, &policy, &c) }, &reqs, &Load::Closed { window: 2048 })
+            .unwrap();
+    let ideal = 512.0 / (784e-6 * 24.0);
+    let r = out.throughput() / ideal;
+    assert!((0.9..=1.0).contains(&r), "throughput {:.0} = {r:.3} of the ideal {ideal:.0}", out.throughput());
+}
+
+#[test]
+fn closed_loop_keeps_the_window_in_flight() {
+    let net = lstm();
+    let c = cost(r#"{"cell":"step","points":[[1,10.0],[512,100.0]]}"#, 0.0, 0.0);
+    let policy = cellular(512);
+    let reqs = requests(&net, Lengths::Fixed(3), 100, 0).unwrap();
+    let out = simulate(&spec(&net, &policy, &c), &reqs, &Load::Closed { window: 10 }).unwrap();
+    assert_eq!(out.completed(), 100);
+    let (mut in_flight, mut most) = (0i64, 0);
+    for e in &out.trace {
+        match e {
+            TraceEvent::Arrive { .. } => in_flight += 1,
+            TraceEvent::Complete { .. } => in_flight -= 1,
+            TraceEvent::Launch { .. } => {}
+        }
+        most = most.max(in_flight);
+    }
+    assert_eq!(most, 10);
+    assert!(out.mean_batch() > 2.0, "{}", out.mean_batch());
+}
