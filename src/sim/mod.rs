@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use cost::{CostFile, CostModel};
+pub use cost::{CellCost, CostFile, CostModel};
 
 use crate::error::{Code, Error, Result};
 use crate::model::Network;
@@ -77,6 +77,8 @@ pub enum TraceEvent {
 pub struct SimOutcome {
     /// Latency (arrival to completion) of each request that completed `Ok`, in completion order.
     pub latencies: Vec<Duration>,
+    /// When each of them completed (parallel to `latencies`).
+    pub completed_at: Vec<Time>,
     /// Requests that completed with an error (refusals at admission included), by code.
     pub errors: BTreeMap<Code, u64>,
     pub tasks: u64,
@@ -103,6 +105,15 @@ impl SimOutcome {
     pub fn throughput(&self) -> f64 {
         let span = self.last_completion.since(self.first_arrival).as_secs_f64();
         if span > 0.0 { self.completed() as f64 / span } else { 0.0 }
+    }
+
+    /// Throughput between the `skip_front`-th and the last-but-`skip_back` `Ok` completion: a
+    /// closed loop's steady state, without its ramp-up and its final drain.
+    pub fn steady_throughput(&self, skip_front: usize, skip_back: usize) -> Option<f64> {
+        let n = self.completed_at.len();
+        let (a, b) = (skip_front, n.checked_sub(skip_back + 1)?);
+        let span = self.completed_at.get(b)?.since(*self.completed_at.get(a)?).as_secs_f64();
+        (b > a && span > 0.0).then(|| (b - a) as f64 / span)
     }
 
     pub fn mean_batch(&self) -> f64 {
@@ -176,21 +187,18 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
         next_id: 0,
     };
     match load {
-        Load::Open(at) => {
-            for (i, &t) in at.iter().enumerate() {
-                sim.push(Time::ZERO + t, Ev::Arrive(i));
-            }
-        }
+        // Arrivals enter the heap one at a time (each brings the next): the heap holds what is
+        // in flight, not the whole schedule.
+        Load::Open(at) => sim.push(Time::ZERO + at[0], Ev::Arrive(0)),
         Load::Closed { window } => {
             for i in 0..(*window).clamp(1, requests.len()) {
                 sim.push(Time::ZERO, Ev::Arrive(i));
             }
         }
     }
-    sim.out.first_arrival = match load {
-        Load::Open(at) => Time::ZERO + at[0],
-        Load::Closed { .. } => Time::ZERO,
-    };
+    // Throughput is measured from time zero (an open loop's schedule starts there, as the
+    // benchmark's does) to the last completion.
+    sim.out.first_arrival = Time::ZERO;
     let mut next_closed = match load {
         Load::Closed { window } => (*window).clamp(1, requests.len()),
         Load::Open(_) => requests.len(),
@@ -199,7 +207,14 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
         sim.out.events += 1;
         let completed_before = sim.out.completed() + sim.out.error_count();
         match ev {
-            Ev::Arrive(i) => sim.arrive(now, &requests[i]),
+            Ev::Arrive(i) => {
+                if let Load::Open(at) = load
+                    && let Some(&next) = at.get(i + 1)
+                {
+                    sim.push(Time::ZERO + next, Ev::Arrive(i + 1));
+                }
+                sim.arrive(now, &requests[i])
+            }
             Ev::Done(task) => sim.done(now, task),
             Ev::Wake => {
                 if sim.wake == Some(now) {
@@ -290,6 +305,7 @@ impl Sim<'_> {
                 CoreOutput::Complete { id, code, data, .. } => {
                     if code == Code::Ok {
                         self.out.latencies.push(now.since(data.arrived));
+                        self.out.completed_at.push(now);
                     } else {
                         *self.out.errors.entry(code).or_default() += 1;
                     }

@@ -36,7 +36,7 @@ use crate::bench::{
     PolicySpec, RunResult, Workload, fmt_ratio, measure_capacity, open_report, print_header, print_row,
     ratio, requests_per_run, run_open_loop, write_report,
 };
-use crate::{BenchRnnArgs, CliResult, EosBias, PolicyArg, RuntimeArgs, build_runtime, fatal};
+use crate::{BenchRnnArgs, CliResult, EosBias, PolicyArg, RnnPolicyArgs, RuntimeArgs, build_runtime, fatal};
 
 /// Distinct requests generated per benchmark (cycled).
 pub(crate) const RNN_INPUTS: usize = 4096;
@@ -58,10 +58,12 @@ const MIN_WINDOW: usize = 256;
 const WARMUP: usize = 32;
 
 /// The benchmarks' model kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum RnnKind {
     Lstm,
+    #[value(name = "seq2seq")]
     Seq2Seq,
+    #[value(name = "treelstm")]
     TreeLstm,
 }
 
@@ -73,10 +75,10 @@ impl RnnKind {
             RnnKind::TreeLstm => ModelKind::TreeLstm,
         }
     }
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         self.model_kind().name()
     }
-    fn workload(self) -> &'static str {
+    pub(crate) fn workload(self) -> &'static str {
         match self {
             RnnKind::Lstm | RnnKind::Seq2Seq => "poisson/wmt",
             RnnKind::TreeLstm => "poisson/treebank",
@@ -157,11 +159,24 @@ fn build_network(
         return Ok((net, name, source));
     }
     let hidden = a.hidden.unwrap_or(if backend == BackendKind::Cuda { GPU_HIDDEN } else { CPU_HIDDEN });
-    let embed = a.embed.unwrap_or(hidden);
-    let layers = a.layers.unwrap_or(1);
-    let vocab = a.vocab;
-    let net = match kind {
-        RnnKind::Lstm => Network::Lstm(Lstm::random(vocab, embed, hidden, layers, a.seed)),
+    let net = random_network(kind, a.vocab, hidden, a.embed.unwrap_or(hidden), a.layers, a.max_decode, a.seed)?;
+    Ok((net, format!("random-{}", kind.name()), json!(format!("random(seed={})", a.seed))))
+}
+
+/// The benchmarks' random model of `kind` (`layers` default 1, `max_decode` default
+/// [`crate::DEFAULT_MAX_DECODE`]; a treelstm takes TreeBank-like trees).
+pub(crate) fn random_network(
+    kind: RnnKind,
+    vocab: usize,
+    hidden: usize,
+    embed: usize,
+    layers: Option<usize>,
+    max_decode: Option<usize>,
+    seed: u64,
+) -> CliResult<Network> {
+    let layers = layers.unwrap_or(1);
+    Ok(match kind {
+        RnnKind::Lstm => Network::Lstm(Lstm::random(vocab, embed, hidden, layers, seed)),
         RnnKind::Seq2Seq => {
             if vocab <= FIRST_SOURCE_TOKEN as usize {
                 return Err(fatal(format!(
@@ -169,18 +184,17 @@ fn build_network(
                      reserved, sources need at least one more"
                 )));
             }
-            let max_decode = a.max_decode.unwrap_or(crate::DEFAULT_MAX_DECODE);
-            Network::Seq2Seq(Seq2Seq::random(vocab, embed, hidden, layers, BOS, EOS, max_decode, a.seed))
+            let max_decode = max_decode.unwrap_or(crate::DEFAULT_MAX_DECODE);
+            Network::Seq2Seq(Seq2Seq::random(vocab, embed, hidden, layers, BOS, EOS, max_decode, seed))
         }
         RnnKind::TreeLstm => {
-            let mut m = TreeLstm::random(vocab, embed, hidden, a.seed);
+            let mut m = TreeLstm::random(vocab, embed, hidden, seed);
             // Padding sizes its tree buffers for batch × the largest tree up front: say how large
             // the workload's trees get.
             m.cfg.max_nodes = Some(TREEBANK_MAX_NODES);
             Network::TreeLstm(m)
         }
-    };
-    Ok((net, format!("random-{}", kind.name()), json!(format!("random(seed={})", a.seed))))
+    })
 }
 
 /// The requests: WMT-like token sequences or TreeBank-like trees within the model's limits.
@@ -233,7 +247,7 @@ fn input_size(input: &Input) -> (usize, usize) {
 }
 
 /// The policies under test, in `--policy` order (default: cellular, then padding).
-fn policy_specs(a: &BenchRnnArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
+pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
     let mut policies = a.policy.clone();
     if policies.is_empty() {
         policies = vec![PolicyArg::Cellular, PolicyArg::Padding];
@@ -416,7 +430,7 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     let (mut net, name, source) = build_network(kind, &a, backend)?;
     let inputs = make_inputs(&net, a.seed)?;
     let sizes = sizes_of(&net);
-    let specs = policy_specs(&a, &net)?;
+    let specs = policy_specs(&a.pol, &net)?;
 
     println!("# serve bench {}: workload poisson arrivals (open loop), backend {backend_desc}", kind.name());
     let n_inputs = inputs.len() as f64;

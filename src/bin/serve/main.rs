@@ -17,7 +17,10 @@ mod bench_step;
 mod demo;
 mod infer;
 mod info;
+mod plot;
+mod profile;
 mod request;
+mod sim;
 
 use std::fmt;
 use std::io;
@@ -37,6 +40,8 @@ use crate::bench_step::cmd_bench_step;
 use crate::demo::cmd_demo;
 use crate::infer::{DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_LIMIT, cmd_infer};
 use crate::info::cmd_info;
+use crate::profile::cmd_profile;
+use crate::sim::cmd_sim;
 
 // ---------------------------------------------------------------------------------------------
 // Command line
@@ -72,6 +77,11 @@ enum Command {
     /// The main job on the CPU default: write a small mlp, run `infer` on it, benchmark it briefly;
     /// then a short LSTM benchmark of cellular batching against the padding baseline.
     Demo,
+    /// Measure the backend per cell type and batch size into a cost file for `serve sim`.
+    Profile(ProfileArgs),
+    /// The benchmarks on virtual time: the runtime's engine core and policies with a cost model
+    /// (a `serve profile` file or a shipped one: batchmaker-v100). Every figure is simulated.
+    Sim(SimArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -279,6 +289,32 @@ fn fraction(s: &str) -> Result<f64, String> {
     if v <= 1.0 { Ok(v) } else { Err(format!("`{s}` is not a fraction in (0, 1]")) }
 }
 
+/// The recurrent policies under test and their options (`serve bench` and `serve sim` alike).
+#[derive(Args, Debug, Clone)]
+struct RnnPolicyArgs {
+    /// Policies to compare (default: cellular,padding).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    policy: Vec<PolicyArg>,
+    /// Workers (streams) of each policy (at most 256).
+    #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_WORKERS))]
+    workers: usize,
+    /// Max batch. Cellular: per cell type (`512,256` for a seq2seq's encoder, decoder; one value
+    /// = every type; default 512, the seq2seq decoder 256). Padding: requests per batch, one
+    /// value (default 64). At most 65536.
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
+    max_batch: Vec<usize>,
+    /// Tasks a worker may have submitted and unfinished (MaxTasksToSubmit), both policies.
+    #[arg(long, default_value_t = 5, value_parser = positive())]
+    max_tasks_to_submit: usize,
+    /// Width of padding's size buckets, in cells.
+    #[arg(long, default_value_t = 10, value_parser = positive())]
+    bucket_width: usize,
+    /// Requests kept in flight while measuring peaks (default: 4× the largest max batch, at least
+    /// 256, at most the admission bound 4096; the same for every policy).
+    #[arg(long, value_parser = positive())]
+    capacity_window: Option<usize>,
+}
+
 #[derive(Args, Debug)]
 struct BenchRnnArgs {
     /// Benchmark the model in this directory instead of a random one.
@@ -304,23 +340,8 @@ struct BenchRnnArgs {
     /// lengths: a number, or `auto` (default): calibrated for a mean decode of half max_decode.
     #[arg(long, value_parser = eos_bias)]
     eos_bias: Option<EosBias>,
-    /// Policies to compare (default: cellular,padding).
-    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
-    policy: Vec<PolicyArg>,
-    /// Workers (streams) of each policy (at most 256).
-    #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_WORKERS))]
-    workers: usize,
-    /// Max batch. Cellular: per cell type (`512,256` for a seq2seq's encoder, decoder; one value
-    /// = every type; default 512, the seq2seq decoder 256). Padding: requests per batch, one
-    /// value (default 64). At most 65536.
-    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
-    max_batch: Vec<usize>,
-    /// Tasks a worker may have submitted and unfinished (MaxTasksToSubmit), both policies.
-    #[arg(long, default_value_t = 5, value_parser = positive())]
-    max_tasks_to_submit: usize,
-    /// Width of padding's size buckets, in cells.
-    #[arg(long, default_value_t = 10, value_parser = positive())]
-    bucket_width: usize,
+    #[command(flatten)]
+    pol: RnnPolicyArgs,
     /// Offered rates in requests per second (`--rate 100 200` or `--rate 100,200`). Default:
     /// --fractions of every policy's measured peak throughput (and half of padding's).
     #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = positive_f64)]
@@ -336,10 +357,6 @@ struct BenchRnnArgs {
     /// 3600).
     #[arg(long, default_value_t = 3.0, value_parser = seconds)]
     capacity_s: f64,
-    /// Requests kept in flight while measuring peaks (default: 4× the largest max batch, at least
-    /// 256, at most the admission bound 4096; the same for every policy).
-    #[arg(long, value_parser = positive())]
-    capacity_window: Option<usize>,
     /// Requests per offered rate (default: rate × --duration-s).
     #[arg(long, value_parser = positive())]
     requests: Option<usize>,
@@ -358,6 +375,98 @@ struct BenchRnnArgs {
     /// Write the results as one JSON object (ARCHITECTURE.md §8) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ProfileArgs {
+    /// Model directory of the recurrent model to profile.
+    #[arg(required_unless_present = "random", conflicts_with = "random")]
+    model_dir: Option<PathBuf>,
+    /// Profile the benchmarks' random model of this kind instead (`serve bench`'s defaults).
+    #[arg(long, value_enum)]
+    random: Option<RnnKind>,
+    /// Hidden (= embedding) size of the random model.
+    #[arg(long, default_value_t = crate::bench_rnn::CPU_HIDDEN, value_parser = positive())]
+    hidden: usize,
+    /// Vocabulary of the random model.
+    #[arg(long, default_value_t = 30_000, value_parser = positive())]
+    vocab: usize,
+    /// LSTM layers of the random model (lstm, seq2seq; default 1).
+    #[arg(long, value_parser = positive())]
+    layers: Option<usize>,
+    /// Most decoded tokens of the random seq2seq (default 20).
+    #[arg(long, value_parser = positive())]
+    max_decode: Option<usize>,
+    /// Seed of the random model.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Batch sizes to time (at most 65536 each).
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT),
+          default_values_t = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])]
+    batches: Vec<usize>,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+    /// Where to write the cost file.
+    #[arg(long)]
+    json: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum SimKind {
+    Lstm,
+    Seq2seq,
+    Treelstm,
+    Mlp,
+}
+
+/// Most requests per simulated run.
+const MAX_SIM_REQUESTS: usize = 10_000_000;
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// The workload (the model kind of `serve bench`).
+    #[arg(value_enum)]
+    workload: SimKind,
+    /// Cost model: a shipped name (batchmaker-v100) or a cost file from `serve profile`.
+    #[arg(long)]
+    cost: String,
+    #[command(flatten)]
+    pol: RnnPolicyArgs,
+    /// Request lengths (lstm, seq2seq): `wmt` (log-normal, mean 24) or `fixed:N`.
+    #[arg(long, default_value = "wmt", value_parser = crate::sim::lengths)]
+    lengths: serve::sim::workload::Lengths,
+    /// Offered rates in requests per second. Default: --fractions of every policy's simulated peak.
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = positive_f64)]
+    rate: Vec<f64>,
+    /// Fractions of each policy's peak to offer when no --rate is given.
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = fraction,
+          default_values_t = [0.25, 0.5, 0.75, 0.9])]
+    fractions: Vec<f64>,
+    /// Requests per run (at most 10000000).
+    #[arg(long, default_value_t = 20_000, value_parser = in_range(1, MAX_SIM_REQUESTS))]
+    requests: usize,
+    /// Hidden size of the model (default: the cost file's, else 256); sizes the state arena.
+    #[arg(long, value_parser = positive())]
+    hidden: Option<usize>,
+    /// LSTM layers (lstm, seq2seq; default 1).
+    #[arg(long, value_parser = positive())]
+    layers: Option<usize>,
+    /// Most decoded tokens (seq2seq; default 20).
+    #[arg(long, value_parser = positive())]
+    max_decode: Option<usize>,
+    /// Seed of the requests and arrival times.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the results as one JSON object (ARCHITECTURE.md §8, `"backend": "sim"`).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw latency (p50/p90/p99) against throughput per policy into this SVG file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// A `serve bench … --json` report to check the simulator against: replay its peaks and
+    /// offered rates and print both side by side.
+    #[arg(long)]
+    compare: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -451,6 +560,8 @@ fn run(command: Command) -> CliResult<()> {
         Command::Bench { what: BenchCommand::Treelstm(a) } => cmd_bench_rnn(RnnKind::TreeLstm, a),
         Command::Bench { what: BenchCommand::Step(a) } => cmd_bench_step(a),
         Command::Demo => cmd_demo(),
+        Command::Profile(a) => cmd_profile(a),
+        Command::Sim(a) => cmd_sim(a),
     }
 }
 

@@ -1,0 +1,210 @@
+//! `serve profile`: measure the real backend into a cost file for the simulator
+//! (ARCHITECTURE.md §8, `serve::sim::cost`).
+//!
+//! * Per cell type and batch size: the time one task holds its worker's stream, measured by
+//!   launching tasks back to back on a prepared runner (as a backlogged worker runs them) and
+//!   dividing the elapsed time by their number. Rows use distinct state slots; tree internal
+//!   rows read two children each.
+//! * The engine's delays around a task (`launch_us`, `report_us`): single-step requests sent
+//!   one at a time through a real runtime; the mean round trip minus the batch-1 task time is
+//!   what the engine, the stream hand-off and the poller add, split evenly between the two.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use serve::backend::{CellRow, CellTask, RunnerShape, TaskData, Work};
+use serve::model::{DECODER, INTERNAL, NO_TOKEN};
+use serve::sim::{CellCost, CostFile};
+use serve::{CellularOptions, Input, ModelOptions, Network, PolicyConfig, SubmitOptions};
+
+use crate::bench_rnn::random_network;
+use crate::{CliResult, ProfileArgs, fatal};
+
+/// Tasks timed per round at least, the least time per round, and rounds per point (the
+/// median round is kept: one descheduled round on a busy machine does not move it).
+const MIN_TASKS: usize = 5;
+const MIN_TIME: Duration = Duration::from_millis(40);
+const ROUNDS: usize = 5;
+/// Untimed tasks before the first point (thread pool and caches warm).
+const WARMUP_TASKS: usize = 50;
+/// Spreads the profile's tokens over the vocabulary.
+const TOKEN_STRIDE: usize = 7919;
+/// Odd, so `k * SLOT_STRIDE` visits distinct slots of a power-of-two arena.
+const SLOT_STRIDE: usize = 1237;
+/// Round trips timed for the engine delays.
+const ROUND_TRIPS: usize = 400;
+
+pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
+    let t0 = Instant::now();
+    let (net, name, source) = match (&a.model_dir, a.random) {
+        (Some(dir), None) => {
+            let net = serve::model::load(dir)
+                .map_err(|e| fatal(format!("cannot load model {}: {e}", dir.display())))?;
+            let name = dir.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+            (net, name, dir.display().to_string())
+        }
+        (None, Some(kind)) => {
+            let net = random_network(kind, a.vocab, a.hidden, a.hidden, a.layers, a.max_decode, a.seed)?;
+            (net, format!("random-{}", kind.name()), format!("random(seed={})", a.seed))
+        }
+        _ => return Err(fatal("give a MODEL_DIR or --random KIND (one of them)")),
+    };
+    if !net.is_recurrent() {
+        return Err(fatal(format!("`serve profile` measures recurrent cell types; `{}` is not recurrent", net.kind())));
+    }
+    let rt = crate::build_runtime(a.rt)?;
+    let backend = serve::backend::create(a.rt.backend.into(), a.rt.threads)?;
+    let mut batches = a.batches.clone();
+    batches.sort_unstable();
+    batches.dedup();
+    let max_batch = batches.last().copied().unwrap_or(1);
+    let net = Arc::new(net);
+    let me = std::thread::current();
+    let notify: serve::backend::Notify = Arc::new(move || me.unpark());
+    // As many state slots as the runtime gives a model by default, rows spread over them as
+    // live requests' slots are (a task gathers and scatters state from all over the arena).
+    let slots = (3 * max_batch).max(serve::runtime::DEFAULT_ADMISSION_BOUND);
+    let shape = RunnerShape { workers: 1, max_batch, state_slots: slots };
+    let runner = backend.prepare(net.clone(), shape, notify)?;
+    let signal = runner.signal(0);
+    println!("# serve profile `{name}` ({}) on {}", net.kind(), backend.describe());
+    let vocab = match &*net {
+        Network::Lstm(m) => m.cfg.vocab,
+        Network::Seq2Seq(m) => m.cfg.vocab,
+        Network::TreeLstm(m) => m.cfg.vocab,
+        Network::Mlp(_) => 4,
+    }
+    .max(4);
+    let mut cells = Vec::new();
+    for (c, info) in net.cell_types().iter().enumerate() {
+        let cell = c as u8;
+        let mut points = Vec::new();
+        for &b in &batches {
+            let mut base = 0usize;
+            let mut task = |first: bool| {
+                // Distinct slots for the rows (and children) of a task: an odd stride over the
+                // arena from a base that moves on with every task.
+                let mut slot = |k: usize| ((base + k * SLOT_STRIDE) % slots) as u32;
+                let mut t = CellTask { cell, rows: Vec::with_capacity(b), children: Vec::new() };
+                for i in 0..b {
+                    let (token, children) = if net.kind() == serve::ModelKind::TreeLstm && cell == INTERNAL {
+                        let at = t.children.len() as u32;
+                        t.children.extend([slot(b + 2 * i), slot(b + 2 * i + 1)]);
+                        (NO_TOKEN, at..at + 2)
+                    } else if net.kind() == serve::ModelKind::Seq2Seq && cell == DECODER {
+                        (NO_TOKEN, 0..0)
+                    } else {
+                        // Tokens spread over the vocabulary, as real text's are (the embedding
+                        // rows a task reads are not all in cache).
+                        ((((base + i) * TOKEN_STRIDE) % (vocab - 3)) as u32 + 3, 0..0)
+                    };
+                    t.rows.push(CellRow { slot: slot(i), token, first, children, output: false });
+                }
+                base = (base + 3 * b + 1) % slots;
+                TaskData::new(b, Work::Cells(t))
+            };
+            // Warm up, then time rounds of back-to-back tasks until both minimums are met.
+            let mut target = 0;
+            // The warm-up starts every slot's state (first steps), the timed tasks continue it.
+            for _ in 0..if points.is_empty() && cells.is_empty() { WARMUP_TASKS } else { 2 } {
+                target = runner.launch(0, task(true))?;
+            }
+            wait_for(&*signal, target);
+            let mut rounds = Vec::with_capacity(ROUNDS);
+            for _ in 0..ROUNDS {
+                let (mut n, start) = (0, Instant::now());
+                while n < MIN_TASKS || start.elapsed() < MIN_TIME {
+                    for _ in 0..MIN_TASKS {
+                        target = runner.launch(0, task(false))?;
+                    }
+                    n += MIN_TASKS;
+                    wait_for(&*signal, target);
+                }
+                rounds.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
+            }
+            rounds.sort_by(f64::total_cmp);
+            let us = rounds[ROUNDS / 2];
+            println!("{:<10} batch {b:>5}: {us:>10.1} us per task", info.name);
+            points.push((b, us));
+        }
+        cells.push(CellCost { cell: info.name.to_string(), points });
+    }
+    drop(runner);
+
+    // Engine delays: one single-step request at a time through a real runtime.
+    let one = match &*net {
+        Network::TreeLstm(_) => Input::Tree { tokens: vec![3], parents: vec![-1] },
+        _ => Input::Tokens(vec![3]),
+    };
+    let opts = ModelOptions {
+        policy: PolicyConfig::Cellular(CellularOptions { workers: 1, ..CellularOptions::default() }),
+        ..ModelOptions::default()
+    };
+    let model = rt.add_network(net.clone(), name.clone(), opts)?;
+    for _ in 0..20 {
+        model.submit(one.clone(), SubmitOptions::default())?.wait()?;
+    }
+    let start = Instant::now();
+    for _ in 0..ROUND_TRIPS {
+        model.submit(one.clone(), SubmitOptions::default())?.wait()?;
+    }
+    let round_trip = start.elapsed().as_secs_f64() * 1e6 / ROUND_TRIPS as f64;
+    // A single-step seq2seq request also runs decoder steps; lstm and a one-node tree run one task.
+    let first_cell = &cells[0];
+    let one_task = CostFile {
+        name: String::new(),
+        source: String::new(),
+        backend: String::new(),
+        model: json!(null),
+        cells: vec![first_cell.clone()],
+        launch_us: 0.0,
+        report_us: 0.0,
+    }
+    .micros(&first_cell.cell, 1)
+    .unwrap_or(0.0);
+    let overhead = (round_trip - one_task).max(0.0);
+    println!(
+        "# engine: one-step round trip {round_trip:.1} us, of which the task {one_task:.1} us: delays {overhead:.1} us \
+         (launch_us = report_us = {:.1})",
+        overhead / 2.0
+    );
+    if net.kind() == serve::ModelKind::Seq2Seq {
+        println!("# (seq2seq: the round trip includes the decoder steps of a one-token request; delays are an upper bound)");
+    }
+    let file = CostFile {
+        name: format!("profile-{name}"),
+        source: format!("serve profile {source} ({} s)", t0.elapsed().as_secs()),
+        backend: backend.describe(),
+        model: model_json(&net),
+        cells,
+        launch_us: overhead / 2.0,
+        report_us: overhead / 2.0,
+    };
+    let text = serde_json::to_string_pretty(&file).map_err(|e| fatal(e.to_string()))?;
+    std::fs::write(&a.json, text + "\n").map_err(|e| fatal(format!("cannot write {}: {e}", a.json.display())))?;
+    println!("# wrote {}", a.json.display());
+    Ok(())
+}
+
+fn model_json(net: &Network) -> serde_json::Value {
+    let kind = net.kind().name();
+    match net {
+        Network::Lstm(m) => json!({"kind": kind, "hidden": m.cfg.hidden, "embed": m.cfg.embed, "layers": m.cfg.layers}),
+        Network::Seq2Seq(m) => {
+            json!({"kind": kind, "hidden": m.cfg.hidden, "embed": m.cfg.embed, "layers": m.cfg.layers,
+                   "vocab": m.cfg.vocab, "max_decode": m.cfg.max_decode})
+        }
+        Network::TreeLstm(m) => json!({"kind": kind, "hidden": m.cfg.hidden, "embed": m.cfg.embed}),
+        Network::Mlp(_) => json!({"kind": kind}),
+    }
+}
+
+/// Sleep until the stream has counted `target` tasks (it unparks this thread after each task:
+/// no spinning, which would take a core from the stream on a small machine).
+fn wait_for(signal: &dyn serve::backend::CompletionSignal, target: u64) {
+    while signal.completed() < target {
+        std::thread::park_timeout(Duration::from_millis(1));
+    }
+}
