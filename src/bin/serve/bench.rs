@@ -61,6 +61,7 @@ pub(crate) struct BenchPlan {
     pub(crate) qos: Option<Duration>,
     pub(crate) compare: bool,
     pub(crate) json: Option<PathBuf>,
+    pub(crate) svg: Option<PathBuf>,
     pub(crate) inputs: Vec<Vec<f32>>,
 }
 
@@ -262,6 +263,7 @@ pub(crate) fn cmd_bench_mlp(a: BenchMlpArgs) -> CliResult<()> {
         qos: a.qos_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
         compare: a.compare_batch,
         json: a.json,
+        svg: a.svg,
         inputs: random_inputs(input_len, a.seed),
     };
     run_bench(&plan)
@@ -441,6 +443,9 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
         println!("{l}");
     }
     println!("# {} run(s) in {:.1} s", results.len(), t0.elapsed().as_secs_f64());
+    if let Some(svg) = &plan.svg {
+        crate::plot::latency_svg(svg, &format!("serve bench mlp ({backend_desc})"), &results)?;
+    }
 
     if let Some((path, file)) = report_file {
         let report = json!({

@@ -159,7 +159,8 @@ fn build_network(
         return Ok((net, name, source));
     }
     let hidden = a.hidden.unwrap_or(if backend == BackendKind::Cuda { GPU_HIDDEN } else { CPU_HIDDEN });
-    let net = random_network(kind, a.vocab, hidden, a.embed.unwrap_or(hidden), a.layers, a.max_decode, a.seed)?;
+    let net =
+        random_network(kind, a.vocab, hidden, a.embed.unwrap_or(hidden), a.layers, a.max_decode, a.seed)?;
     Ok((net, format!("random-{}", kind.name()), json!(format!("random(seed={})", a.seed))))
 }
 
@@ -657,6 +658,9 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
         );
     }
     println!("# {} run(s) in {:.1} s", results.len(), t0.elapsed().as_secs_f64());
+    if let Some(svg) = &a.svg {
+        crate::plot::latency_svg(svg, &format!("serve bench {} ({backend_desc})", kind.name()), &results)?;
+    }
 
     if let Some((path, file)) = report_file {
         let peaks_json: Vec<Value> = specs

@@ -110,6 +110,7 @@ pub(crate) fn cmd_demo() -> CliResult<()> {
         qos: Some(Duration::from_millis(5)),
         compare: true,
         json: None,
+        svg: None,
         inputs: random_inputs(DEMO_SIZES[0], 1),
     };
     run_bench(&plan)?;

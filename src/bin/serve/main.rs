@@ -242,6 +242,9 @@ struct BenchMlpArgs {
     /// Write the results as one JSON object (ARCHITECTURE.md §8) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw latency (p50/p90/p99) against throughput per policy into this SVG file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
     /// Latency target in ms: also report goodput (requests per second completed within it; at
     /// most 3600000).
     #[arg(long, value_parser = millis)]
@@ -375,6 +378,9 @@ struct BenchRnnArgs {
     /// Write the results as one JSON object (ARCHITECTURE.md §8) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw latency (p50/p90/p99) against throughput per policy into this SVG file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -58,7 +58,9 @@ pub(crate) fn latency_svg(path: &Path, title: &str, results: &[RunResult]) -> Cl
                 .draw_series(LineSeries::new(pts.clone(), colour.stroke_width(width)))
                 .map_err(|e| err(&e))?
                 .label(format!("{policy} {name}"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(width)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(width))
+                });
             chart
                 .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, colour.filled())))
                 .map_err(|e| err(&e))?;

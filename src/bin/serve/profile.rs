@@ -52,7 +52,10 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         _ => return Err(fatal("give a MODEL_DIR or --random KIND (one of them)")),
     };
     if !net.is_recurrent() {
-        return Err(fatal(format!("`serve profile` measures recurrent cell types; `{}` is not recurrent", net.kind())));
+        return Err(fatal(format!(
+            "`serve profile` measures recurrent cell types; `{}` is not recurrent",
+            net.kind()
+        )));
     }
     let rt = crate::build_runtime(a.rt)?;
     let backend = serve::backend::create(a.rt.backend.into(), a.rt.threads)?;
@@ -86,7 +89,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             let mut task = |first: bool| {
                 // Distinct slots for the rows (and children) of a task: an odd stride over the
                 // arena from a base that moves on with every task.
-                let mut slot = |k: usize| ((base + k * SLOT_STRIDE) % slots) as u32;
+                let slot = |k: usize| ((base + k * SLOT_STRIDE) % slots) as u32;
                 let mut t = CellTask { cell, rows: Vec::with_capacity(b), children: Vec::new() };
                 for i in 0..b {
                     let (token, children) = if net.kind() == serve::ModelKind::TreeLstm && cell == INTERNAL {
@@ -171,7 +174,9 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         overhead / 2.0
     );
     if net.kind() == serve::ModelKind::Seq2Seq {
-        println!("# (seq2seq: the round trip includes the decoder steps of a one-token request; delays are an upper bound)");
+        println!(
+            "# (seq2seq: the round trip includes the decoder steps of a one-token request; delays are an upper bound)"
+        );
     }
     let file = CostFile {
         name: format!("profile-{name}"),
@@ -183,7 +188,8 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         report_us: overhead / 2.0,
     };
     let text = serde_json::to_string_pretty(&file).map_err(|e| fatal(e.to_string()))?;
-    std::fs::write(&a.json, text + "\n").map_err(|e| fatal(format!("cannot write {}: {e}", a.json.display())))?;
+    std::fs::write(&a.json, text + "\n")
+        .map_err(|e| fatal(format!("cannot write {}: {e}", a.json.display())))?;
     println!("# wrote {}", a.json.display());
     Ok(())
 }
@@ -191,7 +197,9 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
 fn model_json(net: &Network) -> serde_json::Value {
     let kind = net.kind().name();
     match net {
-        Network::Lstm(m) => json!({"kind": kind, "hidden": m.cfg.hidden, "embed": m.cfg.embed, "layers": m.cfg.layers}),
+        Network::Lstm(m) => {
+            json!({"kind": kind, "hidden": m.cfg.hidden, "embed": m.cfg.embed, "layers": m.cfg.layers})
+        }
         Network::Seq2Seq(m) => {
             json!({"kind": kind, "hidden": m.cfg.hidden, "embed": m.cfg.embed, "layers": m.cfg.layers,
                    "vocab": m.cfg.vocab, "max_decode": m.cfg.max_decode})

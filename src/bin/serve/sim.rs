@@ -14,13 +14,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use serve::model::Mlp;
 use serve::sim::workload::{Lengths, requests};
 use serve::sim::{CostFile, Load, SimOutcome, SimRequest, SimSpec, simulate};
 use serve::workload::poisson_arrivals;
-use serve::model::Mlp;
 use serve::{Network, PolicyConfig};
 
-use crate::bench::{PolicySpec, RunResult, fmt_ratio, open_report, print_header, print_row, ratio, write_report};
+use crate::bench::{
+    PolicySpec, RunResult, fmt_ratio, open_report, print_header, print_row, ratio, write_report,
+};
 use crate::bench_rnn::{CPU_HIDDEN, RnnKind, policy_specs, random_network};
 use crate::plot::latency_svg;
 use crate::{CliResult, SimArgs, SimKind, fatal, timeout_policy};
@@ -35,7 +37,10 @@ pub(crate) fn lengths(s: &str) -> Result<Lengths, String> {
         "wmt" => Ok(Lengths::Wmt),
         other => match other.strip_prefix("fixed:").map(str::parse::<usize>) {
             Some(Ok(n)) if (1..=serve::workload::WMT_MAX_LEN).contains(&n) => Ok(Lengths::Fixed(n)),
-            _ => Err(format!("`{s}` is neither `wmt` nor `fixed:N` with N in 1..={}", serve::workload::WMT_MAX_LEN)),
+            _ => Err(format!(
+                "`{s}` is neither `wmt` nor `fixed:N` with N in 1..={}",
+                serve::workload::WMT_MAX_LEN
+            )),
         },
     }
 }
@@ -131,8 +136,9 @@ impl Runner<'_> {
     fn peak(&mut self, spec: &PolicySpec, window: usize) -> CliResult<f64> {
         let out = self.run(spec, &Load::Closed { window })?;
         let n = out.completed_at.len();
-        out.steady_throughput(n / 5, window.min(n / 2))
-            .ok_or_else(|| fatal(format!("{}: too few requests to measure a peak; raise --requests", spec.label)))
+        out.steady_throughput(n / 5, window.min(n / 2)).ok_or_else(|| {
+            fatal(format!("{}: too few requests to measure a peak; raise --requests", spec.label))
+        })
     }
 }
 
@@ -143,8 +149,8 @@ pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
     let specs = specs(&a, &net)?;
     let report_file = open_report(a.json.as_ref())?;
     let reqs = requests(&net, a.lengths, a.requests, a.seed)?;
-    let mean_cells =
-        reqs.iter().map(|r| r.graph.as_ref().map_or(1, |g| g.len())).sum::<usize>() as f64 / reqs.len() as f64;
+    let mean_cells = reqs.iter().map(|r| r.graph.as_ref().map_or(1, |g| g.len())).sum::<usize>() as f64
+        / reqs.len() as f64;
     println!(
         "# serve sim {}: SIMULATED on virtual time with cost `{}` ({}); {} requests per run, mean {mean_cells:.1} cells",
         net.kind(),
@@ -163,7 +169,12 @@ pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
     let mut peaks = Vec::new();
     for spec in &specs {
         let p = runner.peak(spec, spec.window)?;
-        println!("# peak throughput {:<w$} {p:>11.1} rps (closed loop, {} in flight)", spec.label, spec.window, w = 30);
+        println!(
+            "# peak throughput {:<w$} {p:>11.1} rps (closed loop, {} in flight)",
+            spec.label,
+            spec.window,
+            w = 30
+        );
         peaks.push(p);
     }
     let mut rates: Vec<f64> = if a.rate.is_empty() {
@@ -187,7 +198,12 @@ pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
         }
     }
     if let [c, p] = peaks[..] {
-        println!("# ratio {}/{} peak throughput (simulated): {}", short(&specs[0]), short(&specs[1]), fmt_ratio(ratio(c, p)));
+        println!(
+            "# ratio {}/{} peak throughput (simulated): {}",
+            short(&specs[0]),
+            short(&specs[1]),
+            fmt_ratio(ratio(c, p))
+        );
     }
     let wall = t0.elapsed().as_secs_f64();
     println!(
@@ -221,9 +237,10 @@ fn short(spec: &PolicySpec) -> &str {
 
 /// Replay a `serve bench --json` report on the simulator and print both side by side.
 fn compare(runner: &mut Runner<'_>, specs: &[PolicySpec], path: &PathBuf, seed: u64) -> CliResult<()> {
-    let text = std::fs::read_to_string(path).map_err(|e| fatal(format!("cannot read {}: {e}", path.display())))?;
-    let bench: Value =
-        serde_json::from_str(&text).map_err(|e| fatal(format!("{}: not a JSON report: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| fatal(format!("cannot read {}: {e}", path.display())))?;
+    let bench: Value = serde_json::from_str(&text)
+        .map_err(|e| fatal(format!("{}: not a JSON report: {e}", path.display())))?;
     let find = |label: &str| {
         specs.iter().find(|s| s.label == label).ok_or_else(|| {
             fatal(format!(
@@ -233,17 +250,27 @@ fn compare(runner: &mut Runner<'_>, specs: &[PolicySpec], path: &PathBuf, seed: 
         })
     };
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
-    println!("# simulator vs runtime ({}): targets throughput within {:.0}%, p50/p90 within {:.0}%", path.display(), THROUGHPUT_TOLERANCE * 100.0, LATENCY_TOLERANCE * 100.0);
+    println!(
+        "# simulator vs runtime ({}): targets throughput within {:.0}%, p50/p90 within {:.0}%",
+        path.display(),
+        THROUGHPUT_TOLERANCE * 100.0,
+        LATENCY_TOLERANCE * 100.0
+    );
     let mut misses = 0;
     for p in bench.get("peaks").and_then(Value::as_array).into_iter().flatten() {
-        let (Some(label), Some(real)) = (p.get("policy").and_then(Value::as_str), num(p, "peak_rps")) else { continue };
+        let (Some(label), Some(real)) = (p.get("policy").and_then(Value::as_str), num(p, "peak_rps")) else {
+            continue;
+        };
         let spec = find(label)?;
         let window = p.get("window").and_then(Value::as_u64).map_or(spec.window, |w| w as usize);
         let sim = runner.peak(spec, window)?;
         let r = sim / real;
         let ok = (r - 1.0).abs() <= THROUGHPUT_TOLERANCE;
         misses += usize::from(!ok);
-        println!("peak {label:<30} real {real:>9.1} rps  sim {sim:>9.1} rps  sim/real {r:.2}  {}", if ok { "ok" } else { "MISS" });
+        println!(
+            "peak {label:<30} real {real:>9.1} rps  sim {sim:>9.1} rps  sim/real {r:.2}  {}",
+            if ok { "ok" } else { "MISS" }
+        );
     }
     println!(
         "{:<30} {:>9} {:>17} {:>17} {:>17} {:>17}",
@@ -251,7 +278,10 @@ fn compare(runner: &mut Runner<'_>, specs: &[PolicySpec], path: &PathBuf, seed: 
     );
     let mut rates: Vec<f64> = Vec::new();
     for (i, r) in bench.get("results").and_then(Value::as_array).into_iter().flatten().enumerate() {
-        let (Some(label), Some(offered)) = (r.get("policy").and_then(Value::as_str), num(r, "offered_rps")) else { continue };
+        let (Some(label), Some(offered)) = (r.get("policy").and_then(Value::as_str), num(r, "offered_rps"))
+        else {
+            continue;
+        };
         let spec = find(label)?;
         let n = (num(r, "completed").unwrap_or(0.0) + num(r, "errors").unwrap_or(0.0)) as usize;
         let n = n.clamp(1, runner.reqs.len());

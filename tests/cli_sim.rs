@@ -1,0 +1,160 @@
+//! `serve profile` and `serve sim` end to end (ARCHITECTURE.md §8.6): a cost file measured on
+//! the CPU backend drives the simulator; its JSON, SVG and bench comparison.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use serve::sim::CostFile;
+
+const SERVE: &str = env!("CARGO_BIN_EXE_serve");
+
+fn serve(args: &[&str]) -> Output {
+    Command::new(SERVE).args(args).output().expect("run serve")
+}
+
+fn ok(o: &Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "serve failed: {}\n{out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("serve-cli-sim-{}-{name}", std::process::id()))
+}
+
+fn json(path: &PathBuf) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn a_profiled_cost_file_drives_the_simulator_and_the_comparison() {
+    let cost = temp("cost.json");
+    let c = cost.to_str().unwrap();
+    ok(&serve(&[
+        "profile",
+        "--random",
+        "lstm",
+        "--hidden",
+        "8",
+        "--vocab",
+        "50",
+        "--batches",
+        "4,1",
+        "--json",
+        c,
+    ]));
+    let file = CostFile::open(c).expect("serve profile writes a valid cost file");
+    let step = &file.cells[0];
+    assert_eq!(step.cell, "step");
+    assert_eq!(step.points.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 4], "batches sorted");
+    assert!(step.points.iter().all(|p| p.1 > 0.0));
+    assert!(file.launch_us >= 0.0 && file.launch_us == file.report_us);
+
+    let (report, svg) = (temp("sim.json"), temp("sim.svg"));
+    let out = ok(&serve(&[
+        "sim",
+        "lstm",
+        "--cost",
+        c,
+        "--requests",
+        "400",
+        "--fractions",
+        "0.5",
+        "--json",
+        report.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]));
+    assert!(out.contains("SIMULATED"), "{out}");
+    let r = json(&report);
+    assert_eq!(r["backend"], "sim");
+    assert_eq!(r["peaks"].as_array().unwrap().len(), 2, "cellular and padding");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "two rates (half of each peak) × two policies");
+    for x in results {
+        assert_eq!(x["completed"].as_u64().unwrap() + x["errors"].as_u64().unwrap(), 400);
+        let (p50, p99) = (x["p50_ms"].as_f64().unwrap(), x["p99_ms"].as_f64().unwrap());
+        assert!(p50 > 0.0 && p50 <= p99, "{x}");
+    }
+    let drawing = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawing.contains("<svg") && drawing.contains("cellular"), "an SVG with the policies' lines");
+
+    // The comparison against a real run of the same workload.
+    let bench = temp("bench.json");
+    ok(&serve(&[
+        "bench",
+        "lstm",
+        "--hidden",
+        "8",
+        "--vocab",
+        "50",
+        "--rate",
+        "200",
+        "--requests",
+        "200",
+        "--json",
+        bench.to_str().unwrap(),
+    ]));
+    let out = ok(&serve(&["sim", "lstm", "--cost", c, "--compare", bench.to_str().unwrap()]));
+    assert!(out.contains("cellular(b=512,k=5)") && out.contains("padding("), "{out}");
+    assert!(out.contains("comparison(s) outside the targets"), "{out}");
+    // Other policy options than the bench's are refused, naming the bench's policy.
+    let o = serve(&[
+        "sim",
+        "lstm",
+        "--cost",
+        c,
+        "--max-batch",
+        "64",
+        "--policy",
+        "cellular",
+        "--compare",
+        bench.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the bench ran"));
+    for p in [cost, report, svg, bench] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+#[test]
+fn the_shipped_v100_costs_reproduce_the_fixed_length_ideal() {
+    let out = ok(&serve(&[
+        "sim",
+        "lstm",
+        "--cost",
+        "batchmaker-v100",
+        "--lengths",
+        "fixed:24",
+        "--policy",
+        "cellular",
+        "--requests",
+        "20000",
+        "--rate",
+        "1000",
+    ]));
+    let peak: f64 = out
+        .lines()
+        .find(|l| l.starts_with("# peak throughput cellular"))
+        .and_then(|l| l.split_whitespace().rev().nth(6)?.parse().ok())
+        .unwrap_or_else(|| panic!("no peak line in:\n{out}"));
+    let ideal = 512.0 / (784e-6 * 24.0);
+    assert!(peak > 0.9 * ideal && peak <= ideal * 1.001, "peak {peak} against the ideal {ideal}");
+}
+
+#[test]
+fn bad_sim_arguments_are_refused_precisely() {
+    let o = serve(&["sim", "lstm", "--cost", "no-such-cost"]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("batchmaker-v100"), "the shipped costs are named: {e}");
+    let o = serve(&["sim", "lstm", "--cost", "batchmaker-v100", "--lengths", "fixed:0"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("fixed:N"));
+    // The V100 table has no decoder cells: a seq2seq simulation says which figure is missing.
+    let o = serve(&["sim", "seq2seq", "--cost", "batchmaker-v100", "--requests", "50", "--rate", "10"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no time for cell type `encoder`"));
+}
