@@ -15,9 +15,14 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(name: &str) -> TempDir {
+        // Tests run in parallel threads of one process: a counter keeps two directories of the
+        // same name apart even when the clock reads the same for both (one test's drop would
+        // otherwise delete the other's files).
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let nanos =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!("serve-cli-{name}-{}-{nanos}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("serve-cli-{name}-{}-{n}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create temp dir");
         TempDir(dir)
     }
