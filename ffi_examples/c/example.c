@@ -54,39 +54,11 @@
 #include <time.h>
 
 #include "libserve.h"
+#include "check.h"
 
 /* ---------------------------------------------------------------------------------------------
- * Check helpers
+ * Check helpers (fail, CHECK, ok: check.h)
  * ------------------------------------------------------------------------------------------- */
-
-static atomic_int g_failures;
-
-__attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  flockfile(stdout);
-  fputs("FAIL: ", stdout);
-  vfprintf(stdout, fmt, ap);
-  fputc('\n', stdout);
-  fflush(stdout);
-  funlockfile(stdout);
-  va_end(ap);
-  atomic_fetch_add(&g_failures, 1);
-}
-
-#define CHECK(cond, ...)                                                                          \
-  do {                                                                                            \
-    if (!(cond)) fail(__VA_ARGS__);                                                               \
-  } while (0)
-
-/* Expect success: on error report it (code name + message), free it, return false. */
-static bool ok(serve_error *err, const char *what) {
-  if (err == NULL) return true;
-  fail("%s: unexpected error %s: %s", what, serve_code_name((uint32_t)serve_error_code(err)),
-       serve_error_message(err));
-  serve_error_free(err);
-  return false;
-}
 
 /* Expect an error with code `want` and a non-empty message; free it. */
 static bool expect_code(serve_error *err, serve_code want, const char *what) {

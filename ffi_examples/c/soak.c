@@ -76,6 +76,7 @@
 #include <unistd.h>
 
 #include "libserve.h"
+#include "check.h"
 
 enum {
   MAX_MODELS = 16,   /* a tag's low 4 bits name the model */
@@ -88,31 +89,8 @@ enum {
 #define DRAIN_TIMEOUT_NS (60ull * 1000000000ull)
 
 /* ---------------------------------------------------------------------------------------------
- * Failures and libserve errors
+ * Time, memory, random numbers (failures: check.h)
  * ------------------------------------------------------------------------------------------- */
-
-static atomic_int g_failures;
-
-__attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  flockfile(stdout);
-  fputs("FAIL: ", stdout);
-  vfprintf(stdout, fmt, ap);
-  fputc('\n', stdout);
-  funlockfile(stdout);
-  va_end(ap);
-  atomic_fetch_add(&g_failures, 1);
-}
-
-/* true if `err` is NULL; otherwise prints what failed with libserve's code and message. */
-static bool ok(serve_error *err, const char *what) {
-  if (err == NULL) return true;
-  fail("%s: %s: %s", what, serve_code_name((uint32_t)serve_error_code(err)),
-       serve_error_message(err));
-  serve_error_free(err);
-  return false;
-}
 
 static uint64_t now_ns(void) { return serve_now_ns(); }
 

@@ -1,6 +1,7 @@
-//! The engine's side of cellular execution: state slots handed to requests, cell tasks built from
-//! a policy's launch (node → state slots, token, children), and a finished task's rows turned back
-//! into request results (final `h`, decoded tokens, `eos`).
+//! The threaded engine's side of cellular execution: how many state slots a request needs (the
+//! core hands them out), cell tasks built from a policy's launch (node → state slots, token,
+//! children), and a finished task's rows turned back into request results (final `h`, decoded
+//! tokens, `eos`).
 
 use crate::backend::{CellRow, CellTask};
 use crate::error::{Error, Result};

@@ -13,7 +13,9 @@
 //! shows is what the runtime decides, because the deciding is this code.
 //!
 //! `R` is the driver's own per-request data (the real engine's input, reply and result; the
-//! simulator's arrival time), carried untouched and handed back at completion.
+//! simulator's arrival time), carried untouched and handed back at completion; `T` its own
+//! per-task data (the real engine's `TaskData`; nothing for the simulator), attached after a
+//! launch and dropped with the task.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -50,7 +52,7 @@ pub(crate) struct Submit<R> {
 }
 
 /// A task in flight, as its policy launched it.
-pub(crate) struct CoreTask {
+pub(crate) struct CoreTask<T> {
     pub worker: WorkerId,
     pub cell: CellType,
     pub launched: Time,
@@ -59,6 +61,8 @@ pub(crate) struct CoreTask {
     pub nodes: Vec<u32>,
     /// Rows computed, padding included.
     pub batch: usize,
+    /// The driver's data of the task ([`EngineCore::attach`]).
+    pub data: T,
 }
 
 /// What one finished row means for its request (the driver reads the backend's output; the
@@ -73,7 +77,7 @@ pub(crate) enum RowEnd {
 }
 
 /// What the driver learns of a finished task, for its metrics and admission.
-pub(crate) struct Finished {
+pub(crate) struct TaskEnd {
     pub worker: WorkerId,
     /// Real rows.
     pub rows: usize,
@@ -95,9 +99,9 @@ pub(crate) enum CoreOutput<R> {
     Released { model: usize, policy: Box<dyn Policy> },
 }
 
-struct CoreModel {
+struct CoreModel<T> {
     policy: Box<dyn Policy>,
-    tasks: IdMap<CoreTask>,
+    tasks: IdMap<CoreTask<T>>,
     /// Free state slots, and the requests waiting for slots in arrival order (their policy has
     /// not seen them yet).
     free_slots: Vec<u32>,
@@ -109,8 +113,8 @@ struct CoreModel {
     closing: bool,
 }
 
-pub(crate) struct EngineCore<R> {
-    models: Vec<Option<CoreModel>>,
+pub(crate) struct EngineCore<R, T = ()> {
+    models: Vec<Option<CoreModel<T>>>,
     requests: IdMap<CoreRequest<R>>,
     /// The latest instant an event carried; decisions taken while draining happen then.
     now: Time,
@@ -123,7 +127,7 @@ pub(crate) struct EngineCore<R> {
     closing: usize,
 }
 
-impl<R> Default for EngineCore<R> {
+impl<R, T> Default for EngineCore<R, T> {
     fn default() -> Self {
         EngineCore {
             models: Vec::new(),
@@ -137,17 +141,17 @@ impl<R> Default for EngineCore<R> {
     }
 }
 
-impl<R> EngineCore<R> {
+impl<R, T: Default> EngineCore<R, T> {
     fn at(&mut self, now: Time) -> Time {
         self.now = self.now.max(now);
         self.now
     }
 
-    fn model_mut(&mut self, model: usize) -> Option<&mut CoreModel> {
+    fn model_mut(&mut self, model: usize) -> Option<&mut CoreModel<T>> {
         self.models.get_mut(model).and_then(|m| m.as_mut())
     }
 
-    fn model(&self, model: usize) -> Option<&CoreModel> {
+    fn model(&self, model: usize) -> Option<&CoreModel<T>> {
         self.models.get(model).and_then(|m| m.as_ref())
     }
 
@@ -310,7 +314,7 @@ impl<R> EngineCore<R> {
         model: usize,
         task: TaskId,
         mut row: impl FnMut(usize, &mut CoreRequest<R>, Option<u32>) -> RowEnd,
-    ) -> Option<Finished> {
+    ) -> Option<TaskEnd> {
         let now = self.at(now);
         let m = self.models.get_mut(model).and_then(|m| m.as_mut())?;
         let entry = m.tasks.remove(&task)?;
@@ -329,14 +333,21 @@ impl<R> EngineCore<R> {
         }
         m.policy.task_done(now, task);
         self.dirty.push(model);
-        let done = Finished { worker: entry.worker, rows: entry.requests.len(), busy };
+        let done = TaskEnd { worker: entry.worker, rows: entry.requests.len(), busy };
         m.policy.recycle(entry.requests, entry.nodes);
         Some(done)
     }
 
     /// A task in flight.
-    pub fn task(&self, model: usize, task: TaskId) -> Option<&CoreTask> {
+    pub fn task(&self, model: usize, task: TaskId) -> Option<&CoreTask<T>> {
         self.model(model)?.tasks.get(&task)
+    }
+
+    /// Attach the driver's data to a task in flight (after its launch).
+    pub fn attach(&mut self, model: usize, task: TaskId, data: T) {
+        if let Some(t) = self.model_mut(model).and_then(|m| m.tasks.get_mut(&task)) {
+            t.data = data;
+        }
     }
 
     pub fn request(&self, id: RequestId) -> Option<&CoreRequest<R>> {
@@ -423,6 +434,7 @@ impl<R> EngineCore<R> {
                             requests: l.requests,
                             nodes: l.nodes,
                             batch: l.batch,
+                            data: T::default(),
                         };
                         m.tasks.insert(l.task, task);
                         return Some(CoreOutput::Launch { model, task: l.task });

@@ -25,14 +25,14 @@ use crate::backend::{CellTask, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::{Input, Network, Output};
 use crate::runtime::admission::Admission;
-use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_row, slots_needed};
+use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_row};
 use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
 use crate::runtime::metrics::ModelMetrics;
 use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled};
 use crate::runtime::stats::Stats;
-use crate::sched::{CellGraph, IdMap, Policy, RequestId, TaskId, Time};
+use crate::sched::{CellGraph, Policy, RequestId, TaskId, Time};
 
 /// A request admitted by submit, on its way to the engine.
 pub(crate) struct Pending {
@@ -44,6 +44,8 @@ pub(crate) struct Pending {
     pub input: Input,
     /// The request unfolded into cells (recurrent models).
     pub cells: Option<Arc<CellGraph>>,
+    /// State slots it needs (`cells::slots_needed`; 0 for a fixed-shape request).
+    pub slots_needed: usize,
     pub deadline: Option<Instant>,
     pub priority: i32,
     pub reply: Reply,
@@ -114,8 +116,6 @@ struct ModelState {
     runner: Arc<dyn Runner>,
     metrics: Arc<ModelMetrics>,
     admission: Arc<Admission>,
-    /// The data of each task in flight, and the worker it runs on.
-    tasks: IdMap<Arc<TaskData>>,
     /// Input and output values per row.
     io: (usize, usize),
     /// Workers the stall watchdog gave up on and that have not recovered.
@@ -146,8 +146,9 @@ impl ModelIndices {
 
 pub(crate) struct Engine {
     epoch: Instant,
-    /// Requests, slots, policies and tasks in flight: the decisions (core.rs).
-    core: EngineCore<Live>,
+    /// Requests, slots, policies and tasks in flight (with their `TaskData`): the decisions
+    /// (core.rs).
+    core: EngineCore<Live, Option<Arc<TaskData>>>,
     /// Indexed by model index; `None` for a free index.
     models: Vec<Option<ModelState>>,
     indices: Arc<Mutex<ModelIndices>>,
@@ -297,24 +298,22 @@ impl Engine {
                     runner,
                     metrics,
                     admission,
-                    tasks: IdMap::default(),
                     stalled: vec![false; workers],
                 });
             }
             // Sent once, by the last handle's drop; the index is not reused before release.
             Event::RemoveModel(idx) => self.core.close_model(idx),
             Event::Arrive(p) => {
-                let Pending { model, submitted, rows, input, cells, deadline, priority, reply } = *p;
+                let Pending { model, submitted, rows, input, cells, slots_needed, deadline, priority, reply } =
+                    *p;
                 let id = reply.id();
-                // A handle is alive while it submits, so its model is here and not closing;
-                // were it not, the dropped reply completes the request `Cancelled`.
-                let Some(state) = self.models.get(model).and_then(|s| s.as_ref()) else { return };
-                let slots_needed = cells.as_ref().map_or(0, |g| slots_needed(&state.net, g));
                 let data =
                     Live { submitted, rows, input, reply, result: None, decoding: Decoding::default() };
                 let deadline = deadline.map(|d| self.time(d));
                 let now = self.now();
                 let s = Submit { model, id, graph: cells, slots_needed, deadline, priority, data };
+                // A handle is alive while it submits, so its model is here and not closing; were
+                // it not, the request completes `Cancelled`.
                 if let Err(live) = self.core.submit(now, s) {
                     self.finish(model, None, live, Err(Error::new(Code::Cancelled, "the model was freed")));
                 }
@@ -355,8 +354,10 @@ impl Engine {
     fn task_done(&mut self, model: usize, task: TaskId, failure: Option<Error>) {
         let now = self.now();
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        let Some(data) = state.tasks.remove(&task) else { return };
-        let Some(worker) = self.core.task(model, task).map(|t| t.worker) else { return };
+        let Some((worker, Some(data))) = self.core.task(model, task).map(|t| (t.worker, t.data.clone()))
+        else {
+            return;
+        };
         // The runner makes the results readable (the CUDA runner copies them from pinned memory).
         state.runner.collect(worker, &data);
         let out_len = state.io.1;
@@ -462,7 +463,7 @@ impl Engine {
         let data = TaskData::new(t.batch, work);
         self.stats.record_task(rows);
         state.metrics.task_launched(rows);
-        state.tasks.insert(task, data.clone());
+        self.core.attach(model, task, Some(data.clone()));
         let launched = if state.stalled.get(worker).copied().unwrap_or(false) {
             Err(Error::new(
                 Code::Backend,

@@ -619,14 +619,13 @@ impl Model {
         sink: impl FnOnce(RequestId) -> Sink,
     ) -> Result<RequestId> {
         let cells = self.m.net.unfold(&input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
-        if let Some(g) = &cells {
-            let need = cells::slots_needed(&self.m.net, g);
-            if need > self.m.state_slots {
-                return Err(Error::invalid(format!(
-                    "model `{}`: the request needs {need} state slots; the model has {}",
-                    self.m.name, self.m.state_slots
-                )));
-            }
+        // State slots it needs before its policy may see it (0 for a fixed-shape request).
+        let slots_needed = cells.as_ref().map_or(0, |g| cells::slots_needed(&self.m.net, g));
+        if slots_needed > self.m.state_slots {
+            return Err(Error::invalid(format!(
+                "model `{}`: the request needs {slots_needed} state slots; the model has {}",
+                self.m.name, self.m.state_slots
+            )));
         }
         let now = Instant::now();
         if let Some(d) = opts.deadline
@@ -650,6 +649,7 @@ impl Model {
             rows,
             input,
             cells,
+            slots_needed,
             deadline: opts.deadline,
             priority: opts.priority,
             reply,

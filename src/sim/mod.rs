@@ -213,7 +213,7 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
                 {
                     sim.push(Time::ZERO + next, Ev::Arrive(i + 1));
                 }
-                sim.arrive(now, &requests[i])
+                sim.arrive(now, &requests[i])?
             }
             Ev::Done(task) => sim.done(now, task),
             Ev::Wake => {
@@ -248,13 +248,13 @@ impl Sim<'_> {
         self.heap.push(Reverse((at, self.seq, ev)));
     }
 
-    fn arrive(&mut self, now: Time, r: &SimRequest) {
+    fn arrive(&mut self, now: Time, r: &SimRequest) -> Result<()> {
         let id = self.next_id;
         self.next_id += 1;
         if self.core.requests_of(MODEL) >= self.spec.admission_bound {
             *self.out.errors.entry(Code::Busy).or_default() += 1;
             self.out.last_completion = now;
-            return;
+            return Ok(());
         }
         if self.spec.trace {
             self.out.trace.push(TraceEvent::Arrive { at: now, id });
@@ -270,9 +270,7 @@ impl Sim<'_> {
             priority: 0,
             data: Live { arrived: now, ends_at: r.ends_at },
         };
-        if self.core.submit(now, s).is_err() {
-            unreachable!("the simulated model is never closed");
-        }
+        self.core.submit(now, s).map_err(|_| Error::internal("the simulated model is not served"))
     }
 
     fn done(&mut self, now: Time, task: TaskId) {

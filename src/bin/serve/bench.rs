@@ -165,7 +165,7 @@ fn policy_name(cfg: &TimeoutConfig) -> String {
 }
 
 /// The timeout policy `cfg` as a policy under test (warm-up: three rounds of full batches).
-fn timeout_spec(cfg: TimeoutConfig) -> PolicySpec {
+pub(crate) fn timeout_spec(cfg: TimeoutConfig) -> PolicySpec {
     PolicySpec {
         label: policy_name(&cfg),
         config: PolicyConfig::Timeout(cfg),
@@ -269,7 +269,7 @@ pub(crate) fn cmd_bench_mlp(a: BenchMlpArgs) -> CliResult<()> {
     run_bench(&plan)
 }
 
-fn ms(us: u64) -> f64 {
+pub(crate) fn ms(us: u64) -> f64 {
     us as f64 / 1e3
 }
 
@@ -482,7 +482,7 @@ fn start_model(work: &Workload, policy: &PolicySpec) -> CliResult<(Runtime, Mode
     Ok((rt, model))
 }
 
-fn new_hist() -> CliResult<Histogram<u64>> {
+pub(crate) fn new_hist() -> CliResult<Histogram<u64>> {
     Histogram::new_with_bounds(1, HIST_MAX_US, 3).map_err(|e| fatal(format!("histogram: {e}")))
 }
 

@@ -136,11 +136,14 @@ fn build_network(
     let misplaced = |flag: &str, only: &str| {
         Err(fatal(format!("{flag} applies to {only}; `bench {}` does not take it", kind.name())))
     };
-    if kind == RnnKind::TreeLstm && a.layers.is_some() {
+    if kind == RnnKind::TreeLstm && a.random.layers.is_some() {
         return misplaced("--layers", "lstm and seq2seq");
     }
-    if kind != RnnKind::Seq2Seq && (a.max_decode.is_some() || a.eos_bias.is_some()) {
-        return misplaced(if a.max_decode.is_some() { "--max-decode" } else { "--eos-bias" }, "seq2seq");
+    if kind != RnnKind::Seq2Seq && (a.random.max_decode.is_some() || a.eos_bias.is_some()) {
+        return misplaced(
+            if a.random.max_decode.is_some() { "--max-decode" } else { "--eos-bias" },
+            "seq2seq",
+        );
     }
     if let Some(dir) = &a.model_dir {
         let net = serve::model::load(dir)
@@ -159,8 +162,15 @@ fn build_network(
         return Ok((net, name, source));
     }
     let hidden = a.hidden.unwrap_or(if backend == BackendKind::Cuda { GPU_HIDDEN } else { CPU_HIDDEN });
-    let net =
-        random_network(kind, a.vocab, hidden, a.embed.unwrap_or(hidden), a.layers, a.max_decode, a.seed)?;
+    let net = random_network(
+        kind,
+        a.random.vocab,
+        hidden,
+        a.embed.unwrap_or(hidden),
+        a.random.layers,
+        a.random.max_decode,
+        a.seed,
+    )?;
     Ok((net, format!("random-{}", kind.name()), json!(format!("random(seed={})", a.seed))))
 }
 

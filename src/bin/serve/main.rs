@@ -292,6 +292,21 @@ fn fraction(s: &str) -> Result<f64, String> {
     if v <= 1.0 { Ok(v) } else { Err(format!("`{s}` is not a fraction in (0, 1]")) }
 }
 
+/// The sizes of the benchmarks' random recurrent model that `serve bench` and `serve profile`
+/// share (the hidden size is each command's own: its default differs).
+#[derive(Args, Debug, Clone, Copy)]
+struct RandomRnnArgs {
+    /// Vocabulary of the random model.
+    #[arg(long, default_value_t = 30_000, value_parser = positive())]
+    vocab: usize,
+    /// LSTM layers of the random model (lstm, seq2seq; default 1).
+    #[arg(long, value_parser = positive())]
+    layers: Option<usize>,
+    /// Most decoded tokens of the random seq2seq (default 20).
+    #[arg(long, value_parser = positive())]
+    max_decode: Option<usize>,
+}
+
 /// The recurrent policies under test and their options (`serve bench` and `serve sim` alike).
 #[derive(Args, Debug, Clone)]
 struct RnnPolicyArgs {
@@ -330,15 +345,8 @@ struct BenchRnnArgs {
     /// Embedding size of the random model (default: the hidden size).
     #[arg(long, value_parser = positive())]
     embed: Option<usize>,
-    /// Vocabulary of the random model.
-    #[arg(long, default_value_t = 30_000, value_parser = positive())]
-    vocab: usize,
-    /// LSTM layers of the random model (lstm, seq2seq; default 1).
-    #[arg(long, value_parser = positive())]
-    layers: Option<usize>,
-    /// Most decoded tokens of the random seq2seq (default 20).
-    #[arg(long, value_parser = positive())]
-    max_decode: Option<usize>,
+    #[command(flatten)]
+    random: RandomRnnArgs,
     /// Added to the random seq2seq's `decoder.proj.bias[eos]` so decodes end at eos at varied
     /// lengths: a number, or `auto` (default): calibrated for a mean decode of half max_decode.
     #[arg(long, value_parser = eos_bias)]
@@ -386,23 +394,16 @@ struct BenchRnnArgs {
 #[derive(Args, Debug)]
 struct ProfileArgs {
     /// Model directory of the recurrent model to profile.
-    #[arg(required_unless_present = "random", conflicts_with = "random")]
+    #[arg(required_unless_present = "random_kind", conflicts_with = "random_kind")]
     model_dir: Option<PathBuf>,
     /// Profile the benchmarks' random model of this kind instead (`serve bench`'s defaults).
-    #[arg(long, value_enum)]
-    random: Option<RnnKind>,
+    #[arg(long = "random", value_enum)]
+    random_kind: Option<RnnKind>,
     /// Hidden (= embedding) size of the random model.
     #[arg(long, default_value_t = crate::bench_rnn::CPU_HIDDEN, value_parser = positive())]
     hidden: usize,
-    /// Vocabulary of the random model.
-    #[arg(long, default_value_t = 30_000, value_parser = positive())]
-    vocab: usize,
-    /// LSTM layers of the random model (lstm, seq2seq; default 1).
-    #[arg(long, value_parser = positive())]
-    layers: Option<usize>,
-    /// Most decoded tokens of the random seq2seq (default 20).
-    #[arg(long, value_parser = positive())]
-    max_decode: Option<usize>,
+    #[command(flatten)]
+    random: RandomRnnArgs,
     /// Seed of the random model.
     #[arg(long, default_value_t = 1)]
     seed: u64,

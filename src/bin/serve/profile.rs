@@ -38,7 +38,7 @@ const ROUND_TRIPS: usize = 400;
 
 pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     let t0 = Instant::now();
-    let (net, name, source) = match (&a.model_dir, a.random) {
+    let (net, name, source) = match (&a.model_dir, a.random_kind) {
         (Some(dir), None) => {
             let net = serve::model::load(dir)
                 .map_err(|e| fatal(format!("cannot load model {}: {e}", dir.display())))?;
@@ -46,7 +46,15 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             (net, name, dir.display().to_string())
         }
         (None, Some(kind)) => {
-            let net = random_network(kind, a.vocab, a.hidden, a.hidden, a.layers, a.max_decode, a.seed)?;
+            let net = random_network(
+                kind,
+                a.random.vocab,
+                a.hidden,
+                a.hidden,
+                a.random.layers,
+                a.random.max_decode,
+                a.seed,
+            )?;
             (net, format!("random-{}", kind.name()), format!("random(seed={})", a.seed))
         }
         _ => return Err(fatal("give a MODEL_DIR or --random KIND (one of them)")),
@@ -57,7 +65,6 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             net.kind()
         )));
     }
-    let rt = crate::build_runtime(a.rt)?;
     let backend = serve::backend::create(a.rt.backend.into(), a.rt.threads)?;
     let mut batches = a.batches.clone();
     batches.sort_unstable();
@@ -135,8 +142,18 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         cells.push(CellCost { cell: info.name.to_string(), points });
     }
     drop(runner);
+    let mut file = CostFile {
+        name: format!("profile-{name}"),
+        source: String::new(),
+        backend: backend.describe(),
+        model: model_json(&net),
+        cells,
+        launch_us: 0.0,
+        report_us: 0.0,
+    };
 
     // Engine delays: one single-step request at a time through a real runtime.
+    let rt = crate::build_runtime(a.rt)?;
     let one = match &*net {
         Network::TreeLstm(_) => Input::Tree { tokens: vec![3], parents: vec![-1] },
         _ => Input::Tokens(vec![3]),
@@ -155,18 +172,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     }
     let round_trip = start.elapsed().as_secs_f64() * 1e6 / ROUND_TRIPS as f64;
     // A single-step seq2seq request also runs decoder steps; lstm and a one-node tree run one task.
-    let first_cell = &cells[0];
-    let one_task = CostFile {
-        name: String::new(),
-        source: String::new(),
-        backend: String::new(),
-        model: json!(null),
-        cells: vec![first_cell.clone()],
-        launch_us: 0.0,
-        report_us: 0.0,
-    }
-    .micros(&first_cell.cell, 1)
-    .unwrap_or(0.0);
+    let one_task = file.micros(&file.cells[0].cell, 1).unwrap_or(0.0);
     let overhead = (round_trip - one_task).max(0.0);
     println!(
         "# engine: one-step round trip {round_trip:.1} us, of which the task {one_task:.1} us: delays {overhead:.1} us \
@@ -178,15 +184,9 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             "# (seq2seq: the round trip includes the decoder steps of a one-token request; delays are an upper bound)"
         );
     }
-    let file = CostFile {
-        name: format!("profile-{name}"),
-        source: format!("serve profile {source} ({} s)", t0.elapsed().as_secs()),
-        backend: backend.describe(),
-        model: model_json(&net),
-        cells,
-        launch_us: overhead / 2.0,
-        report_us: overhead / 2.0,
-    };
+    file.launch_us = overhead / 2.0;
+    file.report_us = overhead / 2.0;
+    file.source = format!("serve profile {source} ({} s)", t0.elapsed().as_secs());
     let text = serde_json::to_string_pretty(&file).map_err(|e| fatal(e.to_string()))?;
     std::fs::write(&a.json, text + "\n")
         .map_err(|e| fatal(format!("cannot write {}: {e}", a.json.display())))?;

@@ -10,18 +10,19 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use serve::Network;
 use serve::model::Mlp;
 use serve::sim::workload::{Lengths, requests};
 use serve::sim::{CostFile, Load, SimOutcome, SimRequest, SimSpec, simulate};
 use serve::workload::poisson_arrivals;
-use serve::{Network, PolicyConfig};
 
 use crate::bench::{
-    PolicySpec, RunResult, fmt_ratio, open_report, print_header, print_row, ratio, write_report,
+    PolicySpec, RunResult, fmt_ratio, ms, new_hist, open_report, print_header, print_row, ratio,
+    timeout_spec, write_report,
 };
 use crate::bench_rnn::{CPU_HIDDEN, RnnKind, policy_specs, random_network};
 use crate::plot::latency_svg;
@@ -45,28 +46,24 @@ pub(crate) fn lengths(s: &str) -> Result<Lengths, String> {
     }
 }
 
-fn percentile(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
+/// `out` as a row of the results table, its percentiles from the same histogram `serve bench`
+/// records into.
+fn run_result(label: &str, offered: f64, out: &SimOutcome) -> CliResult<RunResult> {
+    let mut hist = new_hist()?;
+    for l in &out.latencies {
+        hist.saturating_record((l.as_micros() as u64).max(1));
     }
-    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i].as_secs_f64() * 1e3
-}
-
-fn run_result(label: &str, offered: f64, out: &SimOutcome) -> RunResult {
-    let mut lat = out.latencies.clone();
-    lat.sort_unstable();
     let mut error_codes = BTreeMap::new();
     for (code, n) in &out.errors {
         error_codes.insert(code.name(), *n);
     }
-    RunResult {
+    Ok(RunResult {
         policy: label.to_string(),
         offered_rps: offered,
         throughput_rps: out.throughput(),
-        p50_ms: percentile(&lat, 0.50),
-        p90_ms: percentile(&lat, 0.90),
-        p99_ms: percentile(&lat, 0.99),
+        p50_ms: ms(hist.value_at_quantile(0.50)),
+        p90_ms: ms(hist.value_at_quantile(0.90)),
+        p99_ms: ms(hist.value_at_quantile(0.99)),
         mean_batch: out.mean_batch(),
         completed: out.completed(),
         errors: out.error_count(),
@@ -75,7 +72,7 @@ fn run_result(label: &str, offered: f64, out: &SimOutcome) -> RunResult {
         sender_lag_p99_ms: 0.0,
         mean_output_tokens: None,
         extra: serde_json::Map::new(),
-    }
+    })
 }
 
 /// The network the simulation serves: the benchmarks' random model of the kind, at the cost
@@ -100,25 +97,22 @@ fn specs(a: &SimArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
         return policy_specs(&a.pol, net);
     }
     let b = a.pol.max_batch.first().copied().unwrap_or(32);
-    let cfg = timeout_policy(b, 0, a.pol.workers);
-    Ok(vec![PolicySpec {
-        label: format!("timeout(s={b},t=0us)"),
-        config: PolicyConfig::Timeout(cfg),
-        warmup: 0,
-        warmup_rounds: 0,
-        window: a.pol.capacity_window.unwrap_or(4 * b * a.pol.workers),
-    }])
+    let mut spec = timeout_spec(timeout_policy(b, 0, a.pol.workers));
+    spec.window = a.pol.capacity_window.unwrap_or(spec.window);
+    Ok(vec![spec])
 }
 
-struct Runner<'a> {
+/// The simulated runs of one command: the model, costs and requests they share.
+struct SimRuns<'a> {
     net: &'a Network,
     cost: &'a CostFile,
     reqs: Vec<SimRequest>,
     simulated: u64,
 }
 
-impl Runner<'_> {
-    fn run(&mut self, spec: &PolicySpec, load: &Load) -> CliResult<SimOutcome> {
+impl SimRuns<'_> {
+    /// The first `n` requests (all: `None`) under `load`.
+    fn run(&mut self, spec: &PolicySpec, load: &Load, n: Option<usize>) -> CliResult<SimOutcome> {
         let s = SimSpec {
             net: self.net,
             policy: &spec.config,
@@ -126,7 +120,8 @@ impl Runner<'_> {
             admission_bound: serve::runtime::DEFAULT_ADMISSION_BOUND,
             trace: false,
         };
-        let out = simulate(&s, &self.reqs, load).map_err(|e| fatal(format!("{}: {e}", spec.label)))?;
+        let reqs = &self.reqs[..n.unwrap_or(self.reqs.len()).min(self.reqs.len())];
+        let out = simulate(&s, reqs, load).map_err(|e| fatal(format!("{}: {e}", spec.label)))?;
         self.simulated += out.completed() + out.error_count();
         Ok(out)
     }
@@ -134,7 +129,7 @@ impl Runner<'_> {
     /// Steady closed-loop throughput with `window` requests in flight (the first fifth and the
     /// final drain not counted, as `serve bench` does not count them).
     fn peak(&mut self, spec: &PolicySpec, window: usize) -> CliResult<f64> {
-        let out = self.run(spec, &Load::Closed { window })?;
+        let out = self.run(spec, &Load::Closed { window }, None)?;
         let n = out.completed_at.len();
         out.steady_throughput(n / 5, window.min(n / 2)).ok_or_else(|| {
             fatal(format!("{}: too few requests to measure a peak; raise --requests", spec.label))
@@ -161,7 +156,7 @@ pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
     if !cost.source.is_empty() {
         println!("# cost source: {}", cost.source);
     }
-    let mut runner = Runner { net: &net, cost: &cost, reqs, simulated: 0 };
+    let mut runner = SimRuns { net: &net, cost: &cost, reqs, simulated: 0 };
     if let Some(path) = &a.compare {
         return compare(&mut runner, &specs, path, a.seed);
     }
@@ -189,8 +184,8 @@ pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
     for (k, &rate) in rates.iter().enumerate() {
         let load = Load::Open(poisson_arrivals(rate, runner.reqs.len(), a.seed.wrapping_add(1 + k as u64)));
         for (spec, peak) in specs.iter().zip(&peaks) {
-            let out = runner.run(spec, &load)?;
-            let mut r = run_result(&spec.label, rate, &out);
+            let out = runner.run(spec, &load, None)?;
+            let mut r = run_result(&spec.label, rate, &out)?;
             r.extra.insert("peak_rps".into(), json!(peak));
             r.extra.insert("fraction_of_peak".into(), json!(rate / peak));
             print_row(&r);
@@ -236,7 +231,7 @@ fn short(spec: &PolicySpec) -> &str {
 }
 
 /// Replay a `serve bench --json` report on the simulator and print both side by side.
-fn compare(runner: &mut Runner<'_>, specs: &[PolicySpec], path: &PathBuf, seed: u64) -> CliResult<()> {
+fn compare(runner: &mut SimRuns<'_>, specs: &[PolicySpec], path: &PathBuf, seed: u64) -> CliResult<()> {
     let text =
         std::fs::read_to_string(path).map_err(|e| fatal(format!("cannot read {}: {e}", path.display())))?;
     let bench: Value = serde_json::from_str(&text)
@@ -291,11 +286,8 @@ fn compare(runner: &mut Runner<'_>, specs: &[PolicySpec], path: &PathBuf, seed: 
         let k = rates.iter().position(|x| (x - offered).abs() < 0.5).unwrap_or(i);
         // The arrival seeds `serve bench` uses with the same --seed.
         let arrivals = poisson_arrivals(offered, n, seed.wrapping_add(1 + k as u64));
-        let saved = std::mem::take(&mut runner.reqs);
-        runner.reqs = saved[..n].to_vec();
-        let out = runner.run(spec, &Load::Open(arrivals));
-        runner.reqs = saved;
-        let sim = run_result(label, offered, &out?);
+        let out = runner.run(spec, &Load::Open(arrivals), Some(n))?;
+        let sim = run_result(label, offered, &out)?;
         let pair = |k: &str, s: f64| -> (String, bool, f64) {
             let real = num(r, k).unwrap_or(f64::NAN);
             let q = s / real;
