@@ -38,7 +38,10 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use serve::sched::baseline::padding::{PaddingConfig, PaddingPolicy};
 use serve::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy};
-use serve::sched::{Arrival, CellGraph, CellType, Decision, Launch, Policy, RequestId, TaskId, Time};
+use serve::sched::{
+    Arrival, CellGraph, CellType, Decision, Exec, Launch, Policy, RequestId, TaskId, TaskReport, TaskShape,
+    Time, WorkerShape,
+};
 use serve::workload::{treebank_trees, wmt_lengths};
 
 /// Distinct graphs per workload (a power of two); arrivals cycle through them.
@@ -77,7 +80,8 @@ impl Workload {
                 .map(|(e, d)| Arc::new(CellGraph::chains(&[(0, e), (1, d)]).unwrap()))
                 .collect(),
             Workload::TreeLstm => {
-                let tree = |parents: &Vec<i32>| CellGraph::tree_of_parents(parents).expect("a valid tree");
+                let tree =
+                    |parents: &Vec<i32>| CellGraph::tree_of_parents(parents, 0, 1).expect("a valid tree");
                 treebank_trees(GRAPHS, seed).iter().map(|parents| Arc::new(tree(parents))).collect()
             }
         }
@@ -128,9 +132,10 @@ impl Plain {
             self.out.push_back(Decision::Launch(Launch {
                 task: self.next_task,
                 worker: 0,
-                cell: 0,
+                model: 0,
+                shape: TaskShape::Cells { cell: 0, nodes: rows.iter().map(|r| r.1).collect() },
+                exec: Exec::default(),
                 requests: rows.iter().map(|r| r.0).collect(),
-                nodes: rows.iter().map(|r| r.1).collect(),
                 batch: k,
             }));
             self.next_task += 1;
@@ -139,6 +144,12 @@ impl Plain {
 }
 
 impl Policy for Plain {
+    fn workers(&self) -> Vec<WorkerShape> {
+        WorkerShape::uniform(1, self.max_batch)
+    }
+    fn lookahead(&self) -> usize {
+        1
+    }
     fn arrive(&mut self, _: Time, a: Arrival) {
         let len = a.cells.map_or(1, |g| g.len()) as u32;
         self.live.push((a.id, 0, len));
@@ -147,7 +158,7 @@ impl Policy for Plain {
         }
     }
     fn cancel(&mut self, _: Time, _: RequestId) {}
-    fn task_done(&mut self, _: Time, _: TaskId) {
+    fn task_done(&mut self, _: Time, _: &TaskReport) {
         let mut i = 0;
         self.live.retain_mut(|r| {
             i += 1;
@@ -288,9 +299,10 @@ impl PlainTree {
         self.out.push_back(Decision::Launch(Launch {
             task: self.next_task,
             worker: 0,
-            cell: CellType::from(inner),
+            model: 0,
+            shape: TaskShape::Cells { cell: CellType::from(inner), nodes },
+            exec: Exec::default(),
             requests,
-            nodes,
             batch,
         }));
         self.next_task += 1;
@@ -317,6 +329,12 @@ fn push_rows(id: RequestId, from: &[u32], requests: &mut Vec<RequestId>, nodes: 
 }
 
 impl Policy for PlainTree {
+    fn workers(&self) -> Vec<WorkerShape> {
+        WorkerShape::uniform(1, self.max_batch)
+    }
+    fn lookahead(&self) -> usize {
+        1
+    }
     fn arrive(&mut self, _: Time, a: Arrival) {
         let graph = a.cells.expect("a tree request has a graph");
         let mut lists = self.spare_lists.pop().unwrap_or_default();
@@ -349,7 +367,7 @@ impl Policy for PlainTree {
         }
     }
     fn cancel(&mut self, _: Time, _: RequestId) {}
-    fn task_done(&mut self, _: Time, _: TaskId) {
+    fn task_done(&mut self, _: Time, _: &TaskReport) {
         let (inner, mut held) = self.running.take().expect("a task is running");
         for &slot in &held {
             let t = self.trees[slot as usize].as_mut().expect("a tree in a task is live");
@@ -378,7 +396,8 @@ impl Policy for PlainTree {
     }
     fn end_early(&mut self, _: Time, _: RequestId) {}
     fn tick(&mut self, _: Time) {}
-    fn recycle(&mut self, mut requests: Vec<RequestId>, mut nodes: Vec<u32>) {
+    fn recycle(&mut self, mut requests: Vec<RequestId>, shape: TaskShape) {
+        let TaskShape::Cells { mut nodes, .. } = shape else { return };
         requests.clear();
         nodes.clear();
         if self.spare_rows.len() < 2 {
@@ -437,6 +456,8 @@ fn padding(case: &Case) -> PaddingPolicy {
         max_batch: case.batch,
         workers: 1,
         max_tasks_to_submit: case.max_tasks,
+        // Declares the workers' size; treebank trees are far narrower.
+        level_width: 1024,
     })
     .unwrap()
 }
@@ -447,7 +468,7 @@ struct Driver<P> {
     graphs: Vec<Arc<CellGraph>>,
     next_id: RequestId,
     /// The worker's stream: launched, unfinished tasks in launch order, with their row vectors.
-    stream: VecDeque<(TaskId, Vec<RequestId>, Vec<u32>)>,
+    stream: VecDeque<(TaskId, Vec<RequestId>, TaskShape)>,
     now: u64,
     tasks: u64,
     rows: u64,
@@ -467,7 +488,7 @@ impl<P: Policy> Driver<P> {
     fn arrive(&mut self) {
         // `GRAPHS` is a power of two: a mask, not a division, picks the graph.
         let g = self.graphs[self.next_id as usize & (GRAPHS - 1)].clone();
-        let a = Arrival { id: self.next_id, deadline: None, priority: 0, cells: Some(g) };
+        let a = Arrival { id: self.next_id, model: 0, deadline: None, priority: 0, cells: Some(g) };
         self.next_id += 1;
         self.policy.arrive(Time(self.now), a);
     }
@@ -479,20 +500,20 @@ impl<P: Policy> Driver<P> {
                     self.tasks += 1;
                     self.rows += l.requests.len() as u64;
                     let l = black_box(l);
-                    self.stream.push_back((l.task, l.requests, l.nodes));
+                    self.stream.push_back((l.task, l.requests, l.shape));
                 }
-                Decision::Complete { .. } => self.arrive(),
+                Decision::Complete { .. } | Decision::Reject { .. } => self.arrive(),
             }
         }
     }
 
     /// Finish the oldest task and take the policy's answers.
     fn step(&mut self) {
-        let (task, requests, nodes) = self.stream.pop_front().expect("steady state keeps the worker busy");
+        let (task, requests, shape) = self.stream.pop_front().expect("steady state keeps the worker busy");
         // As the runtime does once a task has finished: its row vectors go back to the policy.
-        self.policy.recycle(requests, nodes);
+        self.policy.recycle(requests, shape);
         self.now += 1_000;
-        self.policy.task_done(Time(self.now), task);
+        self.policy.task_done(Time(self.now), &TaskReport::of(task));
         self.drain();
     }
 

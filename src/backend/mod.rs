@@ -91,6 +91,8 @@ pub type Notify = Arc<dyn Fn() + Send + Sync>;
 pub struct TaskData {
     /// Rows computed (including padding rows).
     pub rows: usize,
+    /// CPU threads the task may use (0: the runner's own count; more than it has: its count).
+    pub cores: usize,
     pub io: Mutex<TaskIo>,
 }
 
@@ -142,13 +144,37 @@ pub struct TaskIo {
     pub tokens: Vec<u32>,
     /// Set when the task failed; every request of the task then completes with it.
     pub error: Option<Error>,
+    /// What the stream measured of the task (the engine's `TaskReport` to the policy).
+    pub stages: StageTimes,
+}
+
+/// Stage times a backend measured of one task; `None` for a stage it cannot measure or the
+/// task did not have. The CPU stream times the task's compute on its thread (no transfers: the
+/// rows are read where they lie); the CUDA runner does not time its stages yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageTimes {
+    pub upload: Option<std::time::Duration>,
+    pub compute: Option<std::time::Duration>,
+    pub download: Option<std::time::Duration>,
 }
 
 impl TaskData {
     pub fn new(rows: usize, work: Work) -> Arc<TaskData> {
+        TaskData::with_cores(rows, 0, work)
+    }
+
+    /// A task that runs on at most `cores` threads (0: the runner's own count).
+    pub fn with_cores(rows: usize, cores: usize, work: Work) -> Arc<TaskData> {
         Arc::new(TaskData {
             rows,
-            io: Mutex::new(TaskIo { work, output: Vec::new(), tokens: Vec::new(), error: None }),
+            cores,
+            io: Mutex::new(TaskIo {
+                work,
+                output: Vec::new(),
+                tokens: Vec::new(),
+                error: None,
+                stages: StageTimes::default(),
+            }),
         })
     }
 }

@@ -254,7 +254,7 @@ impl Network {
             }
             (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
                 let tree = m.validate(tokens, parents)?;
-                CellGraph::tree(&tree.children)?
+                CellGraph::tree(&tree.children, LEAF, INTERNAL)?
             }
             (Network::Mlp(_), _) => {
                 self.validate(input)?;

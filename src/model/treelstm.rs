@@ -60,71 +60,7 @@ pub struct TreeLstm {
     pub u_f: Vec<f32>,
 }
 
-/// A validated tree: children of each node and the root.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Tree {
-    pub children: Vec<Vec<u32>>,
-    pub root: u32,
-}
-
-/// Check a tree given as parent indices and return its children lists. Errors say which node.
-pub fn validate_tree(parents: &[i32], max_nodes: usize) -> Result<Tree> {
-    let n = parents.len();
-    if n == 0 {
-        return Err(Error::invalid("empty tree: a tree needs at least one node"));
-    }
-    if n > max_nodes {
-        return Err(Error::invalid(format!(
-            "tree of {n} nodes is larger than this model's maximum of {max_nodes}"
-        )));
-    }
-    let mut root: Option<usize> = None;
-    let mut children = vec![Vec::new(); n];
-    for (i, &p) in parents.iter().enumerate() {
-        if p == -1 {
-            if let Some(r) = root {
-                return Err(Error::invalid(format!(
-                    "tree has two roots: nodes {r} and {i} both have parent -1"
-                )));
-            }
-            root = Some(i);
-        } else if p < 0 || p as usize >= n {
-            return Err(Error::invalid(format!(
-                "node {i} has parent {p}, outside the tree (parents are -1 or 0..{n})"
-            )));
-        } else if p as usize == i {
-            return Err(Error::invalid(format!("node {i} is its own parent (a cycle)")));
-        } else {
-            children[p as usize].push(i as u32);
-        }
-    }
-    let Some(root) = root else {
-        return Err(Error::invalid("tree has no root: no node has parent -1 (so the parents form a cycle)"));
-    };
-    // Every node must reach the root; one that does not lies on (or under) a cycle.
-    let mut seen = vec![false; n];
-    let mut stack = vec![root];
-    seen[root] = true;
-    while let Some(v) = stack.pop() {
-        for &c in &children[v] {
-            seen[c as usize] = true;
-            stack.push(c as usize);
-        }
-    }
-    if let Some(lost) = seen.iter().position(|s| !s) {
-        // Walk up from the lost node until a node repeats: that node is on the cycle.
-        let mut on_path = vec![false; n];
-        let mut v = lost;
-        while !on_path[v] {
-            on_path[v] = true;
-            v = parents[v] as usize;
-        }
-        return Err(Error::invalid(format!(
-            "node {v} is on a cycle of parent links (it never reaches the root, node {root})"
-        )));
-    }
-    Ok(Tree { children, root: root as u32 })
-}
+pub use crate::sched::graph::{Tree, validate_tree};
 
 impl TreeLstm {
     /// Build from `cfg`, already checked ([`TreeLstmConfig::check`], which `model::load` runs before it

@@ -12,6 +12,12 @@
 //! the discrete-event simulator (`crate::sim`: virtual clock, cost model). What the simulator
 //! shows is what the runtime decides, because the deciding is this code.
 //!
+//! A **group** is one policy with its workers (as [`Policy::workers`] declares them) serving one
+//! or more models: a request is routed to its model's group, a launch names its model, and a
+//! task is known by its group and task id. The threaded engine gives each model a group of its
+//! own (today's policies serve one model); the simulator and VELTAIR-style tenant schedulers put
+//! several models in one group.
+//!
 //! `R` is the driver's own per-request data (the real engine's input, reply and result; the
 //! simulator's arrival time), carried untouched and handed back at completion; `T` its own
 //! per-task data (the real engine's `TaskData`; nothing for the simulator), attached after a
@@ -22,11 +28,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Code;
-use crate::sched::{CellGraph, CellType, Decision, IdMap, Policy, RequestId, TaskId, Time, WorkerId};
+use crate::sched::{
+    Arrival, CellGraph, CellType, Decision, Exec, IdMap, ModelId, Policy, RequestId, TaskId, TaskReport,
+    TaskShape, Time, WorkerId, WorkerShape,
+};
+
+/// Index of a group (one policy and its workers) in the core.
+pub(crate) type GroupId = usize;
 
 /// A request as the core holds it.
 pub(crate) struct CoreRequest<R> {
-    pub model: usize,
+    pub model: ModelId,
     /// The request unfolded into cells (recurrent models).
     pub graph: Option<Arc<CellGraph>>,
     /// Its state slots (empty while it waits for them, and for fixed-shape requests).
@@ -36,12 +48,16 @@ pub(crate) struct CoreRequest<R> {
     pub priority: i32,
     /// When it was first part of a launched task.
     pub started: Option<Time>,
+    /// Its input has landed in device memory ([`EngineCore::input_ready`]).
+    input_ready: bool,
+    /// Its policy has seen it (it is not waiting for state slots).
+    arrived: bool,
     pub data: R,
 }
 
 /// A request entering the core.
 pub(crate) struct Submit<R> {
-    pub model: usize,
+    pub model: ModelId,
     pub id: RequestId,
     pub graph: Option<Arc<CellGraph>>,
     /// State slots it needs before its policy may see it (0 for fixed-shape requests).
@@ -54,15 +70,28 @@ pub(crate) struct Submit<R> {
 /// A task in flight, as its policy launched it.
 pub(crate) struct CoreTask<T> {
     pub worker: WorkerId,
-    pub cell: CellType,
+    pub model: ModelId,
+    pub shape: TaskShape,
+    pub exec: Exec,
     pub launched: Time,
-    /// The request of each real row, and its node (empty for fixed-shape tasks).
+    /// The request of each real row (its node is in `shape` for cell tasks).
     pub requests: Vec<RequestId>,
-    pub nodes: Vec<u32>,
     /// Rows computed, padding included.
     pub batch: usize,
     /// The driver's data of the task ([`EngineCore::attach`]).
     pub data: T,
+}
+
+impl<T> CoreTask<T> {
+    /// The cell type of a cell task (0 otherwise).
+    pub fn cell(&self) -> CellType {
+        self.shape.cell()
+    }
+
+    /// The node of each row of a cell task (empty otherwise).
+    pub fn nodes(&self) -> &[u32] {
+        self.shape.nodes()
+    }
 }
 
 /// What one finished row means for its request (the driver reads the backend's output; the
@@ -78,6 +107,7 @@ pub(crate) enum RowEnd {
 
 /// What the driver learns of a finished task, for its metrics and admission.
 pub(crate) struct TaskEnd {
+    pub model: ModelId,
     pub worker: WorkerId,
     /// Real rows.
     pub rows: usize,
@@ -88,40 +118,52 @@ pub(crate) struct TaskEnd {
 
 /// What the driver is to do next.
 pub(crate) enum CoreOutput<R> {
-    /// Start the task ([`EngineCore::task`] describes it) on its worker, then report
-    /// [`EngineCore::task_done`] exactly once when it is over (also if its launch fails).
-    Launch { model: usize, task: TaskId },
+    /// Start the task ([`EngineCore::task`] describes it: its model, worker and shape) on its
+    /// worker, then report [`EngineCore::task_done`] exactly once when it is over (also if its
+    /// launch fails).
+    Launch { group: GroupId, task: TaskId },
     /// The request is complete with `code` (`Ok`: its result, which the driver holds, is to be
-    /// delivered).
-    Complete { id: RequestId, code: Code, model: usize, started: Option<Time>, data: R },
+    /// delivered). `rejected`: its policy refused it before any of it ran
+    /// ([`Decision::Reject`]).
+    Complete { id: RequestId, code: Code, model: ModelId, started: Option<Time>, rejected: bool, data: R },
     /// A closed model has no request and no task left: the driver releases its resources and
-    /// may reuse the index.
-    Released { model: usize, policy: Box<dyn Policy> },
+    /// may reuse the index. `policy` is its group's policy when it was the group's last model
+    /// (the group is gone too).
+    Released { model: ModelId, policy: Option<Box<dyn Policy>> },
 }
 
-struct CoreModel<T> {
+struct CoreGroup<T> {
     policy: Box<dyn Policy>,
+    workers: Vec<WorkerShape>,
     tasks: IdMap<CoreTask<T>>,
+    /// When each worker's last reported task ended.
+    worker_free_at: Vec<Time>,
+    /// Its models not yet released.
+    models: usize,
+}
+
+struct CoreModel {
+    group: GroupId,
     /// Free state slots, and the requests waiting for slots in arrival order (their policy has
     /// not seen them yet).
     free_slots: Vec<u32>,
     waiting: VecDeque<RequestId>,
-    /// Requests held (arrived, not completed).
+    /// Requests held (arrived, not completed), and tasks of the model in flight.
     requests: usize,
-    /// When each worker's last reported task ended.
-    worker_free_at: Vec<Time>,
+    tasks: usize,
     closing: bool,
 }
 
 pub(crate) struct EngineCore<R, T = ()> {
-    models: Vec<Option<CoreModel<T>>>,
+    groups: Vec<Option<CoreGroup<T>>>,
+    models: Vec<Option<CoreModel>>,
     requests: IdMap<CoreRequest<R>>,
     /// The latest instant an event carried; decisions taken while draining happen then.
     now: Time,
-    /// Models whose policy may have decisions pending, drained by `poll`.
-    dirty: Vec<usize>,
+    /// Groups whose policy may have decisions pending, drained by `poll`.
+    dirty: Vec<GroupId>,
     /// Models whose freed slots may admit waiting requests once the decisions in hand are out.
-    slots_freed: Vec<usize>,
+    slots_freed: Vec<ModelId>,
     /// Completions the core decided itself (cancel or expiry while waiting for slots).
     ready: VecDeque<CoreOutput<R>>,
     closing: usize,
@@ -130,6 +172,7 @@ pub(crate) struct EngineCore<R, T = ()> {
 impl<R, T> Default for EngineCore<R, T> {
     fn default() -> Self {
         EngineCore {
+            groups: Vec::new(),
             models: Vec::new(),
             requests: IdMap::default(),
             now: Time::ZERO,
@@ -141,42 +184,74 @@ impl<R, T> Default for EngineCore<R, T> {
     }
 }
 
+/// Put `v` at `idx` of a vector of optional entries, growing it as needed.
+fn place<V>(v: &mut Vec<Option<V>>, idx: usize, value: V) {
+    if v.len() <= idx {
+        v.resize_with(idx + 1, || None);
+    }
+    debug_assert!(v[idx].is_none(), "index {idx} reused while taken");
+    v[idx] = Some(value);
+}
+
 impl<R, T: Default> EngineCore<R, T> {
     fn at(&mut self, now: Time) -> Time {
         self.now = self.now.max(now);
         self.now
     }
 
-    fn model_mut(&mut self, model: usize) -> Option<&mut CoreModel<T>> {
-        self.models.get_mut(model).and_then(|m| m.as_mut())
-    }
-
-    fn model(&self, model: usize) -> Option<&CoreModel<T>> {
+    fn model(&self, model: ModelId) -> Option<&CoreModel> {
         self.models.get(model).and_then(|m| m.as_ref())
     }
 
-    /// Serve a model under index `model` (free: never used, or released) with `policy`,
-    /// `state_slots` state slots and `workers` workers.
-    pub fn add_model(&mut self, model: usize, policy: Box<dyn Policy>, state_slots: usize, workers: usize) {
-        if self.models.len() <= model {
-            self.models.resize_with(model + 1, || None);
-        }
-        debug_assert!(self.models[model].is_none(), "model index {model} reused while taken");
-        self.models[model] = Some(CoreModel {
+    fn group_of(&mut self, model: ModelId) -> Option<(GroupId, &mut CoreGroup<T>)> {
+        let g = self.model(model)?.group;
+        Some((g, self.groups.get_mut(g)?.as_mut()?))
+    }
+
+    /// Install `policy` as group `group` (free: never used, or released), with the workers it
+    /// declares.
+    pub fn add_group(&mut self, group: GroupId, policy: Box<dyn Policy>) {
+        let workers = policy.workers();
+        let g = CoreGroup {
+            worker_free_at: vec![self.now; workers.len()],
+            workers,
             policy,
             tasks: IdMap::default(),
+            models: 0,
+        };
+        place(&mut self.groups, group, g);
+    }
+
+    /// Serve model `model` (a free index) in group `group` (installed), with `state_slots` state
+    /// slots.
+    pub fn add_model(&mut self, model: ModelId, group: GroupId, state_slots: usize) {
+        if let Some(g) = self.groups.get_mut(group).and_then(|g| g.as_mut()) {
+            g.models += 1;
+        } else {
+            debug_assert!(false, "model {model} added to group {group}, which is not installed");
+            return;
+        }
+        let m = CoreModel {
+            group,
             free_slots: (0..u32::try_from(state_slots).unwrap_or(u32::MAX)).rev().collect(),
             waiting: VecDeque::new(),
             requests: 0,
-            worker_free_at: vec![self.now; workers],
+            tasks: 0,
             closing: false,
-        });
+        };
+        place(&mut self.models, model, m);
+    }
+
+    /// The workers of the group a model is served by.
+    pub fn workers_of(&self, model: ModelId) -> &[WorkerShape] {
+        let g = self.model(model).and_then(|m| self.groups.get(m.group)).and_then(|g| g.as_ref());
+        g.map_or(&[], |g| &g.workers)
     }
 
     /// No request will arrive for the model any more: release it once its requests have
     /// completed and its tasks are reported (a [`CoreOutput::Released`]).
-    pub fn close_model(&mut self, model: usize) {
-        if let Some(m) = self.model_mut(model)
+    pub fn close_model(&mut self, model: ModelId) {
+        if let Some(m) = self.models.get_mut(model).and_then(|m| m.as_mut())
             && !m.closing
         {
             m.closing = true;
@@ -187,7 +262,9 @@ impl<R, T: Default> EngineCore<R, T> {
     /// A request arrives. Returns it if its model is not served (closed or never added).
     pub fn submit(&mut self, now: Time, s: Submit<R>) -> Result<(), R> {
         self.at(now);
-        let Some(m) = self.model_mut(s.model).filter(|m| !m.closing) else { return Err(s.data) };
+        let Some(m) = self.models.get_mut(s.model).and_then(|m| m.as_mut()).filter(|m| !m.closing) else {
+            return Err(s.data);
+        };
         m.requests += 1;
         let recurrent = s.slots_needed > 0;
         if recurrent {
@@ -202,31 +279,43 @@ impl<R, T: Default> EngineCore<R, T> {
             deadline: s.deadline,
             priority: s.priority,
             started: None,
+            input_ready: false,
+            arrived: false,
             data: s.data,
         };
         self.requests.insert(s.id, r);
         if recurrent {
             self.admit_waiting(s.model);
         } else {
-            self.arrive(s.model, s.id);
+            self.arrive(s.id);
         }
         Ok(())
     }
 
-    /// Give a request to its model's policy.
-    fn arrive(&mut self, model: usize, id: RequestId) {
-        let Some(r) = self.requests.get(&id) else { return };
-        let arrival =
-            crate::sched::Arrival { id, deadline: r.deadline, priority: r.priority, cells: r.graph.clone() };
+    /// Give a request to its group's policy (with its input-ready event if that came first).
+    fn arrive(&mut self, id: RequestId) {
         let now = self.now;
-        if let Some(m) = self.model_mut(model) {
-            m.policy.arrive(now, arrival);
-            self.dirty.push(model);
+        let Some(r) = self.requests.get_mut(&id) else { return };
+        r.arrived = true;
+        let arrival = Arrival {
+            id,
+            model: r.model,
+            deadline: r.deadline,
+            priority: r.priority,
+            cells: r.graph.clone(),
+        };
+        let ready = r.input_ready;
+        if let Some((gid, g)) = self.group_of(arrival.model) {
+            g.policy.arrive(now, arrival);
+            if ready {
+                g.policy.input_ready(now, id);
+            }
+            self.dirty.push(gid);
         }
     }
 
     /// Hand state slots to waiting requests, in arrival order, while there are enough.
-    fn admit_waiting(&mut self, model: usize) {
+    fn admit_waiting(&mut self, model: ModelId) {
         loop {
             let Some(m) = self.models.get_mut(model).and_then(|m| m.as_mut()) else { return };
             let Some(&id) = m.waiting.front() else { return };
@@ -237,7 +326,22 @@ impl<R, T: Default> EngineCore<R, T> {
             let Some(at) = m.free_slots.len().checked_sub(r.slots_needed) else { return };
             r.slots = m.free_slots.split_off(at);
             m.waiting.pop_front();
-            self.arrive(model, id);
+            self.arrive(id);
+        }
+    }
+
+    /// The request's input has landed in device memory ([`Policy::input_ready`]); told to its
+    /// policy now, or as it arrives there if it still waits for state slots.
+    pub fn input_ready(&mut self, now: Time, id: RequestId) {
+        let now = self.at(now);
+        let Some(r) = self.requests.get_mut(&id) else { return };
+        r.input_ready = true;
+        if r.arrived {
+            let model = r.model;
+            if let Some((gid, g)) = self.group_of(model) {
+                g.policy.input_ready(now, id);
+                self.dirty.push(gid);
+            }
         }
     }
 
@@ -245,23 +349,23 @@ impl<R, T: Default> EngineCore<R, T> {
     pub fn cancel(&mut self, now: Time, id: RequestId) {
         let now = self.at(now);
         let Some(model) = self.requests.get(&id).map(|r| r.model) else { return };
-        let Some(m) = self.model_mut(model) else { return };
+        let Some(m) = self.models.get_mut(model).and_then(|m| m.as_mut()) else { return };
         if let Some(at) = m.waiting.iter().position(|&w| w == id) {
             // Still waiting for state slots: its policy never saw it.
             m.waiting.remove(at);
-            self.complete(id, Code::Cancelled);
-        } else {
-            m.policy.cancel(now, id);
-            self.dirty.push(model);
+            self.complete(id, Code::Cancelled, false);
+        } else if let Some((gid, g)) = self.group_of(model) {
+            g.policy.cancel(now, id);
+            self.dirty.push(gid);
         }
     }
 
     /// The model's caller expects no more requests soon ([`Policy::flush`]).
-    pub fn flush(&mut self, now: Time, model: usize) {
+    pub fn flush(&mut self, now: Time, model: ModelId) {
         let now = self.at(now);
-        if let Some(m) = self.model_mut(model) {
-            m.policy.flush(now);
-            self.dirty.push(model);
+        if let Some((gid, g)) = self.group_of(model) {
+            g.policy.flush(now);
+            self.dirty.push(gid);
         }
     }
 
@@ -281,13 +385,13 @@ impl<R, T: Default> EngineCore<R, T> {
             });
         }
         for id in expired {
-            self.complete(id, Code::DeadlineExceeded);
+            self.complete(id, Code::DeadlineExceeded, false);
         }
-        for (idx, m) in self.models.iter_mut().enumerate() {
-            if let Some(m) = m
-                && m.policy.next_wakeup().is_some_and(|t| t <= now)
+        for (idx, g) in self.groups.iter_mut().enumerate() {
+            if let Some(g) = g
+                && g.policy.next_wakeup().is_some_and(|t| t <= now)
             {
-                m.policy.tick(now);
+                g.policy.tick(now);
                 self.dirty.push(idx);
             }
         }
@@ -295,57 +399,62 @@ impl<R, T: Default> EngineCore<R, T> {
 
     /// When the core next needs a [`tick`](Self::tick) if nothing else happens first.
     pub fn next_wakeup(&self) -> Option<Time> {
-        let mut wake: Option<Time> = None;
-        for m in self.models.iter().flatten() {
-            let waiting = m.waiting.iter().filter_map(|id| self.requests.get(id).and_then(|r| r.deadline));
-            for t in m.policy.next_wakeup().into_iter().chain(waiting) {
-                wake = Some(wake.map_or(t, |w| w.min(t)));
-            }
-        }
-        wake
+        let policies = self.groups.iter().flatten().filter_map(|g| g.policy.next_wakeup());
+        let waiting = self
+            .models
+            .iter()
+            .flatten()
+            .flat_map(|m| m.waiting.iter())
+            .filter_map(|id| self.requests.get(id).and_then(|r| r.deadline));
+        policies.chain(waiting).min()
     }
 
-    /// A launched task is over. `row` interprets each of its real rows for its request (in row
-    /// order) and says whether the request ended early; the policy is told of those ends, then
-    /// of the task. `None` for an unknown task.
+    /// A launched task of `group` is over, with what the driver measured of it. `row`
+    /// interprets each of its real rows for its request (in row order) and says whether the
+    /// request ended early; the policy is told of those ends, then of the task. `None` for an
+    /// unknown task.
     pub fn task_done(
         &mut self,
         now: Time,
-        model: usize,
-        task: TaskId,
+        group: GroupId,
+        report: &TaskReport,
         mut row: impl FnMut(usize, &mut CoreRequest<R>, Option<u32>) -> RowEnd,
     ) -> Option<TaskEnd> {
         let now = self.at(now);
-        let m = self.models.get_mut(model).and_then(|m| m.as_mut())?;
-        let entry = m.tasks.remove(&task)?;
+        let g = self.groups.get_mut(group).and_then(|g| g.as_mut())?;
+        let entry = g.tasks.remove(&report.task)?;
         let mut busy = Duration::ZERO;
-        if let Some(free_at) = m.worker_free_at.get_mut(entry.worker) {
+        if let Some(free_at) = g.worker_free_at.get_mut(entry.worker) {
             busy = now.since(entry.launched.max(*free_at));
             *free_at = now;
         }
-        let cells = !entry.nodes.is_empty();
+        let nodes = entry.shape.nodes();
         for (i, id) in entry.requests.iter().enumerate() {
             let Some(r) = self.requests.get_mut(id) else { continue };
-            let node = if cells { Some(entry.nodes[i]) } else { None };
-            if row(i, r, node) == RowEnd::Early {
-                m.policy.end_early(now, *id);
+            if row(i, r, nodes.get(i).copied()) == RowEnd::Early {
+                g.policy.end_early(now, *id);
             }
         }
-        m.policy.task_done(now, task);
-        self.dirty.push(model);
-        let done = TaskEnd { worker: entry.worker, rows: entry.requests.len(), busy };
-        m.policy.recycle(entry.requests, entry.nodes);
+        g.policy.task_done(now, report);
+        self.dirty.push(group);
+        let done = TaskEnd { model: entry.model, worker: entry.worker, rows: entry.requests.len(), busy };
+        g.policy.recycle(entry.requests, entry.shape);
+        if let Some(m) = self.models.get_mut(done.model).and_then(|m| m.as_mut()) {
+            m.tasks -= 1;
+        }
         Some(done)
     }
 
     /// A task in flight.
-    pub fn task(&self, model: usize, task: TaskId) -> Option<&CoreTask<T>> {
-        self.model(model)?.tasks.get(&task)
+    pub fn task(&self, group: GroupId, task: TaskId) -> Option<&CoreTask<T>> {
+        self.groups.get(group)?.as_ref()?.tasks.get(&task)
     }
 
     /// Attach the driver's data to a task in flight (after its launch).
-    pub fn attach(&mut self, model: usize, task: TaskId, data: T) {
-        if let Some(t) = self.model_mut(model).and_then(|m| m.tasks.get_mut(&task)) {
+    pub fn attach(&mut self, group: GroupId, task: TaskId, data: T) {
+        if let Some(t) =
+            self.groups.get_mut(group).and_then(|g| g.as_mut()).and_then(|g| g.tasks.get_mut(&task))
+        {
             t.data = data;
         }
     }
@@ -360,22 +469,26 @@ impl<R, T: Default> EngineCore<R, T> {
     }
 
     /// Requests of the model held (arrived, not completed).
-    pub fn requests_of(&self, model: usize) -> usize {
+    pub fn requests_of(&self, model: ModelId) -> usize {
         self.model(model).map_or(0, |m| m.requests)
     }
 
-    /// The model's requests not started (waiting for slots, or queued in its policy).
-    pub fn queued(&self, model: usize) -> usize {
-        self.model(model).map_or(0, |m| m.waiting.len() + m.policy.queued())
+    /// The model's requests not started (waiting for slots, or queued in its policy; a group
+    /// of several models counts its policy's queue for each).
+    pub fn queued(&self, model: ModelId) -> usize {
+        let Some(m) = self.model(model) else { return 0 };
+        let policy = self.groups.get(m.group).and_then(|g| g.as_ref()).map_or(0, |g| g.policy.queued());
+        m.waiting.len() + policy
     }
 
-    /// The model's requests started and not complete.
-    pub fn running(&self, model: usize) -> usize {
-        self.model(model).map_or(0, |m| m.policy.running())
+    /// The model's requests started and not complete (its group's, for a group of several).
+    pub fn running(&self, model: ModelId) -> usize {
+        let Some(m) = self.model(model) else { return 0 };
+        self.groups.get(m.group).and_then(|g| g.as_ref()).map_or(0, |g| g.policy.running())
     }
 
     /// Every request still held completes now, its data handed back (shutdown's deadline).
-    pub fn drain_requests(&mut self) -> Vec<(usize, Option<Time>, R)> {
+    pub fn drain_requests(&mut self) -> Vec<(ModelId, Option<Time>, R)> {
         let out: Vec<_> = self.requests.drain().map(|(_, r)| (r.model, r.started, r.data)).collect();
         for m in self.models.iter_mut().flatten() {
             m.requests = 0;
@@ -385,7 +498,7 @@ impl<R, T: Default> EngineCore<R, T> {
     }
 
     /// Take a request out, give its slots back and build its completion.
-    fn complete(&mut self, id: RequestId, code: Code) -> Option<()> {
+    fn complete(&mut self, id: RequestId, code: Code, rejected: bool) -> Option<()> {
         let r = self.requests.remove(&id)?;
         if let Some(m) = self.models.get_mut(r.model).and_then(|m| m.as_mut()) {
             m.requests -= 1;
@@ -401,6 +514,7 @@ impl<R, T: Default> EngineCore<R, T> {
             code,
             model: r.model,
             started: r.started,
+            rejected,
             data: r.data,
         });
         Some(())
@@ -414,33 +528,50 @@ impl<R, T: Default> EngineCore<R, T> {
             if let Some(out) = self.ready.pop_front() {
                 return Some(out);
             }
-            if let Some(&model) = self.dirty.last() {
-                let Some(m) = self.models.get_mut(model).and_then(|m| m.as_mut()) else {
+            if let Some(&gid) = self.dirty.last() {
+                let Some(g) = self.groups.get_mut(gid).and_then(|g| g.as_mut()) else {
                     self.dirty.pop();
                     continue;
                 };
-                match m.policy.poll() {
+                match g.policy.poll() {
                     Some(Decision::Launch(l)) => {
+                        debug_assert!(
+                            g.workers.get(l.worker).is_some_and(|w| l.batch <= w.max_batch),
+                            "task {} of {} rows on worker {} of {:?}",
+                            l.task,
+                            l.batch,
+                            l.worker,
+                            g.workers
+                        );
                         let now = self.now;
                         for id in &l.requests {
                             if let Some(r) = self.requests.get_mut(id) {
+                                debug_assert_eq!(r.model, l.model, "request {id} launched for another model");
                                 r.started.get_or_insert(now);
                             }
                         }
+                        if let Some(m) = self.models.get_mut(l.model).and_then(|m| m.as_mut()) {
+                            m.tasks += 1;
+                        }
                         let task = CoreTask {
                             worker: l.worker,
-                            cell: l.cell,
+                            model: l.model,
+                            shape: l.shape,
+                            exec: l.exec,
                             launched: now,
                             requests: l.requests,
-                            nodes: l.nodes,
                             batch: l.batch,
                             data: T::default(),
                         };
-                        m.tasks.insert(l.task, task);
-                        return Some(CoreOutput::Launch { model, task: l.task });
+                        g.tasks.insert(l.task, task);
+                        return Some(CoreOutput::Launch { group: gid, task: l.task });
                     }
                     Some(Decision::Complete { id, code }) => {
-                        self.complete(id, code);
+                        self.complete(id, code, false);
+                    }
+                    Some(Decision::Reject { id, code }) => {
+                        debug_assert!(self.requests.get(&id).is_none_or(|r| r.started.is_none()));
+                        self.complete(id, code, true);
                     }
                     None => {
                         self.dirty.pop();
@@ -456,7 +587,8 @@ impl<R, T: Default> EngineCore<R, T> {
         }
     }
 
-    /// A closing model with no request and no task left, taken out.
+    /// A closing model with no request and no task left, taken out (with its group's policy
+    /// if it was the group's last model).
     fn release_closed(&mut self) -> Option<CoreOutput<R>> {
         if self.closing == 0 {
             return None;
@@ -464,9 +596,16 @@ impl<R, T: Default> EngineCore<R, T> {
         let idx = self
             .models
             .iter()
-            .position(|m| matches!(m, Some(m) if m.closing && m.requests == 0 && m.tasks.is_empty()))?;
+            .position(|m| matches!(m, Some(m) if m.closing && m.requests == 0 && m.tasks == 0))?;
         let m = self.models[idx].take()?;
         self.closing -= 1;
-        Some(CoreOutput::Released { model: idx, policy: m.policy })
+        let g = self.groups.get_mut(m.group).and_then(|g| g.as_mut())?;
+        g.models -= 1;
+        let policy = if g.models == 0 { self.groups[m.group].take().map(|g| g.policy) } else { None };
+        Some(CoreOutput::Released { model: idx, policy })
     }
 }
+
+#[cfg(test)]
+#[path = "core_tests.rs"]
+mod tests;

@@ -32,7 +32,7 @@ use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled};
 use crate::runtime::stats::Stats;
-use crate::sched::{CellGraph, Policy, RequestId, TaskId, Time};
+use crate::sched::{CellGraph, Policy, RequestId, TaskId, TaskReport, Time};
 
 /// A request admitted by submit, on its way to the engine.
 pub(crate) struct Pending {
@@ -291,7 +291,9 @@ impl Engine {
                 debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
                 let EngineModel { net, policy, runner, metrics, admission } = *m;
                 let workers = runner.workers();
-                self.core.add_model(idx, policy, runner.state_slots(), workers);
+                // Every model is a group of its own, under its own index.
+                self.core.add_group(idx, policy);
+                self.core.add_model(idx, idx, runner.state_slots());
                 self.models[idx] = Some(ModelState {
                     net,
                     io: runner.io_lens(),
@@ -314,8 +316,14 @@ impl Engine {
                 let s = Submit { model, id, graph: cells, slots_needed, deadline, priority, data };
                 // A handle is alive while it submits, so its model is here and not closing; were
                 // it not, the request completes `Cancelled`.
-                if let Err(live) = self.core.submit(now, s) {
-                    self.finish(model, None, live, Err(Error::new(Code::Cancelled, "the model was freed")));
+                match self.core.submit(now, s) {
+                    // The input was copied into host memory at submit, where both backends
+                    // gather it from when the task launches: ready at once.
+                    Ok(()) => self.core.input_ready(now, id),
+                    Err(live) => {
+                        let freed = Err(Error::new(Code::Cancelled, "the model was freed"));
+                        self.finish(model, None, live, freed, false);
+                    }
                 }
             }
             Event::Cancel(id) => {
@@ -339,9 +347,9 @@ impl Engine {
     fn carry_out(&mut self) {
         while let Some(out) = self.core.poll() {
             match out {
-                CoreOutput::Launch { model, task } => self.launch(model, task),
-                CoreOutput::Complete { id: _, code, model, started, data } => {
-                    self.complete(model, code, started, data)
+                CoreOutput::Launch { group, task } => self.launch(group, task),
+                CoreOutput::Complete { id: _, code, model, started, rejected, data } => {
+                    self.complete(model, code, started, rejected, data)
                 }
                 CoreOutput::Released { model, policy } => self.release(model, policy),
             }
@@ -351,10 +359,12 @@ impl Engine {
     /// A task finished on its worker (the poller reports a worker's tasks in launch order, those
     /// whose launch failed included): split its output (or error) among its requests, then the
     /// core tells the policy.
+    /// (The engine's groups are its models, under the same index.)
     fn task_done(&mut self, model: usize, task: TaskId, failure: Option<Error>) {
         let now = self.now();
+        let group = model;
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        let Some((worker, Some(data))) = self.core.task(model, task).map(|t| (t.worker, t.data.clone()))
+        let Some((worker, Some(data))) = self.core.task(group, task).map(|t| (t.worker, t.data.clone()))
         else {
             return;
         };
@@ -366,11 +376,13 @@ impl Engine {
         // if it set one, says more).
         let error = io.error.take().or(failure);
         let output = std::mem::take(&mut io.output);
+        let s = io.stages;
+        let report = TaskReport { task, upload: s.upload, compute: s.compute, download: s.download };
         let net = &*state.net;
         let done = if let Work::Cells(cells) = &io.work {
             let mut finished =
                 Finished { task: cells, tokens: &io.tokens, outputs: output.chunks_exact(out_len.max(1)) };
-            self.core.task_done(now, model, task, |i, r, node| {
+            self.core.task_done(now, group, &report, |i, r, node| {
                 let outcome = match &error {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
                     None => finished.row_outcome(
@@ -397,7 +409,7 @@ impl Engine {
             })
         } else {
             let rows = data.rows;
-            self.core.task_done(now, model, task, |row, r, _| {
+            self.core.task_done(now, group, &report, |row, r, _| {
                 r.data.result = Some(match &error {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
                     None => match output.get(row * out_len..(row + 1) * out_len) {
@@ -437,10 +449,11 @@ impl Engine {
     /// error and is watched like any other, with a target reached at once: the poller reports it
     /// after the tasks launched before it on its worker, and policies rely on a worker's tasks
     /// finishing in launch order.
-    fn launch(&mut self, model: usize, task: TaskId) {
+    fn launch(&mut self, group: usize, task: TaskId) {
+        let Some(t) = self.core.task(group, task) else { return };
+        let model = t.model;
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        let Some(t) = self.core.task(model, task) else { return };
-        let work = if t.nodes.is_empty() {
+        let work = if t.nodes().is_empty() {
             let in_len = state.io.0;
             let mut input = vec![0.0f32; t.batch * in_len];
             for (row, id) in t.requests.iter().enumerate() {
@@ -451,8 +464,8 @@ impl Engine {
             Work::Dense(input)
         } else {
             let mut cells =
-                CellTask { cell: t.cell, rows: Vec::with_capacity(t.requests.len()), children: Vec::new() };
-            for (id, &node) in t.requests.iter().zip(&t.nodes) {
+                CellTask { cell: t.cell(), rows: Vec::with_capacity(t.requests.len()), children: Vec::new() };
+            for (id, &node) in t.requests.iter().zip(t.nodes()) {
                 let r = self.core.request(*id).expect("a launched request is pending");
                 let graph = r.graph.as_ref().expect("cell rows belong to recurrent requests");
                 push_row(&state.net, &r.data.input, graph, &r.slots, node, &mut cells);
@@ -460,10 +473,12 @@ impl Engine {
             Work::Cells(cells)
         };
         let (worker, rows) = (t.worker, t.requests.len());
-        let data = TaskData::new(t.batch, work);
+        // The policy's thread bound for the task (0: the worker's); kernel versions are not
+        // served yet, so `exec.version` is the default kernel's.
+        let data = TaskData::with_cores(t.batch, t.exec.cores, work);
         self.stats.record_task(rows);
         state.metrics.task_launched(rows);
-        self.core.attach(model, task, Some(data.clone()));
+        self.core.attach(group, task, Some(data.clone()));
         let launched = if state.stalled.get(worker).copied().unwrap_or(false) {
             Err(Error::new(
                 Code::Backend,
@@ -491,7 +506,7 @@ impl Engine {
         self.poller_thread.unpark();
     }
 
-    fn complete(&mut self, model: usize, code: Code, started: Option<Time>, mut live: Live) {
+    fn complete(&mut self, model: usize, code: Code, started: Option<Time>, rejected: bool, mut live: Live) {
         let result = match code {
             Code::Ok => live
                 .result
@@ -506,20 +521,33 @@ impl Engine {
                     "the deadline passed while the request was queued"
                 },
             )),
+            other if rejected => Err(Error::new(other, "the model's policy refused the request")),
             other => Err(Error::new(other, "request failed")),
         };
-        self.finish(model, started, live, result);
+        self.finish(model, started, live, result, rejected);
     }
 
-    /// Take the request's rows off the work ahead, record it in the metrics and complete it
-    /// (its admission permit goes on with the reply, released when the caller takes the result).
-    fn finish(&mut self, model: usize, started: Option<Time>, live: Live, result: Result<Output>) {
+    /// Take the request's rows off the work ahead, record it in the metrics (as refused when
+    /// `rejected`) and complete it (its admission permit goes on with the reply, released when
+    /// the caller takes the result).
+    fn finish(
+        &mut self,
+        model: usize,
+        started: Option<Time>,
+        live: Live,
+        result: Result<Output>,
+        rejected: bool,
+    ) {
         let now = self.instant();
         let started = started.map(|t| self.instant_of(t));
         if let Some(Some(s)) = self.models.get_mut(model) {
             s.admission.finished(live.rows);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
-            s.metrics.completed(code, live.submitted, started, now);
+            if rejected {
+                s.metrics.rejected(code);
+            } else {
+                s.metrics.completed(code, live.submitted, started, now);
+            }
         }
         live.reply.complete(result, &mut self.outbox);
     }
@@ -533,7 +561,7 @@ impl Engine {
     /// its last notify and sees its queue closed: the wait is short and bounded. (A CUDA
     /// runner's drop waits for the device context to be idle, so for the work other models have
     /// in flight: the reason it is not done here.)
-    fn release(&mut self, idx: usize, policy: Box<dyn Policy>) {
+    fn release(&mut self, idx: usize, policy: Option<Box<dyn Policy>>) {
         // Sent before the index is free, so it reaches the poller before any watch of a model
         // that reuses the index. (The slot is empty before the index is free, and a model added
         // under it is seen by this thread only after the drop.)
@@ -547,7 +575,7 @@ impl Engine {
     /// Shutdown deadline reached: every request still pending completes `Cancelled` now.
     fn cancel_everything(&mut self) {
         for (model, started, live) in self.core.drain_requests() {
-            self.finish(model, started, live, Err(shutdown_cancelled()));
+            self.finish(model, started, live, Err(shutdown_cancelled()), false);
         }
     }
 }

@@ -197,8 +197,8 @@ impl Default for CellularOptions {
 /// Bytes of recurrent state a model's arena may take by default.
 pub const DEFAULT_STATE_BYTES: usize = 256 << 20;
 
-/// The policy object for `net` under `cfg`, its worker count and its largest task (rows).
-pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<(Box<dyn Policy>, usize, usize)> {
+/// The policy object for `net` under `cfg` (its workers are [`Policy::workers`]).
+pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<Box<dyn Policy>> {
     let recurrent = net.is_recurrent();
     let kind = net.kind();
     let cfg = match cfg {
@@ -219,7 +219,7 @@ pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<(Box<dyn 
         PolicyConfig::Timeout(cfg) => {
             check::max_batch(cfg.max_batch)?;
             check::workers(cfg.workers)?;
-            Ok((Box::new(TimeoutPolicy::new(cfg)), cfg.workers, cfg.max_batch))
+            Ok(Box::new(TimeoutPolicy::new(cfg)))
         }
         PolicyConfig::Cellular(o) => {
             check::workers(o.workers)?;
@@ -245,27 +245,35 @@ pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<(Box<dyn 
                     Ok(CellTypeConfig::new(t.name, b, t.priority))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let max = cell_types.iter().map(|t| t.max_batch).max().unwrap_or(1);
             let cfg =
                 CellularConfig { cell_types, workers: o.workers, max_tasks_to_submit: o.max_tasks_to_submit };
-            Ok((Box::new(CellularPolicy::new(cfg)?), o.workers, max))
+            Ok(Box::new(CellularPolicy::new(cfg)?))
         }
         PolicyConfig::Padding(cfg) => {
             check::workers(cfg.workers)?;
             check::max_batch(cfg.max_batch)?;
             // A tree level is padded to batch × its widest request's node count.
-            let rows = match net {
-                Network::TreeLstm(m) => cfg.max_batch.saturating_mul(m.max_nodes()),
-                _ => cfg.max_batch,
+            let level_width = match net {
+                Network::TreeLstm(m) => m.max_nodes(),
+                _ => 1,
             };
-            Ok((Box::new(PaddingPolicy::new(cfg)?), cfg.workers, rows.min(MAX_TASK_ROWS)))
+            Ok(Box::new(PaddingPolicy::new(PaddingConfig { level_width, ..cfg })?))
         }
         PolicyConfig::Auto => unreachable!("resolved above"),
     }
 }
 
-/// Most rows a padded tree level may have (its buffers are allocated up front).
+/// Most rows a runner's task may have (its buffers are allocated up front): a padded tree level
+/// wider than this fails at launch rather than sizing every worker's buffers for it.
 const MAX_TASK_ROWS: usize = 1 << 16;
+
+/// Workers and the largest task (rows, at most [`MAX_TASK_ROWS`]) to prepare a runner with for
+/// `policy`. Backends size every worker's buffers alike, for the largest.
+fn runner_size(policy: &dyn Policy) -> (usize, usize) {
+    let workers = policy.workers();
+    let max = workers.iter().map(|w| w.max_batch).max().unwrap_or(1);
+    (workers.len(), max.min(MAX_TASK_ROWS))
+}
 
 /// State slots for a recurrent model: enough for `bound` requests and for one request of the
 /// largest size, but never more than [`DEFAULT_STATE_BYTES`] hold (and at least one). A model
@@ -441,7 +449,8 @@ impl Runtime {
         net.check()?;
         let bound = opts.admission_bound.unwrap_or(self.shared.default_bound);
         check::admission_bound(bound)?;
-        let (policy, workers, max_batch) = make_policy(&net, &opts.policy)?;
+        let policy = make_policy(&net, &opts.policy)?;
+        let (workers, max_batch) = runner_size(&*policy);
         let state_slots = match opts.state_slots {
             Some(0) => return Err(Error::invalid("state slots must be at least 1")),
             Some(n) => n,

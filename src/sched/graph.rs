@@ -416,22 +416,20 @@ impl CellGraph {
         Ok(g)
     }
 
-    /// A tree: node `i` depends on its children `children[i]`; a leaf (no children) runs
-    /// TreeLSTM's leaf cell type, an internal node its internal one.
-    pub(crate) fn tree(children: &[Vec<u32>]) -> Result<CellGraph> {
-        use crate::model::{INTERNAL, LEAF};
+    /// A tree: node `i` depends on its children `children[i]`; a leaf (no children) runs cell
+    /// type `leaf`, an internal node cell type `internal` (TreeLSTM's two cells).
+    pub fn tree(children: &[Vec<u32>], leaf: CellType, internal: CellType) -> Result<CellGraph> {
         CellGraph::new(
-            children.iter().map(|c| if c.is_empty() { LEAF } else { INTERNAL }).collect(),
+            children.iter().map(|c| if c.is_empty() { leaf } else { internal }).collect(),
             children,
         )
     }
 
-    /// The graph of a tree given as each node's parent index (-1 for the root), checked as a
-    /// `treelstm` request's tree is ([`validate_tree`](crate::model::treelstm::validate_tree)): a
-    /// leaf runs TreeLSTM's leaf cell type, an internal node its internal one.
-    pub fn tree_of_parents(parents: &[i32]) -> Result<CellGraph> {
-        let tree = crate::model::treelstm::validate_tree(parents, usize::MAX)?;
-        CellGraph::tree(&tree.children)
+    /// The graph of a tree given as each node's parent index (-1 for the root), checked by
+    /// [`validate_tree`]: a leaf runs cell type `leaf`, an internal node `internal`.
+    pub fn tree_of_parents(parents: &[i32], leaf: CellType, internal: CellType) -> Result<CellGraph> {
+        let tree = validate_tree(parents, usize::MAX)?;
+        CellGraph::tree(&tree.children, leaf, internal)
     }
 
     /// The subgraph structure, for a graph that is not a path (`None` for a path: see
@@ -633,6 +631,72 @@ impl CellGraph {
     }
 }
 
+/// A validated tree: children of each node and the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tree {
+    pub children: Vec<Vec<u32>>,
+    pub root: u32,
+}
+
+/// Check a tree given as parent indices and return its children lists. Errors say which node.
+pub fn validate_tree(parents: &[i32], max_nodes: usize) -> Result<Tree> {
+    let n = parents.len();
+    if n == 0 {
+        return Err(Error::invalid("empty tree: a tree needs at least one node"));
+    }
+    if n > max_nodes {
+        return Err(Error::invalid(format!(
+            "tree of {n} nodes is larger than this model's maximum of {max_nodes}"
+        )));
+    }
+    let mut root: Option<usize> = None;
+    let mut children = vec![Vec::new(); n];
+    for (i, &p) in parents.iter().enumerate() {
+        if p == -1 {
+            if let Some(r) = root {
+                return Err(Error::invalid(format!(
+                    "tree has two roots: nodes {r} and {i} both have parent -1"
+                )));
+            }
+            root = Some(i);
+        } else if p < 0 || p as usize >= n {
+            return Err(Error::invalid(format!(
+                "node {i} has parent {p}, outside the tree (parents are -1 or 0..{n})"
+            )));
+        } else if p as usize == i {
+            return Err(Error::invalid(format!("node {i} is its own parent (a cycle)")));
+        } else {
+            children[p as usize].push(i as u32);
+        }
+    }
+    let Some(root) = root else {
+        return Err(Error::invalid("tree has no root: no node has parent -1 (so the parents form a cycle)"));
+    };
+    // Every node must reach the root; one that does not lies on (or under) a cycle.
+    let mut seen = vec![false; n];
+    let mut stack = vec![root];
+    seen[root] = true;
+    while let Some(v) = stack.pop() {
+        for &c in &children[v] {
+            seen[c as usize] = true;
+            stack.push(c as usize);
+        }
+    }
+    if let Some(lost) = seen.iter().position(|s| !s) {
+        // Walk up from the lost node until a node repeats: that node is on the cycle.
+        let mut on_path = vec![false; n];
+        let mut v = lost;
+        while !on_path[v] {
+            on_path[v] = true;
+            v = parents[v] as usize;
+        }
+        return Err(Error::invalid(format!(
+            "node {v} is on a cycle of parent links (it never reaches the root, node {root})"
+        )));
+    }
+    Ok(Tree { children, root: root as u32 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -727,7 +791,7 @@ mod tests {
     fn tree_shape_lists_leaves_and_inner_levels() {
         // 0 = root over 1 (internal) and 2 (leaf); 1 over 3 (internal) and 4 (leaf); 3 over
         // leaves 5, 6. Inner levels: 3, then 1, then 0.
-        let g = CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 3, 3]).unwrap();
+        let g = CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 3, 3], 0, 1).unwrap();
         let shape = g.tree_shape().expect("a tree has a tree shape");
         assert_eq!((shape.leaf_type, shape.inner_type), (0, 1));
         assert_eq!(
@@ -736,7 +800,7 @@ mod tests {
         );
         assert_eq!(shape.lists(), [2, 4, 5, 6, 3, 1, 0, 1, 2, 3]);
         // A bushy tree: levels hold several nodes, ascending.
-        let g = CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 2, 2, 0]).unwrap();
+        let g = CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 2, 2, 0], 0, 1).unwrap();
         let shape = g.tree_shape().unwrap();
         assert_eq!(
             (shape.order(), shape.level_end(), shape.leaves()),
@@ -758,7 +822,7 @@ mod tests {
         // are paths, with runs instead).
         // (Miri interprets slowly: a few trees there.)
         for parents in crate::workload::treebank_trees(if cfg!(miri) { 4 } else { 300 }, 7) {
-            let g = CellGraph::tree_of_parents(&parents).unwrap();
+            let g = CellGraph::tree_of_parents(&parents, 0, 1).unwrap();
             let Some(shape) = g.plan().map(|_| g.tree_shape().expect("a tree has a tree shape")) else {
                 continue;
             };

@@ -8,19 +8,35 @@
 //! runtime (wall clock, real backend) and by the simulator (virtual clock, cost model), so tests of
 //! scheduling logic run on virtual time and are exact.
 //!
-//! Contract shared by every policy:
-//! * every request passed to `arrive` leaves through exactly one [`Decision::Complete`];
-//! * a task runs on one worker, which has at most the policy's lookahead of unfinished tasks; a
-//!   fixed-shape request is in one task, a recurrent request's cells may be in several tasks at
-//!   once: the cells of one subgraph on one worker, later after earlier in stream order, and
-//!   independent cells (a tree's leaves, say) on any worker;
-//! * a request whose deadline is `<= now` at a boundary completes `DeadlineExceeded`; a cancelled
-//!   one completes `Cancelled` at the next boundary (at once if it is still queued);
+//! Contract shared by every policy (checked for every policy, on random runs, by the one
+//! contract checker in `contract.rs`; a new policy is added to its list):
+//! * every request passed to `arrive` leaves through exactly one [`Decision::Complete`] or
+//!   [`Decision::Reject`] (a reject only before any of it ran), and never while a task holding
+//!   it is unfinished (its state slots are then reused);
+//! * a task runs on one of the policy's [`workers`](Policy::workers), within that worker's
+//!   `max_batch`, and the worker has at most [`lookahead`](Policy::lookahead) unfinished tasks;
+//!   every row of a task belongs to the task's model;
+//! * a fixed-shape request is in one task (or one task per layer block, in order); a recurrent
+//!   request's cells may be in several tasks at once: the cells of one subgraph on one worker,
+//!   later after earlier in stream order, and independent cells (a tree's leaves, say) on any
+//!   worker; no node runs twice, and none before its predecessors have run or been launched
+//!   earlier on the same worker;
+//! * a request whose deadline is `<= now` at a boundary completes `DeadlineExceeded`, and none
+//!   still waits in a queue past its deadline once `tick` is called at `next_wakeup`; a cancelled
+//!   one completes `Cancelled` at the next boundary (at once if it is still queued) and is in no
+//!   task launched after the cancel;
+//! * `queued()` and `running()` count exactly the requests not started and started;
 //! * `task_done` is called exactly once for every launched task, and a worker's tasks finish in
 //!   the order they were launched (a worker is one stream).
+//!
+//! The bookkeeping every policy needs to keep that contract (its decision outbox, deadline heap,
+//! queued/running counts, task ids, the model it serves) is written once, in [`book`].
 
 pub mod baseline;
+pub(crate) mod book;
 pub mod cellular;
+#[cfg(test)]
+mod contract;
 pub mod graph;
 
 use std::collections::HashMap;
@@ -101,27 +117,89 @@ impl Hasher for IdHasher {
 }
 /// Identifies a batched task; unique per policy instance.
 pub type TaskId = u64;
-/// Index of a worker (one stream of the backend) of a model.
+/// Index of a worker (one stream of the backend) of a policy.
 pub type WorkerId = usize;
+/// Identifies a model within one engine (the runtime, or one simulation).
+pub type ModelId = usize;
 
 /// What a policy learns about a request when it arrives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Arrival {
     pub id: RequestId,
+    /// The model the request is for (a policy may serve a group of models).
+    pub model: ModelId,
     /// The request must complete by then, or complete `DeadlineExceeded`.
     pub deadline: Option<Time>,
     /// Larger is served first; requests of equal priority are served in arrival order.
     pub priority: i32,
     /// The request unfolded into cells (recurrent models); `None` for a fixed-shape request,
-    /// which is one row of one task.
+    /// which is one row of one task (or of one task per layer block).
     pub cells: Option<Arc<CellGraph>>,
 }
 
 impl Arrival {
-    /// A fixed-shape request with no deadline and priority 0.
+    /// A fixed-shape request for model 0 with no deadline and priority 0.
     pub fn fixed(id: RequestId) -> Arrival {
-        Arrival { id, deadline: None, priority: 0, cells: None }
+        Arrival { id, model: 0, deadline: None, priority: 0, cells: None }
     }
+}
+
+/// A worker as its policy declares it ([`Policy::workers`]): workers of one policy may differ
+/// (E²bird's multi-granularity engine runs workers of batch sizes 1, 2, 4, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerShape {
+    /// The most rows (padding included) of a task on this worker.
+    pub max_batch: usize,
+    /// CPU cores the worker's tasks run with (0: the backend's own choice).
+    pub cores: usize,
+}
+
+impl WorkerShape {
+    /// `n` identical workers of `max_batch` rows on the backend's cores.
+    pub fn uniform(n: usize, max_batch: usize) -> Vec<WorkerShape> {
+        vec![WorkerShape { max_batch, cores: 0 }; n]
+    }
+}
+
+/// What a task computes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskShape {
+    /// The whole fixed-shape model, one row per request.
+    Dense,
+    /// One batched step of a recurrent model: every row runs cell type `cell`, row `i` being
+    /// node `nodes[i]` of its request's cell graph.
+    Cells { cell: CellType, nodes: Vec<u32> },
+    /// Layers `first..=last` of a layered model, one row per request (a request runs its layer
+    /// blocks in order, each a task).
+    Layers { first: u32, last: u32 },
+}
+
+impl TaskShape {
+    /// The cell type of a cell task (0 for every other shape).
+    pub fn cell(&self) -> CellType {
+        match self {
+            TaskShape::Cells { cell, .. } => *cell,
+            _ => 0,
+        }
+    }
+
+    /// The node of each row of a cell task (empty for every other shape).
+    pub fn nodes(&self) -> &[u32] {
+        match self {
+            TaskShape::Cells { nodes, .. } => nodes,
+            _ => &[],
+        }
+    }
+}
+
+/// How a task runs beyond its shape: the cores it uses and the version of its kernels (VELTAIR's
+/// multi-version layers). The default is the worker's cores and the backend's kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exec {
+    /// CPU cores (0: the worker's [`WorkerShape::cores`]).
+    pub cores: usize,
+    /// Kernel version (0: the default).
+    pub version: u32,
 }
 
 /// A batched task to start on a worker.
@@ -129,22 +207,33 @@ impl Arrival {
 pub struct Launch {
     pub task: TaskId,
     pub worker: WorkerId,
-    /// The cell type every row runs (0 for fixed-shape models).
-    pub cell: CellType,
+    /// The model every row belongs to.
+    pub model: ModelId,
+    pub shape: TaskShape,
+    pub exec: Exec,
     /// The request of each real row, in batch-row order. A request appears once per node it has
-    /// in the task (several nodes of one tree may share a task).
+    /// in a cell task (several nodes of one tree may share a task).
     pub requests: Vec<RequestId>,
-    /// The node of each row within its request's cell graph, parallel to `requests`; empty for
-    /// fixed-shape requests.
-    pub nodes: Vec<u32>,
     /// Rows the task computes: `requests.len()`, or more when the policy pads the batch (padding
     /// rows come last and belong to no request).
     pub batch: usize,
 }
 
+impl Launch {
+    /// The cell type every row runs (0 for tasks that are not cell tasks).
+    pub fn cell(&self) -> CellType {
+        self.shape.cell()
+    }
+
+    /// The node of each row of a cell task, parallel to `requests` (empty otherwise).
+    pub fn nodes(&self) -> &[u32] {
+        self.shape.nodes()
+    }
+}
+
 #[cfg(test)]
 impl Launch {
-    /// A cell task from its (request, node) rows (for the policies' tests).
+    /// A cell task of model 0 from its (request, node) rows (for the policies' tests).
     pub(crate) fn of_rows(
         task: TaskId,
         worker: WorkerId,
@@ -155,11 +244,46 @@ impl Launch {
         Launch {
             task,
             worker,
-            cell,
+            model: 0,
+            shape: TaskShape::Cells { cell, nodes: rows.iter().map(|r| r.1).collect() },
+            exec: Exec::default(),
             requests: rows.iter().map(|r| r.0).collect(),
-            nodes: rows.iter().map(|r| r.1).collect(),
             batch,
         }
+    }
+
+    /// A dense task of model 0 (for the policies' tests).
+    pub(crate) fn dense(task: TaskId, worker: WorkerId, requests: &[RequestId], batch: usize) -> Launch {
+        Launch {
+            task,
+            worker,
+            model: 0,
+            shape: TaskShape::Dense,
+            exec: Exec::default(),
+            requests: requests.to_vec(),
+            batch,
+        }
+    }
+}
+
+/// What the driver measured of a finished task, given to [`Policy::task_done`]. Stages the
+/// backend cannot measure, or that the task did not have (no transfer on the CPU backend), are
+/// `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskReport {
+    pub task: TaskId,
+    /// Moving the task's input to the device.
+    pub upload: Option<Duration>,
+    /// Running the task's kernels, from their start on the worker (after its earlier tasks).
+    pub compute: Option<Duration>,
+    /// Moving the task's output back to the host.
+    pub download: Option<Duration>,
+}
+
+impl TaskReport {
+    /// A report of `task` with no measured stage.
+    pub fn of(task: TaskId) -> TaskReport {
+        TaskReport { task, ..TaskReport::default() }
     }
 }
 
@@ -177,16 +301,31 @@ pub enum Decision {
     /// The request is finished: `Code::Ok` when its output (computed by its last task) is to be
     /// delivered, or the error it completes with.
     Complete { id: RequestId, code: Code },
+    /// The policy refuses a request it has not started (its pool is full: `Busy`; it cannot be
+    /// served within its bound: `ResourceExhausted`). It completes with `code` at once; the
+    /// driver counts it as refused, not failed.
+    Reject { id: RequestId, code: Code },
 }
 
 /// The interface every sans-IO policy offers its drivers (runtime engine, simulator).
 pub trait Policy: Send {
+    /// The workers this policy launches on, by [`WorkerId`] (asked once, when it is installed).
+    fn workers(&self) -> Vec<WorkerShape>;
+    /// Tasks a worker may have launched and unfinished at once (BatchMaker's
+    /// `MaxTasksToSubmit`; 1 for a policy that waits for each task).
+    fn lookahead(&self) -> usize;
     /// A request was admitted at `now`.
     fn arrive(&mut self, now: Time, req: Arrival);
+    /// The request's input has landed in device memory (drivers that copy inputs at arrival
+    /// report it at once). Policies that launch only requests whose input is ready (E²bird's
+    /// ring) wait for it; the others ignore it (the default).
+    fn input_ready(&mut self, now: Time, id: RequestId) {
+        let _ = (now, id);
+    }
     /// The caller asked to cancel `id` (unknown or finished ids are ignored).
     fn cancel(&mut self, now: Time, id: RequestId);
-    /// A task launched earlier has finished on its worker.
-    fn task_done(&mut self, now: Time, task: TaskId);
+    /// A task launched earlier has finished on its worker, with what the driver measured of it.
+    fn task_done(&mut self, now: Time, report: &TaskReport);
     /// The request's output ended before its last cell (a Seq2Seq decoder emitted `eos`): its
     /// cells not yet launched are dropped, and it completes `Ok` once no task of it is running.
     /// Given before the `task_done` of the task that produced the end. Fixed-shape policies
@@ -204,11 +343,11 @@ pub trait Policy: Send {
     fn poll(&mut self) -> Option<Decision>;
     /// When the policy next needs a `tick` if no other event arrives first.
     fn next_wakeup(&self) -> Option<Time>;
-    /// The row vectors of a launched task (`Launch::requests`, `Launch::nodes`), handed back
+    /// The row vectors of a launched task (`Launch::requests`, its shape's nodes), handed back
     /// once the driver is done with them, for the policy to reuse in a later task (optional;
     /// the default drops them).
-    fn recycle(&mut self, requests: Vec<RequestId>, nodes: Vec<u32>) {
-        drop((requests, nodes));
+    fn recycle(&mut self, requests: Vec<RequestId>, shape: TaskShape) {
+        drop((requests, shape));
     }
     /// Requests admitted and not started: no cell of theirs launched yet.
     fn queued(&self) -> usize;

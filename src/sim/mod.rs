@@ -29,7 +29,7 @@ use crate::error::{Code, Error, Result};
 use crate::model::Network;
 use crate::runtime::PolicyConfig;
 use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
-use crate::sched::{CellGraph, RequestId, TaskId, Time, WorkerId};
+use crate::sched::{CellGraph, RequestId, TaskId, TaskReport, Time, WorkerId};
 
 /// One simulated request.
 #[derive(Clone, Debug)]
@@ -130,11 +130,12 @@ struct Live {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Arrive(usize),
-    Done(TaskId),
+    /// A task is reported done, with the compute time its cost model gave it.
+    Done(TaskId, Duration),
     Wake,
 }
 
-/// The model index the simulator serves its one model under.
+/// The model (and group) index the simulator serves its one model under.
 const MODEL: usize = 0;
 
 struct Sim<'a> {
@@ -162,14 +163,16 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
     {
         return Err(Error::invalid(format!("{} arrival times for {} requests", at.len(), requests.len())));
     }
-    let (policy, workers, _) = crate::runtime::make_policy(spec.net, spec.policy)?;
+    let policy = crate::runtime::make_policy(spec.net, spec.policy)?;
     let slots = if spec.net.is_recurrent() {
         crate::runtime::default_state_slots(spec.net, spec.admission_bound)
     } else {
         0
     };
     let mut core = EngineCore::default();
-    core.add_model(MODEL, policy, slots, workers);
+    core.add_group(MODEL, policy);
+    core.add_model(MODEL, MODEL, slots);
+    let workers = core.workers_of(MODEL).len();
     let cell_names = if spec.net.is_recurrent() {
         spec.net.cell_types().iter().map(|t| t.name).collect()
     } else {
@@ -215,7 +218,7 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
                 }
                 sim.arrive(now, &requests[i])?
             }
-            Ev::Done(task) => sim.done(now, task),
+            Ev::Done(task, compute) => sim.done(now, task, compute),
             Ev::Wake => {
                 if sim.wake == Some(now) {
                     sim.wake = None;
@@ -270,11 +273,15 @@ impl Sim<'_> {
             priority: 0,
             data: Live { arrived: now, ends_at: r.ends_at },
         };
-        self.core.submit(now, s).map_err(|_| Error::internal("the simulated model is not served"))
+        self.core.submit(now, s).map_err(|_| Error::internal("the simulated model is not served"))?;
+        // Inputs are where the cost model's task times assume them: ready at once.
+        self.core.input_ready(now, id);
+        Ok(())
     }
 
-    fn done(&mut self, now: Time, task: TaskId) {
-        self.core.task_done(now, MODEL, task, |_, r, node| {
+    fn done(&mut self, now: Time, task: TaskId, compute: Duration) {
+        let report = TaskReport { compute: Some(compute), ..TaskReport::of(task) };
+        self.core.task_done(now, MODEL, &report, |_, r, node| {
             if node.is_some() && node == r.data.ends_at { RowEnd::Early } else { RowEnd::Continue }
         });
     }
@@ -282,9 +289,9 @@ impl Sim<'_> {
     fn carry_out(&mut self, now: Time) -> Result<()> {
         while let Some(out) = self.core.poll() {
             match out {
-                CoreOutput::Launch { model, task } => {
-                    let t = self.core.task(model, task).expect("a launched task is in flight");
-                    let cell = self.cell_names.get(usize::from(t.cell)).copied().unwrap_or("?");
+                CoreOutput::Launch { group, task } => {
+                    let t = self.core.task(group, task).expect("a launched task is in flight");
+                    let cell = self.cell_names.get(usize::from(t.cell())).copied().unwrap_or("?");
                     let run = self.spec.cost.task_time(cell, t.batch).ok_or_else(|| {
                         Error::invalid(format!("the cost model has no time for cell type `{cell}`"))
                     })?;
@@ -293,7 +300,7 @@ impl Sim<'_> {
                     let start = (now + self.spec.cost.launch_delay()).max(*free);
                     *free = start + run;
                     let report = *free + self.spec.cost.report_delay();
-                    self.push(report, Ev::Done(task));
+                    self.push(report, Ev::Done(task, run));
                     self.out.tasks += 1;
                     self.out.task_rows += rows as u64;
                     if self.spec.trace {

@@ -129,7 +129,7 @@ impl Runner for MlpRunner {
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
         let model = self.model.clone();
         let pool = self.pool.clone();
-        let threads = Threads(self.threads);
+        let threads = Threads(super::stream::task_threads(&task, self.threads));
         launch_task(&self.streams[worker], self.max_batch, task, move |scratch: &mut Scratch, io, rows| {
             let Work::Dense(input) = &io.work else {
                 io.error = Some(Error::internal("an mlp task must carry dense rows"));

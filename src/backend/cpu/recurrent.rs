@@ -308,7 +308,7 @@ impl Runner for RecurrentRunner {
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
         let model = self.model.clone();
         let pool = self.pool.clone();
-        let threads = self.threads;
+        let threads = super::stream::task_threads(&task, self.threads);
         launch_task(&self.streams[worker], self.max_batch, task, move |scratch: &mut Scratch, io, rows| {
             let Work::Cells(cells) = &io.work else {
                 io.error = Some(Error::internal("a recurrent model's task must carry cells"));

@@ -38,9 +38,14 @@ pub struct Job<S> {
     pub on_panic: Box<dyn FnOnce(Error) + Send>,
 }
 
+/// The threads a task runs on: its own bound (`TaskData::cores`), within the runner's `threads`.
+pub(crate) fn task_threads(task: &TaskData, threads: usize) -> usize {
+    if task.cores == 0 { threads } else { task.cores.min(threads) }
+}
+
 /// Enqueue a batched task on `stream`: refuse a row count outside `1..=max_batch`, then run
-/// `run(scratch, io, rows)` on the stream with the task's I/O locked; a panic in it becomes the
-/// task's error. Returns the counter value that marks the task done.
+/// `run(scratch, io, rows)` on the stream with the task's I/O locked, timing it
+/// (`TaskIo::stages.compute`); a panic in it becomes the task's error. Returns the counter value that marks the task done.
 pub(crate) fn launch_task<S: Send + 'static>(
     stream: &std::sync::Mutex<CpuStream<S>>,
     max_batch: usize,
@@ -57,7 +62,9 @@ pub(crate) fn launch_task<S: Send + 'static>(
     let job = Job {
         run: Box::new(move |scratch: &mut S| {
             let mut io = task.io.lock().expect("task io lock");
-            run(scratch, &mut io, task.rows)
+            let start = std::time::Instant::now();
+            run(scratch, &mut io, task.rows);
+            io.stages.compute = Some(start.elapsed());
         }),
         on_panic: Box::new(move |e| t2.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e)),
     };
@@ -151,6 +158,22 @@ mod tests {
         assert_eq!(sig.completed(), 100);
         let log = log.lock().unwrap();
         assert!(log.iter().enumerate().all(|(k, &(i, n))| i as usize == k && n as usize == k + 1));
+    }
+
+    #[test]
+    fn a_task_s_compute_is_timed_and_its_thread_bound_kept_within_the_runner_s() {
+        let stream = Mutex::new(CpuStream::new("t".into(), (), Arc::new(|| {})).unwrap());
+        let task = TaskData::with_cores(2, 3, crate::backend::Work::Dense(vec![0.0; 2]));
+        assert_eq!((task_threads(&task, 8), task_threads(&task, 2)), (3, 2));
+        assert_eq!(task_threads(&TaskData::new(1, crate::backend::Work::Dense(vec![])), 4), 4);
+        launch_task(&stream, 4, task.clone(), |_, _, _| {
+            std::thread::sleep(std::time::Duration::from_millis(2))
+        })
+        .unwrap();
+        drop(stream); // drains and joins
+        let stages = task.io.lock().unwrap().stages;
+        assert!(stages.compute.is_some_and(|c| c >= std::time::Duration::from_millis(2)), "{stages:?}");
+        assert_eq!((stages.upload, stages.download), (None, None), "no transfers on the CPU");
     }
 
     #[test]

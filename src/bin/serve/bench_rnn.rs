@@ -331,6 +331,8 @@ pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<Po
                     max_batch,
                     workers: a.workers,
                     max_tasks_to_submit: a.max_tasks_to_submit,
+                    // Set from the model (its widest tree level) when the runtime builds the policy.
+                    level_width: 1,
                 };
                 let mut label =
                     format!("padding(b={max_batch},bucket={},k={}", a.bucket_width, a.max_tasks_to_submit);

@@ -15,13 +15,14 @@
 //! take effect at the next level boundary: the request's later rows become padding and it
 //! completes once none of its rows is running.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::error::{Code, Error, Result};
+use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, CellGraph, CellType, Decision, Launch, Policy, RequestId, TaskId, Time, WorkerId,
+    Arrival, CellGraph, CellType, Decision, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId,
+    WorkerShape,
 };
 
 /// Configuration of a [`PaddingPolicy`].
@@ -34,20 +35,26 @@ pub struct PaddingConfig {
     pub workers: usize,
     /// Level tasks a batch may have submitted and unfinished.
     pub max_tasks_to_submit: usize,
+    /// The most nodes one request has at one level: 1 for chains (lstm, seq2seq), the model's
+    /// `max_nodes` for trees. A level task holds `max_batch × level_width` rows at most, the
+    /// size its workers are declared with.
+    pub level_width: usize,
 }
 
 impl Default for PaddingConfig {
     fn default() -> Self {
-        PaddingConfig { bucket_width: 10, max_batch: 64, workers: 1, max_tasks_to_submit: 5 }
+        PaddingConfig { bucket_width: 10, max_batch: 64, workers: 1, max_tasks_to_submit: 5, level_width: 1 }
     }
 }
 
 impl PaddingConfig {
     pub fn check(&self) -> Result<()> {
-        if self.bucket_width == 0 || self.max_batch == 0 || self.workers == 0 || self.max_tasks_to_submit == 0
-        {
+        let sizes =
+            [self.bucket_width, self.max_batch, self.workers, self.max_tasks_to_submit, self.level_width];
+        if sizes.contains(&0) {
             return Err(Error::invalid(format!(
-                "padding policy: bucket width, max batch, workers and tasks to submit must be ≥ 1 ({self:?})"
+                "padding policy: bucket width, max batch, workers, tasks to submit and level width must be ≥ 1 \
+                 ({self:?})"
             )));
         }
         Ok(())
@@ -63,6 +70,8 @@ struct Req {
     deadline: Option<Time>,
     graph: Arc<CellGraph>,
     state: State,
+    /// A row of it has been launched (it counts as running from then on).
+    started: bool,
     /// Submitted level tasks holding rows of this request, not yet done.
     inflight: u32,
     /// Stopped at a boundary (cancel, deadline): completes with this code once nothing runs.
@@ -134,11 +143,7 @@ pub struct PaddingPolicy {
     batches: Vec<Option<Batch>>,
     /// Requests of each task (rows may repeat a request).
     tasks: HashMap<TaskId, (WorkerId, Vec<RequestId>)>,
-    next_task: TaskId,
-    deadlines: BinaryHeap<Reverse<(Time, RequestId)>>,
-    out: VecDeque<Decision>,
-    queued: usize,
-    running: usize,
+    book: Book,
 }
 
 impl PaddingPolicy {
@@ -151,11 +156,7 @@ impl PaddingPolicy {
             buckets: BTreeMap::new(),
             cursor: None,
             tasks: HashMap::new(),
-            next_task: 0,
-            deadlines: BinaryHeap::new(),
-            out: VecDeque::new(),
-            queued: 0,
-            running: 0,
+            book: Book::default(),
         })
     }
 
@@ -187,8 +188,6 @@ impl PaddingPolicy {
             if q.is_empty() {
                 self.buckets.remove(&bucket);
             }
-            self.queued -= members.len();
-            self.running += members.len();
             for id in &members {
                 self.reqs.get_mut(id).expect("queued request").state = State::InBatch;
             }
@@ -260,23 +259,28 @@ impl PaddingPolicy {
             if rows.is_empty() {
                 continue;
             }
-            let task = self.next_task;
-            self.next_task += 1;
+            let task = self.book.task_id();
             let mut distinct: Vec<RequestId> = rows.iter().map(|r| r.0).collect();
             distinct.dedup();
             for id in &distinct {
-                self.reqs.get_mut(id).expect("member").inflight += 1;
+                let r = self.reqs.get_mut(id).expect("member");
+                r.inflight += 1;
+                if !r.started {
+                    r.started = true;
+                    self.book.start(1);
+                }
             }
             batch.outstanding.push_back(task);
             self.tasks.insert(task, (worker, distinct));
-            self.out.push_back(Decision::Launch(Launch {
+            let nodes = rows.iter().map(|r| r.1).collect();
+            let requests = rows.iter().map(|r| r.0).collect();
+            self.book.launch(
                 task,
                 worker,
-                cell,
-                requests: rows.iter().map(|r| r.0).collect(),
-                nodes: rows.iter().map(|r| r.1).collect(),
-                batch: batch.members.len() * widest,
-            }));
+                TaskShape::Cells { cell, nodes },
+                requests,
+                batch.members.len() * widest,
+            );
         }
         if batch.outstanding.is_empty() && batch.next.is_none() {
             for m in batch.members {
@@ -292,16 +296,12 @@ impl PaddingPolicy {
     /// Complete `id` with `code`, or with its own outcome (`None`: doomed code, deadline, Ok).
     fn complete(&mut self, id: RequestId, now: Option<Time>) {
         let r = self.reqs.remove(&id).expect("live request");
-        match r.state {
-            State::Queued => self.queued -= 1,
-            State::InBatch => self.running -= 1,
-        }
         let code = match (r.doomed, now) {
             (Some(code), _) => code,
             (None, Some(now)) if r.deadline.is_some_and(|d| d <= now) => Code::DeadlineExceeded,
             _ => Code::Ok,
         };
-        self.out.push_back(Decision::Complete { id, code });
+        self.book.complete(id, code, r.started);
     }
 
     /// The bucket of a request of this graph: its length over the bucket width.
@@ -335,20 +335,21 @@ impl PaddingPolicy {
     /// Stop every request whose deadline has passed, and drop deadline entries of requests that
     /// have completed or are stopping, so the earliest entry is a live one.
     fn expire(&mut self, now: Time) {
-        while let Some(&Reverse((d, id))) = self.deadlines.peek() {
-            let live = self.reqs.get(&id).is_some_and(|r| r.doomed.is_none());
-            if live && d > now {
-                break;
-            }
-            self.deadlines.pop();
-            if live {
-                self.doom(id, Code::DeadlineExceeded);
-            }
+        while let Some(id) = self.book.due(now, |id| self.reqs.get(&id).is_some_and(|r| r.doomed.is_none())) {
+            self.doom(id, Code::DeadlineExceeded);
         }
     }
 }
 
 impl Policy for PaddingPolicy {
+    fn workers(&self) -> Vec<WorkerShape> {
+        WorkerShape::uniform(self.cfg.workers, self.cfg.max_batch.saturating_mul(self.cfg.level_width))
+    }
+
+    fn lookahead(&self) -> usize {
+        self.cfg.max_tasks_to_submit
+    }
+
     fn arrive(&mut self, now: Time, a: Arrival) {
         assert!(!self.reqs.contains_key(&a.id), "request {} arrived twice", a.id);
         let graph = a.cells.unwrap_or_else(CellGraph::single);
@@ -360,16 +361,14 @@ impl Policy for PaddingPolicy {
                 deadline: a.deadline,
                 graph,
                 state: State::Queued,
+                started: false,
                 inflight: 0,
                 doomed: None,
                 ended: false,
             },
         );
         self.buckets.entry(bucket).or_default().push_back(a.id);
-        self.queued += 1;
-        if let Some(d) = a.deadline {
-            self.deadlines.push(Reverse((d, a.id)));
-        }
+        self.book.arrive(a.model, a.deadline, a.id);
         self.expire(now);
         self.start_batches();
     }
@@ -387,7 +386,8 @@ impl Policy for PaddingPolicy {
         self.expire(now);
     }
 
-    fn task_done(&mut self, now: Time, task: TaskId) {
+    fn task_done(&mut self, now: Time, report: &TaskReport) {
+        let task = report.task;
         let (worker, ids) = self.tasks.remove(&task).expect("task_done for an unknown task");
         let batch = self.batches[worker].as_mut().expect("a task's batch is running");
         let front = batch.outstanding.pop_front();
@@ -414,28 +414,26 @@ impl Policy for PaddingPolicy {
     }
 
     fn poll(&mut self) -> Option<Decision> {
-        self.out.pop_front()
+        self.book.poll()
     }
 
     fn next_wakeup(&self) -> Option<Time> {
-        self.deadlines.peek().map(|Reverse((d, _))| *d)
+        self.book.next_deadline()
     }
 
     fn queued(&self) -> usize {
-        self.queued
+        self.book.queued()
     }
 
     fn running(&self) -> usize {
-        self.running
+        self.book.running()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
     use super::*;
-    use crate::sched::drain;
+    use crate::sched::{Launch, drain};
 
     fn us(v: u64) -> Time {
         Time::from_micros(v)
@@ -447,6 +445,7 @@ mod tests {
             max_batch,
             workers,
             max_tasks_to_submit: lookahead,
+            level_width: 4,
         })
         .unwrap()
     }
@@ -456,7 +455,7 @@ mod tests {
     }
 
     fn arrive(p: &mut PaddingPolicy, id: RequestId, g: Arc<CellGraph>) {
-        p.arrive(us(0), Arrival { id, deadline: None, priority: 0, cells: Some(g) });
+        p.arrive(us(0), Arrival { model: 0, id, deadline: None, priority: 0, cells: Some(g) });
     }
 
     fn launch(
@@ -486,7 +485,7 @@ mod tests {
         arrive(&mut p, 3, chain(4));
         assert_eq!(drain(&mut p), vec![], "no joining a running batch");
         for t in 0..3 {
-            p.task_done(us(1 + t), t);
+            p.task_done(us(1 + t), &TaskReport::of(t));
         }
         // Both in bucket 0: one batch, 4 levels, every level padded to 2 rows.
         assert_eq!(
@@ -500,7 +499,7 @@ mod tests {
             ]
         );
         for t in 3..7 {
-            p.task_done(us(10 + t), t);
+            p.task_done(us(10 + t), &TaskReport::of(t));
         }
         // The short request waited for the long one: they complete together.
         assert_eq!(drain(&mut p), vec![done(2), done(3)]);
@@ -516,23 +515,23 @@ mod tests {
         arrive(&mut p, 2, g);
         let first = drain(&mut p);
         assert_eq!(first, vec![launch(0, 0, 0, &[(1, 0)], 1), launch(1, 0, 0, &[(1, 1)], 1)]);
-        p.task_done(us(1), 0);
-        p.task_done(us(1), 1);
+        p.task_done(us(1), &TaskReport::of(0));
+        p.task_done(us(1), &TaskReport::of(1));
         assert_eq!(drain(&mut p), vec![launch(2, 0, 1, &[(1, 2)], 1), launch(3, 0, 1, &[(1, 3)], 1)]);
         p.end_early(us(2), 1);
-        p.task_done(us(2), 2);
-        p.task_done(us(2), 3);
+        p.task_done(us(2), &TaskReport::of(2));
+        p.task_done(us(2), &TaskReport::of(3));
         assert_eq!(
             drain(&mut p),
             vec![done(1), launch(4, 0, 0, &[(2, 0)], 1), launch(5, 0, 0, &[(2, 1)], 1)]
         );
         for t in 4..6 {
-            p.task_done(us(3), t);
+            p.task_done(us(3), &TaskReport::of(t));
         }
         assert_eq!(drain(&mut p), vec![launch(6, 0, 1, &[(2, 2)], 1), launch(7, 0, 1, &[(2, 3)], 1)]);
         p.end_early(us(4), 2);
-        p.task_done(us(4), 6);
-        p.task_done(us(4), 7);
+        p.task_done(us(4), &TaskReport::of(6));
+        p.task_done(us(4), &TaskReport::of(7));
         assert_eq!(drain(&mut p), vec![done(2)]);
     }
 
@@ -546,18 +545,18 @@ mod tests {
         arrive(&mut p, 4, chain(7)); // bucket 0
         arrive(&mut p, 5, chain(35)); // bucket 3
         for t in 0..25 {
-            p.task_done(us(t + 1), t);
+            p.task_done(us(t + 1), &TaskReport::of(t));
         }
         // Last served bucket 2 (request 1): next is bucket 3, then wrap to 0, then 1.
         let after =
             |d: &[Decision], id: RequestId| d[d.iter().position(|x| *x == done(id)).unwrap() + 1].clone();
         assert_eq!(after(&drain(&mut p), 1), launch(25, 0, 0, &[(5, 0)], 1));
         for t in 25..60 {
-            p.task_done(us(100 + t), t);
+            p.task_done(us(100 + t), &TaskReport::of(t));
         }
         assert_eq!(after(&drain(&mut p), 5), launch(60, 0, 0, &[(2, 0), (4, 0)], 2));
         for t in 60..67 {
-            p.task_done(us(200 + t), t);
+            p.task_done(us(200 + t), &TaskReport::of(t));
         }
         assert_eq!(after(&drain(&mut p), 4), launch(67, 0, 0, &[(3, 0)], 1));
     }
@@ -570,18 +569,18 @@ mod tests {
         assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)], 1)]);
         arrive(&mut p, 2, g.clone());
         arrive(&mut p, 3, g);
-        p.task_done(us(1), 0);
+        p.task_done(us(1), &TaskReport::of(0));
         assert_eq!(drain(&mut p), vec![launch(1, 0, 1, &[(1, 1)], 1)]);
         p.end_early(us(2), 1);
-        p.task_done(us(2), 1);
+        p.task_done(us(2), &TaskReport::of(1));
         assert_eq!(drain(&mut p), vec![done(1), launch(2, 0, 0, &[(2, 0), (3, 0)], 2)]);
-        p.task_done(us(3), 2);
+        p.task_done(us(3), &TaskReport::of(2));
         p.end_early(us(4), 2);
-        p.task_done(us(4), 3);
+        p.task_done(us(4), &TaskReport::of(3));
         // Request 2 ended: its row is padding from now on; the batch goes on for request 3.
         assert_eq!(drain(&mut p), vec![launch(3, 0, 1, &[(2, 1), (3, 1)], 2), launch(4, 0, 1, &[(3, 2)], 2)]);
         p.end_early(us(5), 3);
-        p.task_done(us(5), 4);
+        p.task_done(us(5), &TaskReport::of(4));
         assert_eq!(drain(&mut p), vec![done(2), done(3)]);
     }
 
@@ -596,7 +595,7 @@ mod tests {
         let _ = drain(&mut p);
         arrive(&mut p, 1, t1);
         arrive(&mut p, 2, t2);
-        p.task_done(us(1), 0);
+        p.task_done(us(1), &TaskReport::of(0));
         assert_eq!(
             drain(&mut p),
             vec![
@@ -608,229 +607,30 @@ mod tests {
         );
     }
 
-    /// A tree from parent indices: leaves are type 0, internal nodes type 1.
-    fn tree(parents: &[i32]) -> Arc<CellGraph> {
-        Arc::new(CellGraph::tree_of_parents(parents).unwrap())
-    }
-
-    /// A worker's stream in the random test: its launched, unfinished tasks in order, with their
-    /// (request, node) rows.
-    type Stream = VecDeque<(TaskId, Vec<(RequestId, u32)>)>;
-
-    /// What the random driver has seen, and the checks it makes on every decision.
-    #[derive(Default)]
-    struct Seen {
-        max_tasks: usize,
-        graphs: HashMap<RequestId, Arc<CellGraph>>,
-        deadlines: HashMap<RequestId, Time>,
-        /// Requests the driver cancelled, and those it cancelled or ended early.
-        cancelled: HashSet<RequestId>,
-        stopped: HashSet<RequestId>,
-        streams: Vec<Stream>,
-        /// Rows of each request in launched, unfinished tasks.
-        running_rows: HashMap<RequestId, usize>,
-        finished: HashSet<(RequestId, u32)>,
-        launched: HashMap<(RequestId, u32), WorkerId>,
-        completed: HashMap<RequestId, Code>,
-    }
-
-    impl Seen {
-        fn check(&mut self, now: Time, d: Decision) {
-            match d {
-                Decision::Launch(l) => {
-                    assert!(!l.requests.is_empty() && l.requests.len() == l.nodes.len());
-                    assert!(l.batch >= l.requests.len(), "task {} has fewer rows than nodes", l.task);
-                    let rows: Vec<(RequestId, u32)> = l.requests.into_iter().zip(l.nodes).collect();
-                    for &(id, node) in &rows {
-                        assert!(!self.completed.contains_key(&id), "launch for completed request {id}");
-                        assert!(!self.stopped.contains(&id), "launch for cancelled or ended request {id}");
-                        assert!(
-                            self.deadlines.get(&id).is_none_or(|&d| d > now),
-                            "launch past {id}'s deadline"
-                        );
-                        let g = &self.graphs[&id];
-                        assert_eq!(g.cell_type(node as usize), l.cell, "request {id} node {node}");
-                        // Predecessors ran, or run earlier on this worker's stream (not in this task).
-                        for pr in g.preds(node as usize) {
-                            let ok = self.finished.contains(&(id, pr))
-                                || self.launched.get(&(id, pr)) == Some(&l.worker);
-                            assert!(ok, "request {id} node {node} launched before its predecessor {pr}");
-                        }
-                    }
-                    for &(id, node) in &rows {
-                        let again = self.launched.insert((id, node), l.worker).is_some();
-                        assert!(!again, "request {id} node {node} launched twice");
-                        *self.running_rows.entry(id).or_default() += 1;
-                    }
-                    self.streams[l.worker].push_back((l.task, rows));
-                    let out = self.streams[l.worker].len();
-                    assert!(out <= self.max_tasks, "worker {} has {out} tasks out", l.worker);
-                }
-                Decision::Complete { id, code } => {
-                    assert!(self.graphs.contains_key(&id), "completion of unknown request {id}");
-                    assert!(self.completed.insert(id, code).is_none(), "request {id} completed twice");
-                    assert_eq!(
-                        self.running_rows.get(&id).copied().unwrap_or(0),
-                        0,
-                        "{id} completed while running"
-                    );
-                    if code == Code::Ok {
-                        assert!(
-                            self.deadlines.get(&id).is_none_or(|&d| d > now),
-                            "{id} Ok past its deadline"
-                        );
-                    }
-                }
-            }
-        }
-
-        /// After an event at `now`: a cancelled request, or one past its deadline, with nothing
-        /// running has completed.
-        fn check_stopped(&self, now: Time) {
-            let past = self.deadlines.iter().filter(|&(_, &d)| d <= now).map(|(id, _)| id);
-            for id in self.cancelled.iter().chain(past) {
-                let idle = self.running_rows.get(id).copied().unwrap_or(0) == 0;
-                assert!(
-                    !idle || self.completed.contains_key(id),
-                    "request {id} should have completed at {now:?}"
-                );
-            }
-        }
-    }
-
-    /// Random chains, Seq2Seq (encoder 0 then decoder 1) and trees on 1–3 workers with random
-    /// batch sizes, lookahead and bucket widths; random cancels, deadlines and early ends on decoder
-    /// rows; tasks finish in launch order per worker. Checks: every request completes exactly once
-    /// and not while it has rows running; nothing is launched for a completed, cancelled, ended or
-    /// expired request; a cancelled or expired request with nothing running has completed; a node
-    /// runs only after its predecessors finished or were launched earlier on the same worker; no
-    /// node runs twice; a task's batch holds its rows; no worker has more than
-    /// `max_tasks_to_submit` tasks out; every counter returns to zero; a request completing `Ok`
-    /// ran every node unless it ended early.
-    #[test]
-    fn random_runs_complete_every_request_once_and_respect_dependencies() {
-        use rand::{Rng, SeedableRng};
-        let rounds = if cfg!(miri) { 1 } else { 40 };
-        for seed in 0..rounds {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let cfg = PaddingConfig {
-                bucket_width: rng.random_range(1..=10),
-                max_batch: rng.random_range(1..=6),
-                workers: rng.random_range(1..=3),
-                max_tasks_to_submit: rng.random_range(1..=4),
-            };
-            let mut p = PaddingPolicy::new(cfg).unwrap();
-            let n_req = if cfg!(miri) { 10 } else { 120 };
-            let mut seen = Seen {
-                max_tasks: cfg.max_tasks_to_submit,
-                streams: vec![VecDeque::new(); cfg.workers],
-                ..Seen::default()
-            };
-            let mut decoders = HashSet::new();
-            let (mut now, mut next_id) = (0u64, 0);
-            loop {
-                now += rng.random_range(1..20);
-                let mut t = us(now);
-                let action = rng.random_range(0..10);
-                if action < 3 && next_id < n_req {
-                    let id = next_id;
-                    next_id += 1;
-                    let g = match rng.random_range(0..3) {
-                        0 => chain(rng.random_range(1..8)),
-                        1 => {
-                            decoders.insert(id);
-                            let (enc, dec) = (rng.random_range(1..5), rng.random_range(1..6));
-                            Arc::new(CellGraph::chains(&[(0, enc), (1, dec)]).unwrap())
-                        }
-                        _ => {
-                            let n = rng.random_range(1..12);
-                            let parents: Vec<i32> =
-                                (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) }).collect();
-                            tree(&parents)
-                        }
-                    };
-                    seen.graphs.insert(id, g.clone());
-                    let deadline = (rng.random_range(0..10) == 0).then(|| us(now + rng.random_range(1..300)));
-                    if let Some(d) = deadline {
-                        seen.deadlines.insert(id, d);
-                    }
-                    p.arrive(t, Arrival { id, deadline, priority: rng.random_range(0..2), cells: Some(g) });
-                } else if action < 4 && next_id > 0 {
-                    let id = rng.random_range(0..next_id);
-                    if !seen.completed.contains_key(&id) {
-                        seen.cancelled.insert(id);
-                        seen.stopped.insert(id);
-                    }
-                    p.cancel(t, id);
-                } else if action < 5 {
-                    p.tick(t);
-                } else {
-                    let busy: Vec<usize> =
-                        (0..cfg.workers).filter(|&w| !seen.streams[w].is_empty()).collect();
-                    if let Some(&w) = busy.get(rng.random_range(0..busy.len().max(1))) {
-                        let (task, rows) = seen.streams[w].pop_front().unwrap();
-                        for &(id, node) in &rows {
-                            seen.finished.insert((id, node));
-                            *seen.running_rows.get_mut(&id).unwrap() -= 1;
-                            // A decoder row occasionally "emits eos" (given before its task_done).
-                            let decoder_row = seen.graphs[&id].cell_type(node as usize) == 1;
-                            if decoders.contains(&id) && decoder_row && rng.random_range(0..4) == 0 {
-                                seen.stopped.insert(id);
-                                p.end_early(t, id);
-                            }
-                        }
-                        p.task_done(t, task);
-                    } else if next_id < n_req {
-                        continue;
-                    } else {
-                        // Nothing runs and nothing more arrives: let every deadline pass.
-                        t = us(now + 1_000_000);
-                        p.tick(t);
-                    }
-                }
-                for d in drain(&mut p) {
-                    seen.check(t, d);
-                }
-                seen.check_stopped(t);
-                if next_id == n_req && seen.completed.len() == n_req as usize {
-                    break;
-                }
-            }
-            assert!(
-                seen.streams.iter().all(VecDeque::is_empty),
-                "seed {seed}: tasks out after the last completion"
-            );
-            assert_eq!((p.queued(), p.running(), p.next_wakeup()), (0, 0, None), "seed {seed}");
-            assert!(p.reqs.is_empty() && p.tasks.is_empty() && p.buckets.is_empty(), "seed {seed}");
-            assert!(p.batches.iter().all(Option::is_none), "seed {seed}: a batch outlived its requests");
-            for (&id, &code) in &seen.completed {
-                if code == Code::Ok && !seen.stopped.contains(&id) {
-                    let g = &seen.graphs[&id];
-                    let all = (0..g.len() as u32).all(|v| seen.finished.contains(&(id, v)));
-                    assert!(all, "seed {seed}: request {id} completed Ok without running every node");
-                }
-            }
-        }
-    }
-
     #[test]
     fn cancel_and_deadline_stop_a_member_at_a_level_boundary() {
         let mut p = policy(4, 1, 1);
-        p.arrive(us(0), Arrival { id: 1, deadline: None, priority: 0, cells: Some(chain(3)) });
-        p.arrive(us(0), Arrival { id: 2, deadline: Some(us(5)), priority: 0, cells: Some(chain(3)) });
+        p.arrive(us(0), Arrival { model: 0, id: 1, deadline: None, priority: 0, cells: Some(chain(3)) });
+        p.arrive(
+            us(0),
+            Arrival { model: 0, id: 2, deadline: Some(us(5)), priority: 0, cells: Some(chain(3)) },
+        );
         assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)], 1)]);
-        p.arrive(us(1), Arrival { id: 3, deadline: Some(us(3)), priority: 0, cells: Some(chain(3)) });
+        p.arrive(
+            us(1),
+            Arrival { model: 0, id: 3, deadline: Some(us(3)), priority: 0, cells: Some(chain(3)) },
+        );
         p.tick(us(3));
         assert_eq!(drain(&mut p), vec![Decision::Complete { id: 3, code: Code::DeadlineExceeded }]);
         p.cancel(us(4), 1);
         assert_eq!(drain(&mut p), vec![]);
-        p.task_done(us(4), 0);
+        p.task_done(us(4), &TaskReport::of(0));
         // Request 1 stops at the boundary; the batch of 1 ends. Request 2 starts.
         assert_eq!(
             drain(&mut p),
             vec![Decision::Complete { id: 1, code: Code::Cancelled }, launch(1, 0, 0, &[(2, 0)], 1)]
         );
-        p.task_done(us(6), 1);
+        p.task_done(us(6), &TaskReport::of(1));
         assert_eq!(drain(&mut p), vec![Decision::Complete { id: 2, code: Code::DeadlineExceeded }]);
         assert_eq!((p.queued(), p.running()), (0, 0));
     }

@@ -36,7 +36,8 @@
 //! cell finishes — no request waits for a batch-mate. Cancel, deadline expiry and an early end
 //! (Seq2Seq `eos`) take effect at the next cell boundary: the request's unsubmitted cells are
 //! dropped, and it completes once none of its cells is running (its state slots may then be
-//! reused). Per-request priorities order the unpinned subgraphs; BatchMaker itself has none.
+//! reused); an early-ended request whose deadline passes before then completes
+//! `DeadlineExceeded`, as its caller gets nothing in time. Per-request priorities order the unpinned subgraphs; BatchMaker itself has none.
 //!
 //! Three request processors share the queues, each exact for the graphs it takes:
 //! * *Chain* requests (`lstm`, `seq2seq`, fixed-shape: one path of cells, see [`chain`]) keep a
@@ -60,12 +61,14 @@ mod tests;
 mod tree;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use crate::error::{Code, Error, Result};
+use crate::sched::book::Book;
 use crate::sched::graph::MAX_CELL_TYPES;
 use crate::sched::{
-    Arrival, CellGraph, CellType, Decision, IdMap, Launch, Policy, RequestId, TaskId, Time, WorkerId,
+    Arrival, CellGraph, CellType, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
+    WorkerId, WorkerShape,
 };
 
 use chain::{Block, Chain, ChainState, Lane, Taken, advance};
@@ -252,8 +255,8 @@ pub struct CellularPolicy {
     types: Vec<TypeQueues>,
     /// Per worker: its unfinished tasks in launch order.
     streams: Vec<VecDeque<TaskRec>>,
-    next_task: TaskId,
-    deadlines: BinaryHeap<Reverse<(Time, u32, u32)>>,
+    /// Outbox, counts, task ids, and deadlines by (slot, generation).
+    book: Book<(u32, u32)>,
     /// Records of completed graph requests (boxed as in `Body::Graph`, so reusing one allocates
     /// nothing) and buffers of done tasks, for reuse.
     #[allow(clippy::vec_box)]
@@ -274,9 +277,6 @@ pub struct CellularPolicy {
     /// Numbers each task formation and completion, so per-task counters count a request or a
     /// subgraph once per task however many of its nodes the task holds.
     stamp: u64,
-    out: VecDeque<Decision>,
-    queued: usize,
-    running: usize,
 }
 
 /// Keep a recycled buffer unless enough are kept already.
@@ -311,8 +311,7 @@ impl CellularPolicy {
             free: Vec::new(),
             by_id: IdMap::default(),
             types,
-            next_task: 0,
-            deadlines: BinaryHeap::new(),
+            book: Book::default(),
             spare_reqs: Vec::new(),
             spare_rows: Vec::new(),
             spare_slots: Vec::new(),
@@ -323,9 +322,6 @@ impl CellularPolicy {
             unpinned_trees: Vec::new(),
             ready_after: Vec::new(),
             stamp: 0,
-            out: VecDeque::new(),
-            queued: 0,
-            running: 0,
         })
     }
 
@@ -346,8 +342,7 @@ impl CellularPolicy {
         let r = self.reqs[slot as usize].as_mut().expect("live request slot");
         if !r.started {
             r.started = true;
-            self.queued -= 1;
-            self.running += 1;
+            self.book.start(1);
         }
     }
 
@@ -568,8 +563,7 @@ impl CellularPolicy {
         // As `start`, without looking the request up again.
         if first {
             r.started = true;
-            self.queued -= 1;
-            self.running += 1;
+            self.book.start(1);
         }
         true
     }
@@ -660,8 +654,7 @@ impl CellularPolicy {
     /// FormBatchedTask (Algorithm 1) for cell type `ty` on `worker`, then submit it.
     fn form_batched_task(&mut self, ty: usize, worker: WorkerId) {
         let max = self.cfg.cell_types[ty].max_batch;
-        let task = self.next_task;
-        self.next_task += 1;
+        let task = self.book.task_id();
         self.stamp += 1;
         let stamp = self.stamp;
         let room = max.min(self.available(ty, worker));
@@ -802,14 +795,8 @@ impl CellularPolicy {
             releases: f.out.released,
             trees: f.trees,
         });
-        self.out.push_back(Decision::Launch(Launch {
-            task,
-            worker,
-            cell: ty as CellType,
-            requests: f.out.requests,
-            nodes: f.out.nodes,
-            batch,
-        }));
+        let shape = TaskShape::Cells { cell: ty as CellType, nodes: f.out.nodes };
+        self.book.launch(task, worker, shape, f.out.requests, batch);
     }
 
     /// Move ready nodes of the graph subgraph `at` (found in queue `from`) into the task,
@@ -1030,12 +1017,7 @@ impl CellularPolicy {
         self.by_id.remove(&id);
         self.free.push(slot);
         self.alive[slot as usize] = 0;
-        if started {
-            self.running -= 1;
-        } else {
-            self.queued -= 1;
-        }
-        self.out.push_back(Decision::Complete { id, code });
+        self.book.complete(id, code, started);
     }
 
     /// Stop the request at the next cell boundary with `code`.
@@ -1056,27 +1038,33 @@ impl CellularPolicy {
     /// Drop deadline entries of requests that have completed or are already stopping, so the
     /// earliest entry is a live one (`next_wakeup` reads it).
     fn tidy_deadlines(&mut self) {
-        while let Some(&Reverse((_, slot, generation))) = self.deadlines.peek() {
-            if self.alive.get(slot as usize) == Some(&generation) {
-                return;
-            }
-            self.deadlines.pop();
-        }
+        let reqs = &self.reqs;
+        self.book.tidy(|(slot, generation)| deadline_live(reqs, slot, generation));
     }
 
     fn expire(&mut self, now: Time) {
-        while let Some(&Reverse((d, slot, generation))) = self.deadlines.peek() {
-            let live = self.alive.get(slot as usize) == Some(&generation);
-            if live && d > now {
-                break;
-            }
-            self.deadlines.pop();
-            if live {
+        while let Some((slot, _)) =
+            self.book.due(now, |(slot, generation)| deadline_live(&self.reqs, slot, generation))
+        {
+            let r = self.req_mut(slot);
+            if r.doomed == Some(Code::Ok) {
+                // Ended early, its last cells still running: it completes past its deadline.
+                r.doomed = Some(Code::DeadlineExceeded);
+            } else {
                 self.doom(slot, Code::DeadlineExceeded);
             }
         }
-        // The loop stopped at a live entry (or none): nothing left to tidy.
+        // `due` stopped at a live entry (or none): nothing left to tidy.
     }
+}
+
+/// Whether the request of a deadline entry still has its deadline watched: it lives (the
+/// generation matches) and is not stopping for another reason (an early end still is: it
+/// completes `DeadlineExceeded` if the deadline passes before its last running cell ends).
+fn deadline_live(reqs: &[Option<Request>], slot: u32, generation: u32) -> bool {
+    reqs.get(slot as usize)
+        .and_then(|r| r.as_ref())
+        .is_some_and(|r| r.generation == generation && matches!(r.doomed, None | Some(Code::Ok)))
 }
 
 /// Queue `at` among the unpinned subgraphs of its request priority (at the front or the back).
@@ -1100,6 +1088,15 @@ fn push_unpinned(levels: &mut Vec<PrioQueue>, priority: i32, at: SgRef, front: b
 }
 
 impl Policy for CellularPolicy {
+    fn workers(&self) -> Vec<WorkerShape> {
+        let max = self.cfg.cell_types.iter().map(|t| t.max_batch).max().unwrap_or(1);
+        WorkerShape::uniform(self.cfg.workers, max)
+    }
+
+    fn lookahead(&self) -> usize {
+        self.cfg.max_tasks_to_submit
+    }
+
     fn arrive(&mut self, now: Time, a: Arrival) {
         let graph = a.cells.unwrap_or_else(CellGraph::single);
         assert!(!graph.is_empty(), "request {} has an empty cell graph", a.id);
@@ -1135,10 +1132,7 @@ impl Policy for CellularPolicy {
             Some(Request { id: a.id, generation, priority: a.priority, doomed: None, started: false, body });
         self.alive[slot as usize] = generation;
         assert!(self.by_id.insert(a.id, slot).is_none(), "request {} arrived twice", a.id);
-        self.queued += 1;
-        if let Some(d) = a.deadline {
-            self.deadlines.push(Reverse((d, slot, generation)));
-        }
+        self.book.arrive(a.model, a.deadline, (slot, generation));
         match self.req(slot).body {
             Body::Chain(_) => self.queue_chain(slot, false),
             Body::Tree => self.queue_leaves(slot),
@@ -1171,7 +1165,8 @@ impl Policy for CellularPolicy {
         }
     }
 
-    fn task_done(&mut self, now: Time, task: TaskId) {
+    fn task_done(&mut self, now: Time, report: &TaskReport) {
+        let task = report.task;
         let worker = (0..self.cfg.workers)
             .find(|&w| self.streams[w].front().is_some_and(|t| t.task == task))
             .unwrap_or_else(|| {
@@ -1301,33 +1296,29 @@ impl Policy for CellularPolicy {
         self.schedule();
     }
 
-    fn recycle(&mut self, requests: Vec<RequestId>, nodes: Vec<u32>) {
+    fn recycle(&mut self, requests: Vec<RequestId>, shape: TaskShape) {
         // Up to a worker's worth of tasks in flight each way is plenty.
         if self.spare_ids.len() < self.cfg.max_tasks_to_submit * self.cfg.workers + 1 {
             recycle(&mut self.spare_ids, requests);
-            recycle(&mut self.spare_nodes, nodes);
+            if let TaskShape::Cells { nodes, .. } = shape {
+                recycle(&mut self.spare_nodes, nodes);
+            }
         }
     }
 
     fn poll(&mut self) -> Option<Decision> {
-        let d = self.out.pop_front();
-        if self.out.is_empty() {
-            // Back to the start of the buffer: the next decisions land in memory still in cache
-            // rather than further round the ring.
-            self.out.clear();
-        }
-        d
+        self.book.poll()
     }
 
     fn next_wakeup(&self) -> Option<Time> {
-        self.deadlines.peek().map(|Reverse((d, _, _))| *d)
+        self.book.next_deadline()
     }
 
     fn queued(&self) -> usize {
-        self.queued
+        self.book.queued()
     }
 
     fn running(&self) -> usize {
-        self.running
+        self.book.running()
     }
 }

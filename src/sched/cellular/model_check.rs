@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::sched::CellGraph;
+use crate::sched::contract::random_graph;
 
 struct TaskInfo {
     task: TaskId,
@@ -142,15 +143,15 @@ impl Harness {
                     "  launch task {} w{} ty{} rows {:?}",
                     l.task,
                     l.worker,
-                    l.cell,
-                    l.requests.iter().zip(&l.nodes).collect::<Vec<_>>()
+                    l.cell(),
+                    l.requests.iter().zip(l.nodes()).collect::<Vec<_>>()
                 ));
                 let w = l.worker;
-                let max = self.cfg.cell_types[l.cell as usize].max_batch;
-                if l.requests.is_empty() || l.requests.len() > max || l.requests.len() != l.nodes.len() {
+                let max = self.cfg.cell_types[l.cell() as usize].max_batch;
+                if l.requests.is_empty() || l.requests.len() > max || l.requests.len() != l.nodes().len() {
                     self.fail(format!("bad row count in {l:?}"));
                 }
-                let bs = &self.cfg.cell_types[l.cell as usize].bsizes;
+                let bs = &self.cfg.cell_types[l.cell() as usize].bsizes;
                 let want_batch =
                     bs.iter().copied().find(|&b| b >= l.requests.len()).unwrap_or(l.requests.len());
                 if l.batch != want_batch {
@@ -168,7 +169,7 @@ impl Harness {
                     self.fail(format!("launch on worker {w}, expected {want_w:?}"));
                 }
                 let a = self.avail(w);
-                let ty = l.cell as usize;
+                let ty = l.cell() as usize;
                 let want_ty = self.expected_type(&a);
                 if want_ty != Some(ty) {
                     self.fail(format!(
@@ -181,7 +182,7 @@ impl Harness {
                 let unpinned: HashMap<(RequestId, u32), i32> =
                     a.unpinned[ty].iter().map(|&(i, v, p)| ((i, v), p)).collect();
                 let rows: Vec<(RequestId, u32)> =
-                    l.requests.iter().copied().zip(l.nodes.iter().copied()).collect();
+                    l.requests.iter().copied().zip(l.nodes().iter().copied()).collect();
                 let rowset: HashSet<(RequestId, u32)> = rows.iter().copied().collect();
                 if rowset.len() != rows.len() {
                     self.fail("duplicate row".into());
@@ -233,6 +234,7 @@ impl Harness {
                 }
                 self.streams[w].push_back(TaskInfo { task: l.task, rows });
             }
+            Decision::Reject { id, code } => self.fail(format!("request {id} rejected ({code:?})")),
             Decision::Complete { id, code } => {
                 self.log.push(format!("  complete {id} {code:?}"));
                 let Some(r) = self.reqs.get(&id) else { self.fail(format!("complete of unknown {id}")) };
@@ -264,7 +266,9 @@ impl Harness {
     fn expire(&mut self) {
         let now = self.now;
         for r in self.reqs.values_mut() {
-            if !r.done && r.reason.is_none() && r.deadline.is_some_and(|d| d <= now) {
+            // An early end (reason Ok) still waits on its running cells, and its deadline.
+            let open = matches!(r.reason, None | Some(Code::Ok));
+            if !r.done && open && r.deadline.is_some_and(|d| d <= now) {
                 r.reason = Some(Code::DeadlineExceeded);
             }
         }
@@ -557,99 +561,6 @@ impl Harness {
 }
 
 /// A random tree, of any fan-out, as parent indices (the root's is -1).
-fn random_parents(rng: &mut StdRng) -> Vec<i32> {
-    let most = if rng.random_bool(0.2) { 40 } else { 12 };
-    let n: usize = rng.random_range(2..most);
-    let bushy = rng.random_bool(0.3);
-    let mut parents = vec![-1];
-    for i in 1..n {
-        // Bushy trees hang most nodes off a few; the others grow deep.
-        let p = if bushy { rng.random_range(0..i.min(3)) } else { rng.random_range(i.saturating_sub(3)..i) };
-        parents.push(p as i32);
-    }
-    parents
-}
-
-fn random_graph(rng: &mut StdRng, nt: usize) -> Option<Arc<CellGraph>> {
-    match rng.random_range(0..9) {
-        0 => None,
-        6 | 7 if nt >= 2 => {
-            // A tree (leaves type 0, internal nodes type 1): the tree request processor.
-            Some(Arc::new(CellGraph::tree_of_parents(&random_parents(rng)).unwrap()))
-        }
-        8 if nt >= 2 => {
-            // A tree-shaped DAG: leaves of one type under inner nodes of a higher one that may have
-            // several inner predecessors, so that more nodes can become ready than were submitted.
-            let leaf = rng.random_range(0..nt - 1);
-            let inner = rng.random_range(leaf + 1..nt);
-            let n_inner = rng.random_range(1..10);
-            let n_leaves = rng.random_range(1..12);
-            let n = n_inner + n_leaves;
-            // Leaves first (lower ids), then inner nodes; each inner node depends on earlier inner
-            // nodes and on leaves; every leaf feeds some inner node.
-            let mut types = vec![leaf as CellType; n_leaves];
-            types.extend(vec![inner as CellType; n_inner]);
-            let mut preds = vec![Vec::new(); n];
-            for l in 0..n_leaves {
-                let v = n_leaves + rng.random_range(0..n_inner);
-                preds[v].push(l as u32);
-            }
-            for i in 1..n_inner {
-                let v = n_leaves + i;
-                for _ in 0..rng.random_range(1..3) {
-                    let j = (n_leaves + rng.random_range(0..i)) as u32;
-                    if !preds[v].contains(&j) {
-                        preds[v].push(j);
-                    }
-                }
-            }
-            // An inner node with no predecessor would be a leaf of the inner type.
-            if preds[n_leaves].is_empty() {
-                preds[n_leaves].push(0);
-            }
-            let g = CellGraph::new(types, &preds).unwrap();
-            assert!(
-                g.plan().is_none() || g.tree_shape().is_some(),
-                "a tree-shaped DAG (not a path) has a tree shape"
-            );
-            Some(Arc::new(g))
-        }
-        1 | 2 | 6 => {
-            // A path of runs (6: with one cell type there is no tree; 7 and 8 then fall to the
-            // general graphs below).
-            let mut runs = Vec::new();
-            let mut ty = rng.random_range(0..nt);
-            for _ in 0..rng.random_range(1..4) {
-                let hi = if rng.random_bool(0.2) { 25 } else { 7 };
-                runs.push((ty as CellType, rng.random_range(1..hi)));
-                if ty + 1 < nt && rng.random_bool(0.7) {
-                    ty += rng.random_range(1..nt - ty);
-                }
-            }
-            Some(Arc::new(CellGraph::chains(&runs).unwrap()))
-        }
-        _ => {
-            let n = rng.random_range(1..12);
-            let mut types: Vec<CellType> = (0..n).map(|_| rng.random_range(0..nt) as CellType).collect();
-            types.sort();
-            let mut preds = vec![Vec::new(); n];
-            for i in 1..n {
-                let k = rng.random_range(0..3);
-                for _ in 0..k {
-                    let j = rng.random_range(0..i);
-                    if types[j] <= types[i] && !preds[i].contains(&(j as u32)) {
-                        preds[i].push(j as u32);
-                    }
-                }
-                if rng.random_bool(0.5) && preds[i].is_empty() {
-                    preds[i].push(i as u32 - 1);
-                }
-            }
-            Some(Arc::new(CellGraph::new(types, &preds).unwrap()))
-        }
-    }
-}
-
 fn run_seed(seed: u64, n_req: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let nt = rng.random_range(1..=3);
@@ -716,7 +627,7 @@ fn run_seed(seed: u64, n_req: u64) {
                     .map(|g| (g.types(), (0..g.len()).map(|v| g.preds(v).to_vec()).collect::<Vec<_>>()))
             ));
             h.expire();
-            p.arrive(t, Arrival { id, deadline, priority: prio, cells: g });
+            p.arrive(t, Arrival { model: 0, id, deadline, priority: prio, cells: g });
         } else if x < p_arrive + p_cancel && next_id > 0 {
             let id = rng.random_range(0..next_id + 2);
             h.log.push(format!("t={now} cancel {id}"));
@@ -778,7 +689,7 @@ fn run_seed(seed: u64, n_req: u64) {
                 h.reqs.get_mut(&id).unwrap().inflight -= 1;
             }
             h.expire();
-            p.task_done(t, task.task);
+            p.task_done(t, &TaskReport::of(task.task));
         }
         h.after_event(&mut p);
     }

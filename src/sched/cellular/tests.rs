@@ -1,15 +1,9 @@
 //! Exact virtual-time tests of cellular batching.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
-
 use super::*;
-use crate::sched::{CellGraph, drain};
-
-/// A worker's stream in the random test: its submitted tasks, in order.
-type Stream = std::collections::VecDeque<(TaskId, Vec<(RequestId, u32)>)>;
+use crate::sched::{CellGraph, Launch, drain};
 
 fn us(v: u64) -> Time {
     Time::from_micros(v)
@@ -37,11 +31,11 @@ fn seq2seq(enc: usize, dec: usize) -> Arc<CellGraph> {
 
 /// A tree from parent indices: leaves are type 0, internal nodes type 1.
 fn tree(parents: &[i32]) -> Arc<CellGraph> {
-    Arc::new(CellGraph::tree_of_parents(parents).unwrap())
+    Arc::new(CellGraph::tree_of_parents(parents, 0, 1).unwrap())
 }
 
 fn arrive(p: &mut CellularPolicy, now: Time, id: RequestId, g: Arc<CellGraph>) {
-    p.arrive(now, Arrival { id, deadline: None, priority: 0, cells: Some(g) });
+    p.arrive(now, Arrival { model: 0, id, deadline: None, priority: 0, cells: Some(g) });
 }
 
 /// A launch of `cell` on `worker` with (request, node) rows, unpadded.
@@ -71,7 +65,7 @@ fn a_new_request_joins_at_the_next_task() {
     arrive(&mut p, us(1), 2, chain(2));
     assert_eq!(drain(&mut p), vec![], "the worker's only task slot is taken");
     assert_eq!((p.queued(), p.running()), (1, 1));
-    p.task_done(us(2), 0);
+    p.task_done(us(2), &TaskReport::of(0));
     // The pinned subgraph first, then the newcomer.
     assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(1, 1), (2, 0)])]);
     assert_eq!((p.queued(), p.running()), (0, 2));
@@ -83,12 +77,12 @@ fn a_request_leaves_at_its_last_cell() {
     arrive(&mut p, us(0), 1, chain(3));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
     arrive(&mut p, us(0), 2, chain(1));
-    p.task_done(us(5), 0);
+    p.task_done(us(5), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(1, 1), (2, 0)])]);
-    p.task_done(us(6), 1);
+    p.task_done(us(6), &TaskReport::of(1));
     // Request 2 is done after its one cell and leaves at once; request 1 carries on alone.
     assert_eq!(drain(&mut p), vec![done(2, Code::Ok), launch(2, 0, 0, &[(1, 2)])]);
-    p.task_done(us(7), 2);
+    p.task_done(us(7), &TaskReport::of(2));
     assert_eq!(drain(&mut p), vec![done(1, Code::Ok)]);
     assert_eq!((p.queued(), p.running(), p.next_wakeup()), (0, 0, None));
 }
@@ -101,7 +95,7 @@ fn a_long_request_keeps_batching_with_successive_short_ones() {
     for step in 1..5u32 {
         let short = 100 + step as RequestId;
         arrive(&mut p, us(step as u64 * 10), short, chain(1));
-        p.task_done(us(step as u64 * 10 + 5), step as TaskId - 1);
+        p.task_done(us(step as u64 * 10 + 5), &TaskReport::of(step as TaskId - 1));
         let mut want = Vec::new();
         if step > 1 {
             want.push(done(short - 1, Code::Ok));
@@ -109,7 +103,7 @@ fn a_long_request_keeps_batching_with_successive_short_ones() {
         want.push(launch(step as TaskId, 0, 0, &[(100, step), (short, 0)]));
         assert_eq!(drain(&mut p), want, "step {step}");
     }
-    p.task_done(us(100), 4);
+    p.task_done(us(100), &TaskReport::of(4));
     assert_eq!(drain(&mut p), vec![done(100, Code::Ok), done(104, Code::Ok)]);
 }
 
@@ -119,7 +113,7 @@ fn max_tasks_to_submit_bounds_the_run_ahead_on_one_worker() {
     arrive(&mut p, us(0), 1, chain(8));
     let first: Vec<Decision> = (0..5).map(|t| launch(t, 0, 0, &[(1, t as u32)])).collect();
     assert_eq!(drain(&mut p), first, "successive cells of a pinned chain go out back to back");
-    p.task_done(us(1), 0);
+    p.task_done(us(1), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![launch(5, 0, 0, &[(1, 5)])]);
 }
 
@@ -128,27 +122,27 @@ fn per_type_max_batch_and_bsizes_padding() {
     let mut c = cfg(&[("encoder", 4, 0), ("decoder", 2, 1)], 1, 1);
     c.cell_types[0].bsizes = vec![1, 2, 4];
     let mut p = CellularPolicy::new(c).unwrap();
-    p.arrive(us(0), Arrival { id: 9, deadline: None, priority: 0, cells: Some(seq2seq(1, 1)) });
+    p.arrive(us(0), Arrival { model: 0, id: 9, deadline: None, priority: 0, cells: Some(seq2seq(1, 1)) });
     assert_eq!(drain(&mut p), vec![padded(0, 0, 0, &[(9, 0)], 1)]);
     for id in 1..=5 {
         arrive(&mut p, us(1), id, seq2seq(1, 1));
     }
-    p.task_done(us(2), 0);
+    p.task_done(us(2), &TaskReport::of(0));
     // Encoder nodes (5 ready, max 4) fill a whole batch: step 1 picks the encoder even though the
     // decoder has priority, because the decoder has only one node ready.
     assert_eq!(drain(&mut p), vec![padded(1, 0, 0, &[(1, 0), (2, 0), (3, 0), (4, 0)], 4)]);
-    p.task_done(us(3), 1);
+    p.task_done(us(3), &TaskReport::of(1));
     // Now 4 decoder nodes (max 2) can fill a batch: step 1, by priority.
     assert_eq!(drain(&mut p), vec![padded(2, 0, 1, &[(9, 1), (1, 1)], 2)]);
-    p.task_done(us(4), 2);
+    p.task_done(us(4), &TaskReport::of(2));
     assert_eq!(
         drain(&mut p),
         vec![done(9, Code::Ok), done(1, Code::Ok), padded(3, 0, 1, &[(2, 1), (3, 1)], 2)]
     );
-    p.task_done(us(5), 3);
+    p.task_done(us(5), &TaskReport::of(3));
     // 1 encoder (5) vs 1 decoder (4) ready: step 3 tie, decoder by priority.
     assert_eq!(drain(&mut p), vec![done(2, Code::Ok), done(3, Code::Ok), padded(4, 0, 1, &[(4, 1)], 1)]);
-    p.task_done(us(6), 4);
+    p.task_done(us(6), &TaskReport::of(4));
     // A lone encoder node: padded to the smallest Bsize holding it.
     assert_eq!(drain(&mut p), vec![done(4, Code::Ok), padded(5, 0, 0, &[(5, 0)], 1)]);
 }
@@ -159,7 +153,7 @@ fn decoder_is_preferred_to_encoder_on_a_tie() {
     arrive(&mut p, us(0), 1, seq2seq(1, 1));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
     arrive(&mut p, us(1), 2, seq2seq(1, 1));
-    p.task_done(us(2), 0);
+    p.task_done(us(2), &TaskReport::of(0));
     // One decoder node (request 1) and one encoder node (request 2) ready.
     assert_eq!(drain(&mut p), vec![launch(1, 0, 1, &[(1, 1)])]);
 }
@@ -173,18 +167,18 @@ fn internal_is_preferred_to_leaf_on_a_tie() {
     // Request 2: root 1 with leaves 0, 2, 3 listed around it.
     arrive(&mut p, us(1), 2, tree(&[1, -1, 1, 1]));
     arrive(&mut p, us(1), 3, tree(&[-1, 0]));
-    p.task_done(us(2), 0);
+    p.task_done(us(2), &TaskReport::of(0));
     // Ready: internal 1 (request 1's root); leaves: 3 of request 2, 1 of request 3. Step 3 picks
     // the leaf type (4 ready > 1).
     assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(2, 0), (2, 2), (2, 3), (3, 1)])]);
-    p.task_done(us(3), 1);
+    p.task_done(us(3), &TaskReport::of(1));
     // Ready: three internal roots, no leaves.
     assert_eq!(drain(&mut p), vec![launch(2, 0, 1, &[(1, 0), (2, 1), (3, 0)])]);
     let mut p = CellularPolicy::new(cfg(&[("leaf", 8, 0), ("internal", 8, 1)], 1, 1)).unwrap();
     arrive(&mut p, us(0), 1, tree(&[-1, 0]));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 1)])]);
     arrive(&mut p, us(1), 2, tree(&[-1, 0]));
-    p.task_done(us(2), 0);
+    p.task_done(us(2), &TaskReport::of(0));
     // One internal and one leaf ready: internal by priority.
     assert_eq!(drain(&mut p), vec![launch(1, 0, 1, &[(1, 0)])]);
 }
@@ -195,16 +189,16 @@ fn tree_internal_levels_run_in_order_on_the_pinned_worker() {
     // 0 root ← 1 ← 2 (internal chain) with leaves 3 (of 2), 4 (of 2), 5 (of 1), 6 (of 0).
     arrive(&mut p, us(0), 1, tree(&[-1, 0, 1, 2, 2, 1, 0]));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 3), (1, 4), (1, 5), (1, 6)])]);
-    p.task_done(us(1), 0);
+    p.task_done(us(1), &TaskReport::of(0));
     // All leaves done: the internal subgraph runs level by level on one worker, submitted ahead.
     assert_eq!(
         drain(&mut p),
         vec![launch(1, 0, 1, &[(1, 2)]), launch(2, 0, 1, &[(1, 1)]), launch(3, 0, 1, &[(1, 0)])]
     );
-    p.task_done(us(2), 1);
-    p.task_done(us(3), 2);
+    p.task_done(us(2), &TaskReport::of(1));
+    p.task_done(us(3), &TaskReport::of(2));
     assert_eq!(drain(&mut p), vec![]);
-    p.task_done(us(4), 3);
+    p.task_done(us(4), &TaskReport::of(3));
     assert_eq!(drain(&mut p), vec![done(1, Code::Ok)]);
 }
 
@@ -216,12 +210,12 @@ fn pinned_subgraphs_stay_on_their_worker_until_unpinned() {
     // Worker 1 is idle, but request 1's next cell is pinned to worker 0.
     arrive(&mut p, us(1), 2, chain(1));
     assert_eq!(drain(&mut p), vec![launch(2, 1, 0, &[(2, 0)])]);
-    p.task_done(us(2), 0);
+    p.task_done(us(2), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![launch(3, 0, 0, &[(1, 2)])]);
-    p.task_done(us(3), 2);
+    p.task_done(us(3), &TaskReport::of(2));
     assert_eq!(drain(&mut p), vec![done(2, Code::Ok)]);
-    p.task_done(us(4), 1);
-    p.task_done(us(5), 3);
+    p.task_done(us(4), &TaskReport::of(1));
+    p.task_done(us(5), &TaskReport::of(3));
     // Now the subgraph has nothing outstanding: it is unpinned and the least-loaded worker
     // (worker 0 and 1 both idle: the lower index) takes it.
     assert_eq!(drain(&mut p), vec![launch(4, 0, 0, &[(1, 3)])]);
@@ -234,15 +228,15 @@ fn a_subgraph_with_a_full_task_keeps_its_rest_pinned() {
     arrive(&mut p, us(0), 1, tree(&[-1, 0, 0, 0, 0]));
     // …each leaf is its own subgraph, so the remaining leaves are free for worker 1.
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 1), (1, 2)]), launch(1, 1, 0, &[(1, 3), (1, 4)])]);
-    p.task_done(us(1), 1);
-    p.task_done(us(2), 0);
+    p.task_done(us(1), &TaskReport::of(1));
+    p.task_done(us(2), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![launch(2, 0, 1, &[(1, 0)])]);
     // A chain whose task is full: the chain's next node stays pinned to worker 0.
     let mut p = lstm_policy(1, 2, 1);
     arrive(&mut p, us(0), 1, chain(2));
     arrive(&mut p, us(0), 2, chain(1));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)]), launch(1, 1, 0, &[(2, 0)])]);
-    p.task_done(us(1), 1);
+    p.task_done(us(1), &TaskReport::of(1));
     assert_eq!(drain(&mut p), vec![done(2, Code::Ok)], "request 1's next cell waits for worker 0");
 }
 
@@ -256,9 +250,9 @@ fn cancel_queued_completes_at_once_and_running_at_the_next_boundary() {
     assert_eq!(drain(&mut p), vec![done(2, Code::Cancelled)]);
     p.cancel(us(3), 1);
     assert_eq!(drain(&mut p), vec![], "request 1 has cells running");
-    p.task_done(us(4), 0);
+    p.task_done(us(4), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![], "its cell 2 is not submitted: no launch, one task still out");
-    p.task_done(us(5), 1);
+    p.task_done(us(5), &TaskReport::of(1));
     assert_eq!(drain(&mut p), vec![done(1, Code::Cancelled)]);
     p.cancel(us(6), 1);
     p.cancel(us(6), 77);
@@ -269,17 +263,17 @@ fn cancel_queued_completes_at_once_and_running_at_the_next_boundary() {
 #[test]
 fn deadlines_expire_in_the_queue_and_at_a_cell_boundary() {
     let mut p = lstm_policy(8, 1, 1);
-    p.arrive(us(0), Arrival { id: 9, deadline: None, priority: 0, cells: Some(chain(1)) });
-    p.arrive(us(0), Arrival { id: 1, deadline: Some(us(50)), priority: 0, cells: Some(chain(4)) });
-    p.arrive(us(0), Arrival { id: 2, deadline: Some(us(500)), priority: 0, cells: Some(chain(1)) });
+    p.arrive(us(0), Arrival { model: 0, id: 9, deadline: None, priority: 0, cells: Some(chain(1)) });
+    p.arrive(us(0), Arrival { model: 0, id: 1, deadline: Some(us(50)), priority: 0, cells: Some(chain(4)) });
+    p.arrive(us(0), Arrival { model: 0, id: 2, deadline: Some(us(500)), priority: 0, cells: Some(chain(1)) });
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(9, 0)])]);
-    p.task_done(us(0), 0);
+    p.task_done(us(0), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![done(9, Code::Ok), launch(1, 0, 0, &[(1, 0), (2, 0)])]);
-    p.arrive(us(1), Arrival { id: 3, deadline: Some(us(20)), priority: 0, cells: Some(chain(1)) });
+    p.arrive(us(1), Arrival { model: 0, id: 3, deadline: Some(us(20)), priority: 0, cells: Some(chain(1)) });
     assert_eq!(p.next_wakeup(), Some(us(20)));
     p.tick(us(20));
     assert_eq!(drain(&mut p), vec![done(3, Code::DeadlineExceeded)]);
-    p.task_done(us(60), 1);
+    p.task_done(us(60), &TaskReport::of(1));
     assert_eq!(drain(&mut p), vec![done(1, Code::DeadlineExceeded), done(2, Code::Ok)]);
     assert_eq!(p.next_wakeup(), None);
 }
@@ -292,13 +286,13 @@ fn an_early_end_drops_the_rest_of_the_decoder() {
         let mut p = CellularPolicy::new(cfg(&[("encoder", 8, 0), ("decoder", 8, 1)], 1, 2)).unwrap();
         arrive(&mut p, us(0), 1, seq2seq(1, dec));
         assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
-        p.task_done(us(1), 0);
+        p.task_done(us(1), &TaskReport::of(0));
         assert_eq!(drain(&mut p), vec![launch(1, 0, 1, &[(1, 1)]), launch(2, 0, 1, &[(1, 2)])]);
         // Decoder step 1 emitted eos.
         p.end_early(us(2), 1);
-        p.task_done(us(2), 1);
+        p.task_done(us(2), &TaskReport::of(1));
         assert_eq!(drain(&mut p), vec![], "step 2 is still running; step 3 is never launched");
-        p.task_done(us(3), 2);
+        p.task_done(us(3), &TaskReport::of(2));
         assert_eq!(drain(&mut p), vec![done(1, Code::Ok)]);
     }
 }
@@ -309,8 +303,8 @@ fn request_priority_orders_newcomers() {
     arrive(&mut p, us(0), 1, chain(1));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
     arrive(&mut p, us(1), 2, chain(1));
-    p.arrive(us(1), Arrival { id: 3, deadline: None, priority: 7, cells: Some(chain(1)) });
-    p.task_done(us(2), 0);
+    p.arrive(us(1), Arrival { model: 0, id: 3, deadline: None, priority: 7, cells: Some(chain(1)) });
+    p.task_done(us(2), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![done(1, Code::Ok), launch(1, 0, 0, &[(3, 0)])]);
 }
 
@@ -327,137 +321,6 @@ fn bad_configurations_are_refused() {
     assert!(CellularPolicy::new(c).is_err(), "Bsizes must ascend");
 }
 
-/// Random graphs, arrivals, cancels, deadlines and early ends on 3 workers, with tasks finishing
-/// in stream order per worker. Checks: every request completes exactly once; a node runs only
-/// after its predecessors have finished or were submitted earlier on the same worker; no node
-/// runs twice; no worker exceeds MaxTasksToSubmit; the counters return to zero.
-#[test]
-fn random_runs_complete_every_request_once_and_respect_dependencies() {
-    let rounds = if cfg!(miri) { 1 } else { 20 };
-    for seed in 0..rounds {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let workers = 3;
-        let mut c = cfg(&[("a", 4, 0), ("b", 3, 1)], workers, 1 + seed as usize % 4);
-        c.cell_types[1].bsizes = vec![1, 3];
-        let max_tasks = c.max_tasks_to_submit;
-        let mut p = CellularPolicy::new(c).unwrap();
-        let n_req = if cfg!(miri) { 12 } else { 150 };
-        let mut graphs: HashMap<RequestId, Arc<CellGraph>> = HashMap::new();
-        let mut completed: HashMap<RequestId, Code> = HashMap::new();
-        // Per worker FIFO of (task, rows); per request the nodes finished / submitted where.
-        let mut streams: Vec<Stream> = vec![Default::default(); workers];
-        let mut finished: HashSet<(RequestId, u32)> = HashSet::new();
-        let mut submitted: HashMap<(RequestId, u32), WorkerId> = HashMap::new();
-        let mut decoders: HashSet<RequestId> = HashSet::new();
-        let mut now = 0u64;
-        let mut next_id = 0;
-        let check = |d: Decision,
-                     streams: &mut Vec<Stream>,
-                     completed: &mut HashMap<RequestId, Code>,
-                     submitted: &mut HashMap<(RequestId, u32), WorkerId>,
-                     finished: &HashSet<(RequestId, u32)>,
-                     graphs: &HashMap<RequestId, Arc<CellGraph>>| match d {
-            Decision::Launch(l) => {
-                assert!(l.batch >= l.requests.len() && !l.requests.is_empty());
-                for (&id, &node) in l.requests.iter().zip(&l.nodes) {
-                    assert!(!completed.contains_key(&id), "launch of completed request {id}");
-                    let g = &graphs[&id];
-                    assert_eq!(g.cell_type(node as usize), l.cell);
-                    for pr in g.preds(node as usize) {
-                        let ok = finished.contains(&(id, pr)) || submitted.get(&(id, pr)) == Some(&l.worker);
-                        assert!(ok, "request {id} node {node} launched before predecessor {pr}");
-                    }
-                    assert!(submitted.insert((id, node), l.worker).is_none(), "node launched twice");
-                }
-                streams[l.worker].push_back((l.task, l.requests.into_iter().zip(l.nodes).collect()));
-                assert!(streams[l.worker].len() <= max_tasks);
-            }
-            Decision::Complete { id, code } => {
-                assert!(completed.insert(id, code).is_none(), "request {id} completed twice");
-            }
-        };
-        loop {
-            now += rng.random_range(1..20);
-            let t = us(now);
-            let action = rng.random_range(0..10);
-            if action < 3 && next_id < n_req {
-                let id = next_id;
-                next_id += 1;
-                let g = match rng.random_range(0..3) {
-                    0 => chain(rng.random_range(1..8)),
-                    1 => {
-                        decoders.insert(id);
-                        seq2seq(rng.random_range(1..5), rng.random_range(1..6))
-                    }
-                    _ => {
-                        let n = rng.random_range(1..12);
-                        let parents: Vec<i32> =
-                            (0..n).map(|i| if i == 0 { -1 } else { rng.random_range(0..i) }).collect();
-                        tree(&parents)
-                    }
-                };
-                graphs.insert(id, g.clone());
-                let deadline = (rng.random_range(0..10) == 0).then(|| us(now + rng.random_range(1..300)));
-                let priority = rng.random_range(0..2);
-                p.arrive(t, Arrival { id, deadline, priority, cells: Some(g) });
-            } else if action < 4 && next_id > 0 {
-                p.cancel(t, rng.random_range(0..next_id));
-            } else if action < 5 {
-                p.tick(t);
-            } else {
-                let busy: Vec<usize> = (0..workers).filter(|&w| !streams[w].is_empty()).collect();
-                if busy.is_empty() {
-                    if next_id >= n_req {
-                        p.tick(us(now + 1_000_000));
-                        for d in drain(&mut p) {
-                            check(d, &mut streams, &mut completed, &mut submitted, &finished, &graphs);
-                        }
-                        if streams.iter().all(|s| s.is_empty()) {
-                            break;
-                        }
-                    }
-                    continue;
-                }
-                let w = busy[rng.random_range(0..busy.len())];
-                let (task, rows) = streams[w].pop_front().unwrap();
-                // A decoder occasionally "emits eos" in the task that finishes now.
-                for &(id, node) in &rows {
-                    finished.insert((id, node));
-                    let g = &graphs[&id];
-                    if decoders.contains(&id)
-                        && g.cell_type(node as usize) == 1
-                        && rng.random_range(0..4) == 0
-                    {
-                        p.end_early(t, id);
-                    }
-                }
-                p.task_done(t, task);
-            }
-            for d in drain(&mut p) {
-                check(d, &mut streams, &mut completed, &mut submitted, &finished, &graphs);
-            }
-        }
-        assert_eq!(completed.len(), n_req as usize, "seed {seed}: every request completes");
-        assert_eq!((p.queued(), p.running()), (0, 0), "seed {seed}");
-        assert!(p.streams.iter().all(VecDeque::is_empty) && p.by_id.is_empty());
-        for t in &p.types {
-            assert_eq!((t.ready_unpinned, t.lapsed_ready), (0, 0));
-            assert!(t.ready_pinned.iter().all(|&n| n == 0));
-            assert!(t.blocks.iter().all(|b| b.size() == 0 && !b.live));
-        }
-        // Requests completed Ok ran every node (or, for an early end, every node up to it).
-        for (&id, &code) in &completed {
-            if code == Code::Ok && !decoders.contains(&id) {
-                let g = &graphs[&id];
-                assert!(
-                    (0..g.len() as u32).all(|v| finished.contains(&(id, v))),
-                    "request {id} skipped a node"
-                );
-            }
-        }
-    }
-}
-
 #[test]
 fn chains_unpinned_together_go_before_newcomers() {
     // MaxTasksToSubmit 1: every task's chains are unpinned when it finishes, and taken again
@@ -468,14 +331,14 @@ fn chains_unpinned_together_go_before_newcomers() {
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
     arrive(&mut p, us(0), 2, chain(3));
     arrive(&mut p, us(0), 3, chain(3));
-    p.task_done(us(1), 0);
+    p.task_done(us(1), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(1, 1), (2, 0), (3, 0)])]);
     arrive(&mut p, us(2), 4, chain(1));
-    p.task_done(us(3), 1);
+    p.task_done(us(3), &TaskReport::of(1));
     assert_eq!(drain(&mut p), vec![launch(2, 0, 0, &[(1, 2), (2, 1), (3, 1), (4, 0)])]);
-    p.task_done(us(4), 2);
+    p.task_done(us(4), &TaskReport::of(2));
     assert_eq!(drain(&mut p), vec![done(1, Code::Ok), done(4, Code::Ok), launch(3, 0, 0, &[(3, 2), (2, 2)])]);
-    p.task_done(us(5), 3);
+    p.task_done(us(5), &TaskReport::of(3));
     assert_eq!(drain(&mut p), vec![done(3, Code::Ok), done(2, Code::Ok)]);
 }
 
@@ -485,21 +348,21 @@ fn unpinned_chains_of_mixed_priority_are_taken_by_priority() {
     arrive(&mut p, us(0), 1, chain(3));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)])]);
     arrive(&mut p, us(0), 2, chain(3));
-    p.arrive(us(1), Arrival { id: 3, deadline: None, priority: 5, cells: Some(chain(2)) });
-    p.task_done(us(2), 0);
+    p.arrive(us(1), Arrival { model: 0, id: 3, deadline: None, priority: 5, cells: Some(chain(2)) });
+    p.task_done(us(2), &TaskReport::of(0));
     // Request 1 is unpinned; request 3 outranks it, request 1 outranks request 2 (queued later).
     assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(3, 0), (1, 1)])]);
     arrive(&mut p, us(3), 4, chain(1));
-    p.task_done(us(4), 1);
+    p.task_done(us(4), &TaskReport::of(1));
     // Unpinned now: 3 (priority 5) and 1, ahead of 2 and 4.
     assert_eq!(drain(&mut p), vec![launch(2, 0, 0, &[(3, 1), (1, 2)])]);
-    p.task_done(us(5), 2);
+    p.task_done(us(5), &TaskReport::of(2));
     assert_eq!(drain(&mut p), vec![done(3, Code::Ok), done(1, Code::Ok), launch(3, 0, 0, &[(2, 0), (4, 0)])]);
-    p.task_done(us(6), 3);
+    p.task_done(us(6), &TaskReport::of(3));
     assert_eq!(drain(&mut p), vec![done(4, Code::Ok), launch(4, 0, 0, &[(2, 1)])]);
-    p.task_done(us(7), 4);
+    p.task_done(us(7), &TaskReport::of(4));
     assert_eq!(drain(&mut p), vec![launch(5, 0, 0, &[(2, 2)])]);
-    p.task_done(us(8), 5);
+    p.task_done(us(8), &TaskReport::of(5));
     assert_eq!(drain(&mut p), vec![done(2, Code::Ok)]);
     assert_eq!((p.queued(), p.running()), (0, 0));
 }
@@ -510,17 +373,17 @@ fn an_idle_worker_takes_chains_unpinned_on_another() {
     arrive(&mut p, us(0), 1, chain(1));
     arrive(&mut p, us(0), 2, chain(3));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)]), launch(1, 1, 0, &[(2, 0)])]);
-    p.task_done(us(1), 0);
+    p.task_done(us(1), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![done(1, Code::Ok)], "request 2 is pinned to worker 1");
-    p.task_done(us(2), 1);
+    p.task_done(us(2), &TaskReport::of(1));
     // Unpinned, request 2 goes to the least-loaded worker: both idle, the lower index.
     assert_eq!(drain(&mut p), vec![launch(2, 0, 0, &[(2, 1)])]);
     arrive(&mut p, us(3), 3, chain(1));
     assert_eq!(drain(&mut p), vec![launch(3, 1, 0, &[(3, 0)])], "request 2 is pinned to worker 0 now");
-    p.task_done(us(4), 2);
+    p.task_done(us(4), &TaskReport::of(2));
     assert_eq!(drain(&mut p), vec![launch(4, 0, 0, &[(2, 2)])]);
-    p.task_done(us(5), 3);
-    p.task_done(us(6), 4);
+    p.task_done(us(5), &TaskReport::of(3));
+    p.task_done(us(6), &TaskReport::of(4));
     assert_eq!(drain(&mut p), vec![done(3, Code::Ok), done(2, Code::Ok)]);
 }
 
@@ -532,15 +395,15 @@ fn a_chain_cancelled_while_unpinned_completes_at_once_though_its_worker_is_busy(
     arrive(&mut p, us(0), 2, seq2seq(1, 2));
     arrive(&mut p, us(0), 1, seq2seq(3, 1));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(2, 0)]), launch(1, 0, 0, &[(1, 0)])]);
-    p.task_done(us(1), 0);
+    p.task_done(us(1), &TaskReport::of(0));
     // Both types can fill a batch: the decoder, by priority.
     assert_eq!(drain(&mut p), vec![launch(2, 0, 1, &[(2, 1)])]);
-    p.task_done(us(2), 1);
+    p.task_done(us(2), &TaskReport::of(1));
     assert_eq!(drain(&mut p), vec![launch(3, 0, 1, &[(2, 2)])]);
     p.cancel(us(3), 1);
     assert_eq!(drain(&mut p), vec![done(1, Code::Cancelled)], "nothing of request 1 runs");
-    p.task_done(us(4), 2);
-    p.task_done(us(5), 3);
+    p.task_done(us(4), &TaskReport::of(2));
+    p.task_done(us(5), &TaskReport::of(3));
     assert_eq!(drain(&mut p), vec![done(2, Code::Ok)]);
     assert_eq!((p.queued(), p.running()), (0, 0));
 }
@@ -553,15 +416,15 @@ fn tree_inner_subgraphs_queue_in_the_order_they_become_schedulable() {
     arrive(&mut p, us(0), 2, tree(&[-1, 0, 0]));
     arrive(&mut p, us(0), 3, tree(&[-1, 0, 0, 0, 0, 0, 0]));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 1), (1, 2)])]);
-    p.task_done(us(1), 0); // 1's inner subgraph is schedulable
+    p.task_done(us(1), &TaskReport::of(0)); // 1's inner subgraph is schedulable
     assert_eq!(drain(&mut p), vec![launch(1, 0, 0, &[(2, 1), (2, 2)])]);
-    p.task_done(us(2), 1); // then 2's
+    p.task_done(us(2), &TaskReport::of(1)); // then 2's
     assert_eq!(drain(&mut p), vec![launch(2, 0, 0, &[(3, 1), (3, 2)])]);
-    p.task_done(us(3), 2);
+    p.task_done(us(3), &TaskReport::of(2));
     assert_eq!(drain(&mut p), vec![launch(3, 0, 0, &[(3, 3), (3, 4)])]);
-    p.task_done(us(4), 3);
+    p.task_done(us(4), &TaskReport::of(3));
     assert_eq!(drain(&mut p), vec![launch(4, 0, 0, &[(3, 5), (3, 6)])]);
-    p.task_done(us(5), 4);
+    p.task_done(us(5), &TaskReport::of(4));
     // Three roots ready, room for one: the first to become ready.
     assert_eq!(drain(&mut p), vec![launch(5, 0, 1, &[(1, 0)])]);
 }
@@ -573,15 +436,15 @@ fn an_unpinned_tree_inner_subgraph_goes_before_those_queued_since() {
     arrive(&mut p, us(0), 1, tree(&[-1, 0, 1, 1]));
     arrive(&mut p, us(0), 2, tree(&[-1, 0, 0]));
     assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 2), (1, 3)]), launch(1, 1, 0, &[(2, 1), (2, 2)])]);
-    p.task_done(us(1), 0);
+    p.task_done(us(1), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![launch(2, 0, 1, &[(1, 1)])], "1's node 0 is now pinned to worker 0");
     arrive(&mut p, us(2), 3, tree(&[-1, 0, 0, 0, 0, 0, 0]));
-    p.task_done(us(3), 1); // 2's root is queued; worker 1 prefers a full leaf task
+    p.task_done(us(3), &TaskReport::of(1)); // 2's root is queued; worker 1 prefers a full leaf task
     assert_eq!(drain(&mut p), vec![launch(3, 1, 0, &[(3, 1), (3, 2)])]);
-    p.task_done(us(4), 2); // 1 is unpinned: it was ready before 2's root
+    p.task_done(us(4), &TaskReport::of(2)); // 1 is unpinned: it was ready before 2's root
     assert_eq!(drain(&mut p), vec![launch(4, 0, 0, &[(3, 3), (3, 4)])]);
-    p.task_done(us(5), 3);
+    p.task_done(us(5), &TaskReport::of(3));
     assert_eq!(drain(&mut p), vec![launch(5, 1, 0, &[(3, 5), (3, 6)])]);
-    p.task_done(us(6), 4);
+    p.task_done(us(6), &TaskReport::of(4));
     assert_eq!(drain(&mut p), vec![launch(6, 0, 1, &[(1, 0)])]);
 }

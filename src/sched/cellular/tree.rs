@@ -256,7 +256,7 @@ mod tests {
     #[test]
     fn leaves_go_as_runs_and_the_inner_subgraph_level_by_level() {
         // Root 0 over 1 and 2 (internal), each over two leaves: levels {1, 2}, then {0}.
-        let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 2, 2]).unwrap());
+        let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0, 1, 1, 2, 2], 0, 1).unwrap());
         let mut t = Tree::new(7, 0, g, vec![99; 3]);
         assert_eq!((t.leaves_ready(), t.inner_ready(), t.inner), (4, 0, Inner::Waiting));
         let (mut requests, mut nodes) = (Vec::new(), Vec::new());
@@ -276,7 +276,7 @@ mod tests {
     fn part_of_a_level_switches_to_node_by_node_readiness() {
         // Inner levels {1, 2, 3}, then {4 (over 1, 2), 5 (over 3)}, then {0}; leaves 6..=11.
         let parents = [-1, 4, 4, 5, 0, 0, 1, 1, 2, 2, 3, 3];
-        let g = Arc::new(CellGraph::tree_of_parents(&parents).unwrap());
+        let g = Arc::new(CellGraph::tree_of_parents(&parents, 0, 1).unwrap());
         let mut t = Tree::new(1, 0, g, Vec::new());
         t.take_leaves(6, &mut Vec::new(), &mut Vec::new());
         t.open_inner();
@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn dropping_drops_every_ready_node() {
-        let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0]).unwrap());
+        let g = Arc::new(CellGraph::tree_of_parents(&[-1, 0, 0], 0, 1).unwrap());
         let mut t = Tree::new(1, 0, g, Vec::new());
         t.take_leaves(1, &mut Vec::new(), &mut Vec::new());
         assert_eq!(t.drop_ready(), (1, 0));
