@@ -382,7 +382,9 @@ serve_error *serve_runtime_shutdown(const serve_runtime *runtime, uint64_t drain
 // `SERVE_CODE_CANCELLED` promptly; a running one at its next boundary (the next cell step for
 // sequence models; the end of its batched task for fixed-shape models such as `mlp`, whose task is
 // one forward pass); one that has already completed is unaffected (its completion stands). Fails with
-// `SERVE_CODE_INVALID_ARGUMENT` only for an id this runtime never issued.
+// `SERVE_CODE_INVALID_ARGUMENT` for an id this runtime never issued, and with `SERVE_CODE_BUSY` while
+// 65,536 cancels are already waiting for the engine (the engine's queue stays bounded however fast a
+// caller cancels; retry later).
 serve_error *serve_runtime_cancel(const serve_runtime *runtime,
                                   uint64_t request_id);
 

@@ -170,7 +170,9 @@ pub extern "C" fn serve_runtime_shutdown(
 /// `SERVE_CODE_CANCELLED` promptly; a running one at its next boundary (the next cell step for
 /// sequence models; the end of its batched task for fixed-shape models such as `mlp`, whose task is
 /// one forward pass); one that has already completed is unaffected (its completion stands). Fails with
-/// `SERVE_CODE_INVALID_ARGUMENT` only for an id this runtime never issued.
+/// `SERVE_CODE_INVALID_ARGUMENT` for an id this runtime never issued, and with `SERVE_CODE_BUSY` while
+/// 65,536 cancels are already waiting for the engine (the engine's queue stays bounded however fast a
+/// caller cancels; retry later).
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_runtime_cancel(runtime: *const serve_runtime, request_id: u64) -> *mut serve_error {
     ffi_boundary! {

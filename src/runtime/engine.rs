@@ -61,6 +61,38 @@ pub(crate) struct EngineModel {
     pub admission: Arc<Admission>,
 }
 
+/// The most cancels and flushes callers may have in the event channel at once.
+///
+/// Every other event's count is bounded by construction — arrivals by the models' admission
+/// bounds, task reports by the tasks in flight (the policies' lookahead × workers), model adds
+/// and removes by the model slots — but a caller may cancel or flush in a loop faster than the
+/// engine drains them. Each such message takes a place of this budget when sent and gives it
+/// back when handled, so the channel's depth is bounded (DESIGN principle 4) while cancels keep
+/// their order with the arrivals before them (a mailbox of pending cancels would lose a cancel
+/// that overtook its own arrival).
+pub(crate) const MAX_PENDING_CONTROL: usize = 1 << 16;
+
+/// Places for cancel and flush messages in the event channel ([`MAX_PENDING_CONTROL`]).
+#[derive(Debug, Default)]
+pub(crate) struct ControlBudget(std::sync::atomic::AtomicUsize);
+
+impl ControlBudget {
+    /// Take a place for one message; `false` when every place is taken.
+    pub(crate) fn take(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        if self.0.fetch_add(1, AcqRel) >= MAX_PENDING_CONTROL {
+            self.0.fetch_sub(1, AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// A message was handled (or never sent): its place is free.
+    pub(crate) fn give_back(&self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 pub(crate) enum Event {
     AddModel(usize, Box<EngineModel>),
     /// The model's last handle was dropped: release it once its requests have completed.
@@ -163,6 +195,8 @@ pub(crate) struct Engine {
     reaper: Sender<Box<dyn Send>>,
     /// The current event's instant, once read (see [`instant`](Self::instant)).
     clock: Option<Instant>,
+    /// Given back as each cancel and flush is handled.
+    control: Arc<ControlBudget>,
 }
 
 impl Engine {
@@ -173,6 +207,7 @@ impl Engine {
         stats: Arc<Stats>,
         indices: Arc<Mutex<ModelIndices>>,
         reaper: Sender<Box<dyn Send>>,
+        control: Arc<ControlBudget>,
     ) -> Engine {
         Engine {
             epoch,
@@ -186,6 +221,7 @@ impl Engine {
             drain_until: None,
             reaper,
             clock: None,
+            control,
         }
     }
 
@@ -327,6 +363,7 @@ impl Engine {
                 }
             }
             Event::Cancel(id) => {
+                self.control.give_back();
                 let now = self.now();
                 self.core.cancel(now, id);
             }
@@ -334,6 +371,7 @@ impl Engine {
             Event::WorkerStalled { model, worker } => self.set_stalled(model, worker, true),
             Event::WorkerRecovered { model, worker } => self.set_stalled(model, worker, false),
             Event::Flush(model) => {
+                self.control.give_back();
                 let now = self.now();
                 self.core.flush(now, model);
             }
@@ -585,5 +623,21 @@ impl Drop for Engine {
     /// complete `Cancelled` as their replies drop with the core.
     fn drop(&mut self) {
         flush(&mut self.outbox);
+    }
+}
+
+#[cfg(test)]
+mod control_tests {
+    use super::*;
+
+    #[test]
+    fn the_control_budget_refuses_past_its_bound_and_frees_places_as_they_are_handled() {
+        let b = ControlBudget::default();
+        assert!((0..MAX_PENDING_CONTROL).all(|_| b.take()));
+        assert!(!b.take(), "every place is taken");
+        assert!(!b.take(), "a refused take holds no place");
+        b.give_back();
+        assert!(b.take());
+        assert!(!b.take());
     }
 }

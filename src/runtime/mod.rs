@@ -35,7 +35,7 @@ use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy, DEF
 use crate::sched::{Policy, RequestId};
 
 use admission::Admission;
-use engine::{Engine, EngineModel, Event, ModelIndices, Pending};
+use engine::{ControlBudget, Engine, EngineModel, Event, MAX_PENDING_CONTROL, ModelIndices, Pending};
 pub use metrics::METRICS;
 use metrics::{Metrics, ModelMetrics};
 pub use queue::{Completion, CompletionQueue};
@@ -338,6 +338,8 @@ struct Shared {
     /// The engine's model slots in use and free (a released model's index is reused).
     model_indices: Arc<Mutex<ModelIndices>>,
     poller_thread: std::thread::Thread,
+    /// Bounds the cancels and flushes in the event channel (engine.rs, `MAX_PENDING_CONTROL`).
+    control: Arc<ControlBudget>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -382,6 +384,7 @@ impl Runtime {
         // Freed models are dropped here, off the engine thread: a runner's drop may wait (a CUDA
         // context synchronises), and the engine must not stall other models meanwhile.
         let (reap_tx, reap_rx) = mpsc::channel::<Box<dyn Send>>();
+        let control = Arc::new(ControlBudget::default());
         let reaper = std::thread::Builder::new()
             .name("serve-reaper".into())
             .spawn(move || reap_rx.into_iter().for_each(drop))
@@ -393,6 +396,7 @@ impl Runtime {
             stats.clone(),
             model_indices.clone(),
             reap_tx,
+            control.clone(),
         );
         let engine_thread = std::thread::Builder::new()
             .name("serve-engine".into())
@@ -409,6 +413,7 @@ impl Runtime {
             default_bound,
             model_indices,
             poller_thread: poller.thread().clone(),
+            control,
             threads: Mutex::new(vec![engine_thread, poller, reaper]),
         });
         Ok(Runtime { shared })
@@ -496,12 +501,22 @@ impl Runtime {
 
     /// Ask for request `id` to be cancelled. A queued request completes `Cancelled` at once, a
     /// running one at its next cell / layer-block boundary; a request already completed is left as
-    /// it is. Fails only for an id this runtime never issued.
+    /// it is. Fails for an id this runtime never issued, and with `Busy` while callers have
+    /// 65,536 cancels and flushes waiting for the engine (a loop of cancels cannot grow the
+    /// engine's queue without bound; retry once some are handled).
     pub fn cancel(&self, id: RequestId) -> Result<()> {
         if id >= self.shared.next_id.load(Ordering::Acquire) {
             return Err(Error::invalid(format!("unknown request id {id}")));
         }
-        let _ = self.shared.events.send(Event::Cancel(id));
+        if !self.shared.control.take() {
+            return Err(Error::new(
+                Code::Busy,
+                format!("{MAX_PENDING_CONTROL} cancels and flushes are already waiting for the engine"),
+            ));
+        }
+        if self.shared.events.send(Event::Cancel(id)).is_err() {
+            self.shared.control.give_back();
+        }
         Ok(())
     }
 
@@ -597,9 +612,13 @@ impl Model {
     /// A hint that no more requests are coming soon (the end of an input): the requests already
     /// submitted do not wait for a fuller batch (timeout batching's max wait); later ones batch
     /// as usual. Only the timeout policy holds requests back, so for the others it changes
-    /// nothing.
+    /// nothing. A hint: dropped while callers have 65,536 cancels and flushes waiting for the
+    /// engine.
     pub fn flush(&self) {
-        let _ = self.m.rt.events.send(Event::Flush(self.m.index));
+        let rt = &self.m.rt;
+        if rt.control.take() && rt.events.send(Event::Flush(self.m.index)).is_err() {
+            rt.control.give_back();
+        }
     }
 
     /// Count a submit refused before it reached the model (e.g. a NULL input pointer in the C ABI).

@@ -71,7 +71,12 @@ pub struct CostFile {
 }
 
 /// The cost files shipped with the crate: `(name, JSON)`.
-const BUILTIN: &[(&str, &str)] = &[("batchmaker-v100", include_str!("../../costs/batchmaker-v100.json"))];
+const BUILTIN: &[(&str, &str)] = &[
+    ("batchmaker-v100", include_str!("../../costs/batchmaker-v100.json")),
+    ("e2bird-titanrtx-resnet50", include_str!("../../costs/e2bird-titanrtx-resnet50.json")),
+    ("e2bird-titanrtx-resnet101", include_str!("../../costs/e2bird-titanrtx-resnet101.json")),
+    ("e2bird-titanrtx-resnet152", include_str!("../../costs/e2bird-titanrtx-resnet152.json")),
+];
 
 impl CostFile {
     /// Names of the shipped cost files.

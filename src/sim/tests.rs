@@ -162,3 +162,34 @@ fn closed_loop_keeps_the_window_in_flight() {
     assert_eq!(most, 10);
     assert!(out.mean_batch() > 2.0, "{}", out.mean_batch());
 }
+
+/// The shipped E²bird tables reproduce Table 1's throughputs: full batches of b back to back on
+/// one worker serve b / t(b) requests per second (Res152 at 32: 341 req/s; at 4: 231).
+#[test]
+fn e2bird_titan_rtx_tables_reproduce_table_1() {
+    let net = Network::Mlp(crate::model::Mlp::random(&[4, 4], 0));
+    for (name, batch, paper_rps) in [
+        ("e2bird-titanrtx-resnet152", 32, 341.0),
+        ("e2bird-titanrtx-resnet152", 4, 231.0),
+        ("e2bird-titanrtx-resnet101", 16, 441.0),
+        ("e2bird-titanrtx-resnet50", 8, 661.0),
+    ] {
+        let c = CostFile::builtin(name).unwrap();
+        let policy = PolicyConfig::Timeout(crate::TimeoutConfig {
+            max_batch: batch,
+            max_wait: Duration::from_secs(1),
+            workers: 1,
+            pad_to_max: false,
+        });
+        let reqs = requests(&net, Lengths::Fixed(1), 50 * batch, 0).unwrap();
+        let spec = SimSpec { trace: false, ..spec(&net, &policy, &c) };
+        let out = simulate(&spec, &reqs, &Load::Closed { window: 4 * batch }).unwrap();
+        assert_eq!(out.mean_batch(), batch as f64, "{name}: full batches only");
+        let r = out.throughput() / paper_rps;
+        assert!(
+            (0.99..=1.01).contains(&r),
+            "{name} b={batch}: {:.1} req/s vs the paper's {paper_rps}",
+            out.throughput()
+        );
+    }
+}
