@@ -47,12 +47,13 @@ fn every_metric_is_exposed_with_its_type() {
         ("serve_queue_depth", "gauge"),
         ("serve_in_flight", "gauge"),
         ("serve_worker_busy_seconds", "counter"),
+        ("serve_worker_compute_seconds", "counter"),
         ("serve_worker_stalls", "counter"),
     ] {
         assert_eq!(e.types.get(name).map(String::as_str), Some(ty), "{name}");
     }
     // The documented list names each family's samples.
-    assert_eq!(serve::runtime::METRICS.len(), 10);
+    assert_eq!(serve::runtime::METRICS.len(), 11);
     for m in serve::runtime::METRICS {
         let family = m.strip_suffix("_total").unwrap_or(m);
         assert!(e.types.contains_key(family), "{m} is listed but not exposed");
@@ -140,6 +141,9 @@ fn requests_are_counted_by_model_and_code_and_timed() {
     let busy = e.get("serve_worker_busy_seconds_total", &[("model", "mlp"), ("worker", "0")]).unwrap();
     assert!(busy > 0.0 && busy < rt.uptime().as_secs_f64(), "busy {busy}");
     assert_eq!(e.get("serve_worker_busy_seconds_total", &[("model", "slow"), ("worker", "0")]), Some(0.0));
+    // Of that, the CPU stream measured the compute: positive, and within the busy time.
+    let compute = e.get("serve_worker_compute_seconds_total", &[("model", "mlp"), ("worker", "0")]).unwrap();
+    assert!(compute > 0.0 && compute <= busy, "compute {compute}, busy {busy}");
 
     // Idle now: nothing queued or in flight.
     for m in ["mlp", "lstm", "slow"] {
@@ -151,6 +155,11 @@ fn requests_are_counted_by_model_and_code_and_timed() {
     let sum = |name: &str| e.matching(name, &[]).iter().map(|(_, v)| v).sum::<f64>();
     assert_eq!(sum("serve_requests_completed_total"), s.completed_total() as f64);
     assert_eq!(sum("serve_requests_rejected_total"), s.rejected as f64);
+    // Every task ran on the CPU backend, which timed it; the sums agree.
+    assert_eq!(s.timed_tasks, s.tasks_launched);
+    let compute = sum("serve_worker_compute_seconds_total");
+    assert!((compute - s.task_compute_ns as f64 * 1e-9).abs() < 1e-6, "{compute} vs {}", s.task_compute_ns);
+    assert!(s.mean_task_compute().is_some_and(|c| c > Duration::ZERO));
 }
 
 #[test]

@@ -464,6 +464,10 @@ impl Engine {
         drop(io);
         if let Some(done) = done {
             state.metrics.worker_busy(done.worker, done.busy);
+            if let Some(c) = report.compute {
+                state.metrics.worker_compute(done.worker, c);
+                self.stats.record_compute(c);
+            }
             // Only tasks that ran measure the time per row: a failed launch took none, and a
             // stalled stream's time says nothing about the next task's.
             if error.is_none() {

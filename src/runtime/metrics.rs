@@ -41,10 +41,13 @@ use crate::error::Code;
 /// | `serve_queue_depth` | gauge | model | requests queued in the policy, not started |
 /// | `serve_in_flight` | gauge | model | requests the engine holds (arrived, not completed) |
 /// | `serve_worker_busy_seconds_total` | counter | model, worker | time a worker's stream had a task in hand |
+/// | `serve_worker_compute_seconds_total` | counter | model, worker | compute time the backend measured of the worker's tasks |
 /// | `serve_worker_stalls_total` | counter | model, worker | times the stall watchdog gave up on the worker's stream |
 ///
 /// A worker counts as busy from a task's launch (or the end of the task before it on the same
-/// stream, whichever is later) until the poller sees the task's completion.
+/// stream, whichever is later) until the poller sees the task's completion; of that, the backend
+/// measured its compute (the CPU stream times each task; the CUDA backend does not yet): busy
+/// minus compute is the engine's hand-off time.
 pub const METRICS: &[&str] = &[
     "serve_requests_completed_total",
     "serve_requests_rejected_total",
@@ -55,6 +58,7 @@ pub const METRICS: &[&str] = &[
     "serve_queue_depth",
     "serve_in_flight",
     "serve_worker_busy_seconds_total",
+    "serve_worker_compute_seconds_total",
     "serve_worker_stalls_total",
 ];
 
@@ -175,6 +179,7 @@ pub(crate) struct Metrics {
     queue_depth: Family<ModelLabel, Gauge>,
     in_flight: Family<ModelLabel, Gauge>,
     busy: Family<WorkerLabels, Seconds>,
+    compute: Family<WorkerLabels, Seconds>,
     stalls: Family<WorkerLabels, Counter>,
     /// Live models per name, and the most workers a model of that name has had (the busy
     /// series to remove with the name).
@@ -194,6 +199,7 @@ impl Metrics {
             queue_depth: Family::default(),
             in_flight: Family::default(),
             busy: Family::default(),
+            compute: Family::default(),
             stalls: Family::default(),
             names: Mutex::new(HashMap::new()),
         };
@@ -223,6 +229,11 @@ impl Metrics {
             m.in_flight.clone(),
         );
         registry.register("worker_busy_seconds", "Time a worker's stream had a task in hand", m.busy.clone());
+        registry.register(
+            "worker_compute_seconds",
+            "Compute time the backend measured of the worker's tasks",
+            m.compute.clone(),
+        );
         registry.register(
             "worker_stalls",
             "Times the stall watchdog gave up on the worker's stream",
@@ -254,6 +265,7 @@ impl Metrics {
             queue_depth: self.queue_depth.get_or_create_owned(&model),
             in_flight: self.in_flight.get_or_create_owned(&model),
             busy: (0..workers).map(|w| self.busy.get_or_create_owned(&worker(w))).collect(),
+            compute: (0..workers).map(|w| self.compute.get_or_create_owned(&worker(w))).collect(),
             stalls: (0..workers).map(|w| self.stalls.get_or_create_owned(&worker(w))).collect(),
             gauges_set: Default::default(),
             name: name.to_string(),
@@ -294,6 +306,7 @@ impl Metrics {
         for w in 0..workers {
             let labels = WorkerLabels { model: name.to_string(), worker: w.to_string() };
             self.busy.remove(&labels);
+            self.compute.remove(&labels);
             self.stalls.remove(&labels);
         }
         // `names` is held to here: a model of this name added meanwhile waits, then creates anew.
@@ -311,6 +324,7 @@ pub(crate) struct ModelMetrics {
     queue_depth: Gauge,
     in_flight: Gauge,
     busy: Vec<Seconds>,
+    compute: Vec<Seconds>,
     stalls: Vec<Counter>,
     /// The gauge values this model last added (queued, in flight).
     gauges_set: [AtomicI64; 2],
@@ -337,6 +351,12 @@ impl ModelMetrics {
 
     pub(crate) fn task_launched(&self, requests: usize) {
         self.batch_size.observe(requests as f64);
+    }
+
+    pub(crate) fn worker_compute(&self, worker: usize, compute: Duration) {
+        if let Some(c) = self.compute.get(worker) {
+            c.inc_by(compute.as_secs_f64());
+        }
     }
 
     pub(crate) fn worker_busy(&self, worker: usize, busy: Duration) {

@@ -13,6 +13,8 @@ pub(crate) struct Stats {
     running: AtomicU64,
     tasks: AtomicU64,
     batched: AtomicU64,
+    compute_ns: AtomicU64,
+    timed_tasks: AtomicU64,
 }
 
 /// A snapshot of a runtime's counters.
@@ -33,6 +35,11 @@ pub struct StatsSnapshot {
     pub tasks_launched: u64,
     /// Requests carried by those tasks (padding rows not counted).
     pub batched_requests: u64,
+    /// Compute time the backends measured of finished tasks (`TaskReport::compute`), in
+    /// nanoseconds, and how many tasks it covers (the CPU backend times every task; the CUDA
+    /// backend none yet).
+    pub task_compute_ns: u64,
+    pub timed_tasks: u64,
 }
 
 impl StatsSnapshot {
@@ -45,6 +52,11 @@ impl StatsSnapshot {
     /// Mean requests per launched task (0 before the first task).
     pub fn mean_batch(&self) -> f64 {
         if self.tasks_launched == 0 { 0.0 } else { self.batched_requests as f64 / self.tasks_launched as f64 }
+    }
+    /// Mean compute time of a timed task, if any was timed.
+    pub fn mean_task_compute(&self) -> Option<std::time::Duration> {
+        (self.timed_tasks > 0)
+            .then(|| std::time::Duration::from_nanos(self.task_compute_ns / self.timed_tasks))
     }
     /// Accepted and not completed yet.
     pub fn in_flight(&self) -> u64 {
@@ -66,6 +78,10 @@ impl Stats {
         self.tasks.fetch_add(1, Relaxed);
         self.batched.fetch_add(requests as u64, Relaxed);
     }
+    pub(crate) fn record_compute(&self, compute: std::time::Duration) {
+        self.compute_ns.fetch_add(u64::try_from(compute.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        self.timed_tasks.fetch_add(1, Relaxed);
+    }
     pub(crate) fn set_gauges(&self, queued: usize, running: usize) {
         self.queued.store(queued as u64, Relaxed);
         self.running.store(running as u64, Relaxed);
@@ -79,6 +95,8 @@ impl Stats {
             running: self.running.load(Relaxed),
             tasks_launched: self.tasks.load(Relaxed),
             batched_requests: self.batched.load(Relaxed),
+            task_compute_ns: self.compute_ns.load(Relaxed),
+            timed_tasks: self.timed_tasks.load(Relaxed),
         }
     }
 }

@@ -11,14 +11,17 @@
 //! {"name": "batchmaker-v100", "source": "where the numbers come from", "backend": "v100",
 //!  "model": {"kind": "lstm", "hidden": 1024},
 //!  "cells": [{"cell": "step", "points": [[64, 185.0], [512, 784.0]]}],
-//!  "launch_us": 0.0, "report_us": 0.0}
+//!  "launch_us": 0.0, "report_us": 0.0, "arrival_us": 0.0, "delivery_us": 0.0}
 //! ```
 //! `points` are `[rows, microseconds]`, rows ascending; a cell's name is the model's cell type
 //! name (`step` for lstm, `encoder`/`decoder` for seq2seq, `leaf`/`internal` for treelstm,
 //! `dense` for a fixed-shape model). `launch_us` is the time from a launch decision to the
 //! worker's stream taking the task up (the engine gathering the batch and handing it over),
 //! `report_us` from the stream finishing a task to the engine learning of it (the completion
-//! counter seen by the poller, its event handled by the engine).
+//! counter seen by the poller, its event handled by the engine). Once per request, not per task:
+//! `arrival_us` from the caller's submit to the engine handling the arrival (the channel, the
+//! engine waking), `delivery_us` from the engine completing a request to the caller holding the
+//! completion (the queue, the caller waking).
 
 use std::path::Path;
 use std::time::Duration;
@@ -36,6 +39,14 @@ pub trait CostModel {
     fn launch_delay(&self) -> Duration;
     /// From a task's end on its worker to the engine's `task_done`.
     fn report_delay(&self) -> Duration;
+    /// From a caller's submit to the engine handling the arrival.
+    fn arrival_delay(&self) -> Duration {
+        Duration::ZERO
+    }
+    /// From the engine completing a request to the caller holding its completion.
+    fn delivery_delay(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// Most points one cell type may have, and most cell types in a file (files come from outside).
@@ -68,6 +79,10 @@ pub struct CostFile {
     pub launch_us: f64,
     #[serde(default)]
     pub report_us: f64,
+    #[serde(default)]
+    pub arrival_us: f64,
+    #[serde(default)]
+    pub delivery_us: f64,
 }
 
 /// The cost files shipped with the crate: `(name, JSON)`.
@@ -120,7 +135,13 @@ impl CostFile {
         if self.cells.is_empty() || self.cells.len() > MAX_CELLS {
             return bad(format!("{} cell types; 1 to {MAX_CELLS} expected", self.cells.len()));
         }
-        for (k, v) in [("launch_us", self.launch_us), ("report_us", self.report_us)] {
+        let delays = [
+            ("launch_us", self.launch_us),
+            ("report_us", self.report_us),
+            ("arrival_us", self.arrival_us),
+            ("delivery_us", self.delivery_us),
+        ];
+        for (k, v) in delays {
             if !v.is_finite() || v < 0.0 {
                 return bad(format!("`{k}` is {v}; a finite time ≥ 0 expected"));
             }
@@ -183,6 +204,12 @@ impl CostModel for CostFile {
     }
     fn report_delay(&self) -> Duration {
         micros(self.report_us)
+    }
+    fn arrival_delay(&self) -> Duration {
+        micros(self.arrival_us)
+    }
+    fn delivery_delay(&self) -> Duration {
+        micros(self.delivery_us)
     }
 }
 

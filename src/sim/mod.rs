@@ -7,7 +7,10 @@
 //! Each worker is one in-order stream: a task starts when its launch has reached the stream
 //! ([`CostModel::launch_delay`] after the decision) and the stream's previous task has ended,
 //! runs for [`CostModel::task_time`] of its cell type and rows (padding included), and is
-//! reported to the core [`CostModel::report_delay`] after its end. Everything between — which
+//! reported to the core [`CostModel::report_delay`] after its end. A request reaches the core
+//! [`CostModel::arrival_delay`] after its submit, and its caller holds the completion
+//! [`CostModel::delivery_delay`] after the core completes it; latencies run from submit to
+//! delivery, as `serve bench` measures them. Everything between — which
 //! requests wait, which rows form a task, when a request completes — is decided by the same
 //! code as in the runtime, so a simulated run differs from a real one only by the cost model's
 //! error (measured by `serve sim --check`, see the README).
@@ -84,6 +87,8 @@ pub struct SimOutcome {
     pub tasks: u64,
     /// Real rows over all tasks (so `task_rows / tasks` is the mean formed batch).
     pub task_rows: u64,
+    /// The cost model's time of every task, summed (the compute `serve bench` measures).
+    pub task_time: Duration,
     /// First arrival and last completion: the span throughput is measured over.
     pub first_arrival: Time,
     pub last_completion: Time,
@@ -118,6 +123,11 @@ impl SimOutcome {
 
     pub fn mean_batch(&self) -> f64 {
         if self.tasks == 0 { 0.0 } else { self.task_rows as f64 / self.tasks as f64 }
+    }
+
+    /// Mean time of a task, if any ran.
+    pub fn mean_task_time(&self) -> Option<Duration> {
+        (self.tasks > 0).then(|| self.task_time / u32::try_from(self.tasks).unwrap_or(u32::MAX))
     }
 }
 
@@ -189,13 +199,15 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
         out: SimOutcome::default(),
         next_id: 0,
     };
+    // Arrive events are when the core handles an arrival: the submit plus the arrival delay.
+    let (entry, delivery) = (spec.cost.arrival_delay(), spec.cost.delivery_delay());
     match load {
         // Arrivals enter the heap one at a time (each brings the next): the heap holds what is
         // in flight, not the whole schedule.
-        Load::Open(at) => sim.push(Time::ZERO + at[0], Ev::Arrive(0)),
+        Load::Open(at) => sim.push(Time::ZERO + at[0] + entry, Ev::Arrive(0)),
         Load::Closed { window } => {
             for i in 0..(*window).clamp(1, requests.len()) {
-                sim.push(Time::ZERO, Ev::Arrive(i));
+                sim.push(Time::ZERO + entry, Ev::Arrive(i));
             }
         }
     }
@@ -214,7 +226,7 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
                 if let Load::Open(at) = load
                     && let Some(&next) = at.get(i + 1)
                 {
-                    sim.push(Time::ZERO + next, Ev::Arrive(i + 1));
+                    sim.push(Time::ZERO + next + entry, Ev::Arrive(i + 1));
                 }
                 sim.arrive(now, &requests[i])?
             }
@@ -229,11 +241,11 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
             sim.core.tick(now);
         }
         sim.carry_out(now)?;
-        // Closed loop: every completion lets the next request in.
+        // Closed loop: every completion the caller holds lets its next request in.
         let finished = sim.out.completed() + sim.out.error_count() - completed_before;
         for _ in 0..finished {
             if next_closed < requests.len() {
-                sim.push(now, Ev::Arrive(next_closed));
+                sim.push(now + delivery + entry, Ev::Arrive(next_closed));
                 next_closed += 1;
             }
         }
@@ -271,7 +283,11 @@ impl Sim<'_> {
             slots_needed,
             deadline: None,
             priority: 0,
-            data: Live { arrived: now, ends_at: r.ends_at },
+            // Submitted by its caller the arrival delay earlier.
+            data: Live {
+                arrived: Time(now.0.saturating_sub(self.spec.cost.arrival_delay().as_nanos() as u64)),
+                ends_at: r.ends_at,
+            },
         };
         self.core.submit(now, s).map_err(|_| Error::internal("the simulated model is not served"))?;
         // Inputs are where the cost model's task times assume them: ready at once.
@@ -303,18 +319,21 @@ impl Sim<'_> {
                     self.push(report, Ev::Done(task, run));
                     self.out.tasks += 1;
                     self.out.task_rows += rows as u64;
+                    self.out.task_time += run;
                     if self.spec.trace {
                         self.out.trace.push(TraceEvent::Launch { at: now, task, worker, rows, batch });
                     }
                 }
                 CoreOutput::Complete { id, code, data, .. } => {
+                    // The caller holds it once delivered.
+                    let held = now + self.spec.cost.delivery_delay();
                     if code == Code::Ok {
-                        self.out.latencies.push(now.since(data.arrived));
-                        self.out.completed_at.push(now);
+                        self.out.latencies.push(held.since(data.arrived));
+                        self.out.completed_at.push(held);
                     } else {
                         *self.out.errors.entry(code).or_default() += 1;
                     }
-                    self.out.last_completion = now;
+                    self.out.last_completion = held;
                     if self.spec.trace {
                         self.out.trace.push(TraceEvent::Complete { at: now, id, code });
                     }

@@ -42,6 +42,24 @@ fn one_request_takes_its_cells_back_to_back_plus_the_engine_delays() {
     assert_eq!(out.mean_batch(), 1.0);
 }
 
+/// A request pays its arrival and delivery once: the latency runs from submit to the caller
+/// holding the completion, and a closed loop's next request follows that delivery.
+#[test]
+fn arrival_and_delivery_are_paid_once_per_request() {
+    let net = lstm();
+    let c = CostFile::parse(
+        r#"{"name":"t","cells":[{"cell":"step","points":[[1,10.0],[2,12.0]]}],"launch_us":3.0,
+            "report_us":2.0,"arrival_us":40.0,"delivery_us":50.0}"#,
+    )
+    .unwrap();
+    let policy = cellular(8);
+    let reqs = requests(&net, Lengths::Fixed(7), 2, 0).unwrap();
+    let out = simulate(&spec(&net, &policy, &c), &reqs, &Load::Closed { window: 1 }).unwrap();
+    let one = Duration::from_micros(40 + 3 + 7 * 10 + 2 + 50);
+    assert_eq!(out.latencies, vec![one, one]);
+    assert_eq!(out.completed_at, vec![Time::ZERO + one, Time::ZERO + one + one]);
+}
+
 #[test]
 fn the_same_inputs_give_the_identical_decision_trace() {
     let net = lstm();

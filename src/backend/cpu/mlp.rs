@@ -136,7 +136,10 @@ impl Runner for MlpRunner {
                 return;
             };
             let macs = rows * model.flops_per_row / 2;
-            if threads.0 > 1 && macs >= super::gemm::PARALLEL_MIN_MACS {
+            if threads.0 > 1
+                && rows >= super::gemm::PARALLEL_MIN_ROWS
+                && macs >= super::gemm::PARALLEL_MIN_MACS
+            {
                 pool.install(|| forward(&model, input, rows, scratch, &mut io.output, threads));
             } else {
                 forward(&model, input, rows, scratch, &mut io.output, Threads(1));

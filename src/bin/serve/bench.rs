@@ -110,6 +110,9 @@ pub(crate) struct RunResult {
     pub(crate) p90_ms: f64,
     pub(crate) p99_ms: f64,
     pub(crate) mean_batch: f64,
+    /// Mean compute time of a task, as the backend measured it (the simulator: its cost
+    /// model's), when known.
+    pub(crate) mean_task_us: Option<f64>,
     pub(crate) completed: u64,
     pub(crate) errors: u64,
     pub(crate) goodput_rps: Option<f64>,
@@ -137,6 +140,9 @@ impl RunResult {
             "sender_lag_p99_ms": self.sender_lag_p99_ms,
         });
         if let Some(obj) = v.as_object_mut() {
+            if let Some(t) = self.mean_task_us {
+                obj.insert("mean_task_us".into(), json!(t));
+            }
             if let Some(g) = self.goodput_rps {
                 obj.insert("goodput_rps".into(), json!(g));
             }
@@ -707,6 +713,11 @@ pub(crate) fn run_open_loop(
         p90_ms: ms(hist.value_at_quantile(0.90)),
         p99_ms: ms(hist.value_at_quantile(0.99)),
         mean_batch: if tasks == 0 { 0.0 } else { batched as f64 / tasks as f64 },
+        mean_task_us: {
+            let timed = after.timed_tasks.saturating_sub(before.timed_tasks);
+            let ns = after.task_compute_ns.saturating_sub(before.task_compute_ns);
+            (timed > 0).then(|| ns as f64 / timed as f64 / 1e3)
+        },
         completed: ok,
         errors: failed + rejected.len() as u64 + missing,
         goodput_rps: work.qos.map(|_| per_s(good)),

@@ -5,9 +5,12 @@
 //!   launching tasks back to back on a prepared runner (as a backlogged worker runs them) and
 //!   dividing the elapsed time by their number. Rows use distinct state slots; tree internal
 //!   rows read two children each.
-//! * The engine's delays around a task (`launch_us`, `report_us`): single-step requests sent
-//!   one at a time through a real runtime; the mean round trip minus the batch-1 task time is
-//!   what the engine, the stream hand-off and the poller add, split evenly between the two.
+//! * The engine's delays: requests of 1 and of 24 cell steps sent one at a time through a real
+//!   runtime, each step waiting for the one before. With the tasks each ran and the compute the
+//!   stream measured of them (the runtime's stats), the round trips separate the hand-off each
+//!   task pays (`launch_us` + `report_us`, split evenly) from what each request pays once
+//!   (`arrival_us` + `delivery_us`: the submit reaching the engine, the completion reaching the
+//!   caller, split evenly).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +38,15 @@ const TOKEN_STRIDE: usize = 7919;
 const SLOT_STRIDE: usize = 1237;
 /// Round trips timed for the engine delays.
 const ROUND_TRIPS: usize = 400;
+/// Cell steps of the long requests that separate per-task from per-request delays.
+const LONG_STEPS: usize = 24;
+
+/// Requests timed one at a time: the mean round trip, tasks per request, compute per task.
+struct RoundTrip {
+    micros: f64,
+    tasks: f64,
+    compute_us: f64,
+}
 
 pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     let t0 = Instant::now();
@@ -150,42 +162,74 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         cells,
         launch_us: 0.0,
         report_us: 0.0,
+        arrival_us: 0.0,
+        delivery_us: 0.0,
     };
 
-    // Engine delays: one single-step request at a time through a real runtime.
+    // Engine delays: requests one at a time through a real runtime, each cell step waiting for
+    // the one before (MaxTasksToSubmit 1), so every task pays the whole hand-off. A request's
+    // round trip is its arrival and delivery once, plus launch + compute + report per task; the
+    // stats give the tasks each request ran and the compute the stream measured of them, so two
+    // request lengths separate the per-task hand-off from the per-request part.
     let rt = crate::build_runtime(a.rt)?;
-    let one = match &*net {
-        Network::TreeLstm(_) => Input::Tree { tokens: vec![3], parents: vec![-1] },
-        _ => Input::Tokens(vec![3]),
+    let input = |len: usize| match &*net {
+        Network::TreeLstm(_) => {
+            Input::Tree { tokens: vec![3; len], parents: (0..len as i32).map(|i| i - 1).collect() }
+        }
+        _ => Input::Tokens(vec![3; len]),
     };
     let opts = ModelOptions {
-        policy: PolicyConfig::Cellular(CellularOptions { workers: 1, ..CellularOptions::default() }),
+        policy: PolicyConfig::Cellular(CellularOptions {
+            workers: 1,
+            max_tasks_to_submit: 1,
+            ..CellularOptions::default()
+        }),
         ..ModelOptions::default()
     };
     let model = rt.add_network(net.clone(), name.clone(), opts)?;
-    for _ in 0..20 {
-        model.submit(one.clone(), SubmitOptions::default())?.wait()?;
-    }
-    let start = Instant::now();
-    for _ in 0..ROUND_TRIPS {
-        model.submit(one.clone(), SubmitOptions::default())?.wait()?;
-    }
-    let round_trip = start.elapsed().as_secs_f64() * 1e6 / ROUND_TRIPS as f64;
-    // A single-step seq2seq request also runs decoder steps; lstm and a one-node tree run one task.
-    let one_task = file.micros(&file.cells[0].cell, 1).unwrap_or(0.0);
-    let overhead = (round_trip - one_task).max(0.0);
+    let timed = |input: &Input, n: usize| -> CliResult<RoundTrip> {
+        for _ in 0..20 {
+            model.submit(input.clone(), SubmitOptions::default())?.wait()?;
+        }
+        let before = rt.stats();
+        let start = Instant::now();
+        for _ in 0..n {
+            model.submit(input.clone(), SubmitOptions::default())?.wait()?;
+        }
+        let micros = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let after = rt.stats();
+        let tasks = after.tasks_launched.saturating_sub(before.tasks_launched) as f64;
+        let timed = after.timed_tasks.saturating_sub(before.timed_tasks) as f64;
+        let compute = after.task_compute_ns.saturating_sub(before.task_compute_ns) as f64 * 1e-3;
+        Ok(RoundTrip { micros, tasks: tasks / n as f64, compute_us: compute / timed.max(1.0) })
+    };
+    let short = timed(&input(1), ROUND_TRIPS)?;
+    let long = timed(&input(LONG_STEPS), ROUND_TRIPS / 4)?;
+    // r = entry_exit + tasks × (hand-off + compute), for both lengths.
+    let own = |r: &RoundTrip| r.micros - r.tasks * r.compute_us;
+    let hand_off = if long.tasks > short.tasks + 0.5 {
+        ((own(&long) - own(&short)) / (long.tasks - short.tasks)).max(0.0)
+    } else {
+        0.0
+    };
+    let entry_exit = (own(&short) - short.tasks * hand_off).max(0.0);
     println!(
-        "# engine: one-step round trip {round_trip:.1} us, of which the task {one_task:.1} us: delays {overhead:.1} us \
-         (launch_us = report_us = {:.1})",
-        overhead / 2.0
+        "# engine: round trip {:.1} us for {:.1} task(s) of {:.1} us compute, {:.1} us for {:.1} of {:.1} us: \
+         {hand_off:.1} us hand-off per task (launch_us = report_us = {:.1}), {entry_exit:.1} us per request \
+         (arrival_us = delivery_us = {:.1})",
+        short.micros,
+        short.tasks,
+        short.compute_us,
+        long.micros,
+        long.tasks,
+        long.compute_us,
+        hand_off / 2.0,
+        entry_exit / 2.0,
     );
-    if net.kind() == serve::ModelKind::Seq2Seq {
-        println!(
-            "# (seq2seq: the round trip includes the decoder steps of a one-token request; delays are an upper bound)"
-        );
-    }
-    file.launch_us = overhead / 2.0;
-    file.report_us = overhead / 2.0;
+    file.launch_us = hand_off / 2.0;
+    file.report_us = hand_off / 2.0;
+    file.arrival_us = entry_exit / 2.0;
+    file.delivery_us = entry_exit / 2.0;
     file.source = format!("serve profile {source} ({} s)", t0.elapsed().as_secs());
     let text = serde_json::to_string_pretty(&file).map_err(|e| fatal(e.to_string()))?;
     std::fs::write(&a.json, text + "\n")

@@ -65,6 +65,7 @@ fn run_result(label: &str, offered: f64, out: &SimOutcome) -> CliResult<RunResul
         p90_ms: ms(hist.value_at_quantile(0.90)),
         p99_ms: ms(hist.value_at_quantile(0.99)),
         mean_batch: out.mean_batch(),
+        mean_task_us: out.mean_task_time().map(|t| t.as_secs_f64() * 1e6),
         completed: out.completed(),
         errors: out.error_count(),
         goodput_rps: None,
@@ -268,8 +269,15 @@ fn compare(runner: &mut SimRuns<'_>, specs: &[PolicySpec], path: &PathBuf, seed:
         );
     }
     println!(
-        "{:<30} {:>9} {:>17} {:>17} {:>17} {:>17}",
-        "policy", "offered", "throughput r|s", "p50_ms r|s", "p90_ms r|s", "p99_ms r|s"
+        "{:<30} {:>9} {:>17} {:>17} {:>17} {:>17} {:>15} {:>17}",
+        "policy",
+        "offered",
+        "throughput r|s",
+        "p50_ms r|s",
+        "p90_ms r|s",
+        "p99_ms r|s",
+        "batch r|s",
+        "task_us r|s"
     );
     let mut rates: Vec<f64> = Vec::new();
     for (i, r) in bench.get("results").and_then(Value::as_array).into_iter().flatten().enumerate() {
@@ -298,10 +306,19 @@ fn compare(runner: &mut SimRuns<'_>, specs: &[PolicySpec], path: &PathBuf, seed:
         let (p50, p50_ok, q50) = pair("p50_ms", sim.p50_ms);
         let (p90, p90_ok, q90) = pair("p90_ms", sim.p90_ms);
         let (p99, _, _) = pair("p99_ms", sim.p99_ms);
+        // Why the two differ, where they do: the batches formed, and what a task took (the real
+        // runtime's measured compute against the cost model's time for the simulated tasks).
+        let batch = format!("{:>6.1}|{:<6.1}", num(r, "mean_batch").unwrap_or(f64::NAN), sim.mean_batch);
+        let task = format!(
+            "{:>7.1}|{:<7.1}",
+            num(r, "mean_task_us").unwrap_or(f64::NAN),
+            sim.mean_task_us.unwrap_or(f64::NAN)
+        );
         let ok = t_ok && p50_ok && p90_ok;
         misses += usize::from(!ok);
         println!(
-            "{label:<30} {offered:>9.1} {t:>17} {p50:>17} {p90:>17} {p99:>17}  p50 s/r {q50:.2} p90 s/r {q90:.2} {}",
+            "{label:<30} {offered:>9.1} {t:>17} {p50:>17} {p90:>17} {p99:>17} {batch:>15} {task:>17}  p50 s/r {q50:.2} \
+             p90 s/r {q90:.2} {}",
             if ok { "ok" } else { "MISS" }
         );
     }
