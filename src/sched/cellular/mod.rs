@@ -53,99 +53,37 @@
 //! one stream); `task_done` panics otherwise.
 
 mod chain;
+mod chain_queue;
+mod config;
+mod graph_queue;
 #[cfg(test)]
 mod model_check;
 mod request;
 #[cfg(test)]
 mod tests;
 mod tree;
+mod tree_queue;
 
 use std::cmp::Reverse;
 use std::collections::VecDeque;
 
-use crate::error::{Code, Error, Result};
+use crate::error::{Code, Result};
 use crate::sched::book::Book;
-use crate::sched::graph::MAX_CELL_TYPES;
 use crate::sched::{
     Arrival, CellGraph, CellType, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
     WorkerId, WorkerShape,
 };
 
+pub use config::{CellTypeConfig, CellularConfig, DEFAULT_MAX_TASKS_TO_SUBMIT};
+
 use chain::{Block, Chain, ChainState, Lane, Taken, advance};
 use request::{NONE, Req, SgRef, Where};
 use tree::{INNER, Inner, LEAVES, Tree};
-/// One cell type's batching parameters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CellTypeConfig {
-    /// A name for messages ("encoder", "leaf", …).
-    pub name: String,
-    /// The most nodes one task of this type holds (`MaxBatch`).
-    pub max_batch: usize,
-    /// Larger is chosen first when ChooseCellType has a tie (decoder over encoder, internal over
-    /// leaf).
-    pub priority: i32,
-    /// Batch sizes a task may have (`Bsizes`), ascending, ending at `max_batch`; a task is padded
-    /// to the smallest that holds its nodes. Empty = every size from 1 to `max_batch`.
-    pub bsizes: Vec<usize>,
-}
-
-impl CellTypeConfig {
-    pub fn new(name: &str, max_batch: usize, priority: i32) -> CellTypeConfig {
-        CellTypeConfig { name: name.to_string(), max_batch, priority, bsizes: Vec::new() }
-    }
-}
-
 /// Most recycled buffers kept (request arrays, task rows).
 const MAX_SPARE: usize = 256;
 
 /// Empty per-priority queues kept for reuse, per cell type.
 const KEPT_PRIORITY_QUEUES: usize = 8;
-
-/// BatchMaker's default `MaxTasksToSubmit`.
-pub const DEFAULT_MAX_TASKS_TO_SUBMIT: usize = 5;
-
-/// Configuration of a [`CellularPolicy`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CellularConfig {
-    /// Indexed by [`CellType`].
-    pub cell_types: Vec<CellTypeConfig>,
-    pub workers: usize,
-    /// Tasks a worker may have submitted and unfinished (`MaxTasksToSubmit`, ≥ 1).
-    pub max_tasks_to_submit: usize,
-}
-
-impl CellularConfig {
-    pub fn check(&self) -> Result<()> {
-        if self.cell_types.is_empty() || self.cell_types.len() > MAX_CELL_TYPES {
-            return Err(Error::invalid(format!(
-                "a cellular policy needs 1..={MAX_CELL_TYPES} cell types, got {}",
-                self.cell_types.len()
-            )));
-        }
-        if self.workers == 0 {
-            return Err(Error::invalid("a cellular policy needs at least one worker"));
-        }
-        if self.max_tasks_to_submit == 0 {
-            return Err(Error::invalid("MaxTasksToSubmit must be at least 1"));
-        }
-        for t in &self.cell_types {
-            if t.max_batch == 0 {
-                return Err(Error::invalid(format!("cell type `{}`: max batch must be at least 1", t.name)));
-            }
-            if !t.bsizes.is_empty()
-                && (t.bsizes.windows(2).any(|w| w[0] >= w[1])
-                    || t.bsizes[0] == 0
-                    || *t.bsizes.last().unwrap() != t.max_batch)
-            {
-                return Err(Error::invalid(format!(
-                    "cell type `{}`: Bsizes {:?} must ascend strictly from ≥ 1 to the max batch {}",
-                    t.name, t.bsizes, t.max_batch
-                )));
-            }
-        }
-        Ok(())
-    }
-}
 
 /// One request in the policy: one cache line, the unit every scheduling step touches per
 /// request. (Its deadline lives in `CellularPolicy::deadlines` only.)
@@ -358,250 +296,6 @@ impl CellularPolicy {
 
     // ---- graph requests: ready-node bookkeeping --------------------------------------------
 
-    /// Make `node` of graph request `slot` ready: append it to its subgraph's ready list and
-    /// queue the subgraph where it belongs (pinned worker or unpinned) if it is not queued yet.
-    fn push_ready(&mut self, slot: u32, node: u32) {
-        let r = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let (priority, generation) = (r.priority, r.generation);
-        let g = r.graph();
-        let sg = g.nodes[node as usize].sg;
-        g.push_ready(sg, node);
-        let s = &mut g.sgs[sg as usize];
-        let ty = s.ty as usize;
-        let place = if s.pinned == NONE { Where::Unpinned } else { Where::Pinned(s.pinned) };
-        let was = s.queued;
-        s.queued = place;
-        let t = &mut self.types[ty];
-        match place {
-            Where::Pinned(w) => t.ready_pinned[w as usize] += 1,
-            _ => t.ready_unpinned += 1,
-        }
-        if was == Where::Nowhere {
-            let at = SgRef { slot, generation, sg };
-            match place {
-                Where::Pinned(w) => t.pinned[w as usize].push_back(at),
-                _ => push_unpinned(&mut t.unpinned, priority, at, false),
-            }
-        }
-    }
-
-    /// A graph subgraph's ready nodes move from `pinned` to the unpinned queues (its pin counter
-    /// fell to 0). The stale entry in the pinned queue is skipped when met.
-    fn unpin(&mut self, slot: u32, sg: u32) {
-        let r = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let (priority, generation) = (r.priority, r.generation);
-        let s = &mut r.graph().sgs[sg as usize];
-        let w = std::mem::replace(&mut s.pinned, NONE);
-        if w == NONE {
-            return;
-        }
-        if s.queued == Where::Pinned(w) {
-            let n = s.ready_len as usize;
-            s.queued = Where::Unpinned;
-            let t = &mut self.types[s.ty as usize];
-            t.ready_pinned[w as usize] -= n;
-            t.ready_unpinned += n;
-            // It was ready before anything queued since: it goes first among its priority.
-            push_unpinned(&mut t.unpinned, priority, SgRef { slot, generation, sg }, true);
-        }
-    }
-
-    /// Drop every ready node of a graph request (cancel, deadline, early end).
-    fn drop_ready(&mut self, slot: u32) {
-        let g = self.reqs[slot as usize].as_mut().expect("live request slot").graph();
-        for s in g.sgs.iter_mut() {
-            let n = s.ready_len as usize;
-            let t = &mut self.types[s.ty as usize];
-            match s.queued {
-                Where::Pinned(w) => t.ready_pinned[w as usize] -= n,
-                Where::Unpinned => t.ready_unpinned -= n,
-                Where::Nowhere => {}
-            }
-            s.queued = Where::Nowhere;
-            s.ready_head = request::NONE;
-            s.ready_len = 0;
-        }
-    }
-
-    // ---- tree requests ----------------------------------------------------------------------
-
-    /// Drop every ready node of a tree request (cancel, deadline, early end).
-    fn drop_tree(&mut self, slot: u32) {
-        let t = self.trees[slot as usize].as_mut().expect("live tree request");
-        let was = t.inner;
-        let (leaf_type, inner_type) = (t.leaf_type as usize, t.inner_type as usize);
-        let (leaves, inner) = t.drop_ready();
-        self.types[leaf_type].ready_unpinned -= leaves;
-        let q = &mut self.types[inner_type];
-        match was {
-            Inner::Queued => q.ready_unpinned -= inner,
-            Inner::Pinned(w) => q.ready_pinned[w as usize] -= inner,
-            Inner::Waiting | Inner::Drained => debug_assert_eq!(inner, 0),
-        }
-    }
-
-    /// Queue tree request `slot`'s leaves, ready on arrival, as one entry.
-    fn queue_leaves(&mut self, slot: u32) {
-        let t = self.trees[slot as usize].as_ref().expect("live tree request");
-        let (priority, ty, ready) = (t.priority, t.leaf_type as usize, t.leaves_ready());
-        self.queue_unpinned(slot, LEAVES, priority, ty, ready, false);
-    }
-
-    /// Queue tree request `slot`'s inner subgraph, schedulable now, as unpinned (at the back of
-    /// its priority).
-    fn queue_inner(&mut self, slot: u32) {
-        let t = self.trees[slot as usize].as_mut().expect("live tree request");
-        t.inner = Inner::Queued;
-        let (priority, ty, ready) = (t.priority, t.inner_type as usize, t.inner_ready());
-        self.queue_unpinned(slot, INNER, priority, ty, ready, false);
-    }
-
-    // ---- chain requests ---------------------------------------------------------------------
-
-    /// Queue chain request `slot`'s current run as an unpinned subgraph, at the back of its
-    /// priority (it became ready now) or at the front (it was unpinned).
-    fn queue_chain(&mut self, slot: u32, front: bool) {
-        let r = self.req_mut(slot);
-        let priority = r.priority;
-        let c = r.chain();
-        c.state = ChainState::Queued;
-        let (run, ty) = (c.run, c.ty as usize);
-        self.queue_unpinned(slot, run, priority, ty, 1, front);
-    }
-
-    /// The worker's last unfinished task of `ty` finished: its chains' pin counters are all 0.
-    /// They stay together as a lapsed block — unless their priorities differ, in which case they
-    /// join the priority queues one by one.
-    fn lapse(&mut self, ty: usize, worker: WorkerId) {
-        let t = &mut self.types[ty];
-        let b = &mut t.blocks[worker];
-        if !b.live {
-            return;
-        }
-        b.live = false;
-        t.lapsed_ready += b.size();
-        if b.size() == 0 || b.priority.is_none() {
-            self.disperse(ty, worker);
-        }
-    }
-
-    /// The lanes of a lapsed block go to the unpinned queues, in order, each at the front of its
-    /// priority.
-    fn disperse(&mut self, ty: usize, worker: WorkerId) {
-        let b = &mut self.types[ty].blocks[worker];
-        debug_assert!(!b.live);
-        let size = b.size();
-        let lanes = std::mem::take(&mut b.lanes);
-        b.dead = 0;
-        self.types[ty].lapsed_ready -= size;
-        for lane in lanes.iter().rev() {
-            if self.alive[lane.slot as usize] == lane.generation {
-                self.req_mut(lane.slot).chain().cursor = lane.next;
-                self.queue_chain(lane.slot, true);
-            }
-        }
-        recycle(&mut self.spare_lanes, lanes);
-    }
-
-    /// Take lanes of `from`'s lapsed block into the task on `worker`, in order, as room allows.
-    /// Those taken are pinned to `worker` again; the rest stay in the block.
-    fn take_lapsed(&mut self, ty: usize, from: WorkerId, worker: WorkerId, max: usize, f: &mut Forming) {
-        let b = &mut self.types[ty].blocks[from];
-        debug_assert!(!b.live && b.priority.is_some());
-        f.block.note_source(b.priority);
-        let rows = f.out.requests.len();
-        let kept = if from == worker && f.block.lanes.is_empty() {
-            // This worker's own block: advanced in place, it becomes the task's block.
-            std::mem::swap(&mut f.block.lanes, &mut b.lanes);
-            let kept = advance(&mut f.block.lanes, &mut b.dead, &self.alive, max - rows, &mut f.out);
-            // The lanes not reached stay in the block, in the buffer swapped in above.
-            b.lanes.extend(f.block.lanes.drain(kept..));
-            kept
-        } else {
-            let kept = advance(&mut b.lanes, &mut b.dead, &self.alive, max - rows, &mut f.out);
-            let start = f.block.lanes.len();
-            f.block.lanes.extend(b.lanes.drain(..kept));
-            if from != worker {
-                for i in start..f.block.lanes.len() {
-                    let slot = f.block.lanes[i].slot;
-                    self.req_mut(slot).chain().state = ChainState::Resident(worker as u32);
-                }
-            }
-            kept
-        };
-        let taken = f.out.requests.len() - rows;
-        debug_assert!(kept <= taken);
-        self.types[ty].lapsed_ready -= taken;
-    }
-
-    /// Take the queued chain run `at` (one node) into the task on `worker`. True: the queue
-    /// entry is used up (always — a chain has one ready node).
-    fn take_chain(&mut self, at: SgRef, ty: usize, worker: WorkerId, f: &mut Forming) -> bool {
-        let Some(Some(r)) = self.reqs.get_mut(at.slot as usize) else { return true };
-        let (id, priority) = (r.id, r.priority);
-        if r.generation != at.generation || r.doomed.is_some() {
-            return true;
-        }
-        let first = !r.started;
-        let c = r.chain();
-        if c.state != ChainState::Queued || c.run != at.sg {
-            debug_assert!(!first, "a request that never started has one live queue entry");
-            return true; // stale: taken through another entry since, or dropped
-        }
-        let (node, end) = (c.cursor, c.end);
-        f.out.requests.push(id);
-        f.out.nodes.push(node);
-        if node + 1 == end {
-            c.state = ChainState::Releasing;
-            f.out.released.push(at.slot);
-        } else {
-            c.state = ChainState::Resident(worker as u32);
-            f.block.note_source(Some(priority));
-            f.block.lanes.push(Lane { id, slot: at.slot, generation: at.generation, next: node + 1, end });
-        }
-        self.types[ty].ready_unpinned -= 1;
-        // As `start`, without looking the request up again.
-        if first {
-            r.started = true;
-            self.book.start(1);
-        }
-        true
-    }
-
-    /// Drop a chain request's ready node (cancel, deadline, early end). A lane in a live block
-    /// is in that block's last task, so the request is released when that task finishes.
-    fn drop_chain(&mut self, slot: u32) {
-        let c = self.reqs[slot as usize].as_mut().expect("live request slot").chain();
-        let ty = c.ty as usize;
-        match c.state {
-            ChainState::Queued => {
-                c.state = ChainState::Idle;
-                self.types[ty].ready_unpinned -= 1;
-            }
-            ChainState::Resident(w) => {
-                // Its lane stays in the block, dead, until the next pass drops it.
-                let b = &mut self.types[ty].blocks[w as usize];
-                b.dead += 1;
-                if b.live {
-                    c.state = ChainState::Releasing;
-                    let last = b.last_task;
-                    let rec = self.streams[w as usize]
-                        .iter_mut()
-                        .rev()
-                        .find(|t| t.task == last)
-                        .expect("a live block's last task is unfinished");
-                    rec.releases.push(slot);
-                } else {
-                    c.state = ChainState::Idle;
-                    self.types[ty].lapsed_ready -= 1;
-                }
-            }
-            ChainState::Releasing | ChainState::Idle => {}
-        }
-    }
-
-    // ---- Algorithm 1 -----------------------------------------------------------------------
-
     /// Ready nodes of `ty` pinned to `worker`.
     fn pinned_ready(&self, ty: usize, worker: WorkerId) -> usize {
         let t = &self.types[ty];
@@ -797,149 +491,6 @@ impl CellularPolicy {
         });
         let shape = TaskShape::Cells { cell: ty as CellType, nodes: f.out.nodes };
         self.book.launch(task, worker, shape, f.out.requests, batch);
-    }
-
-    /// Move ready nodes of the graph subgraph `at` (found in queue `from`) into the task,
-    /// pinning it to `worker`; their same-subgraph successors that this makes ready go to
-    /// `ready_after`. True when the queue entry is used up (stale, or no ready nodes left).
-    #[allow(clippy::too_many_arguments)]
-    fn take_from(
-        &mut self,
-        at: SgRef,
-        from: Where,
-        ty: usize,
-        worker: WorkerId,
-        stamp: u64,
-        max: usize,
-        f: &mut Forming,
-    ) -> bool {
-        let Some(Some(r)) = self.reqs.get_mut(at.slot as usize) else { return true };
-        let id = r.id;
-        if r.generation != at.generation {
-            return true; // stale entry: the slot was reused
-        }
-        let g = r.graph();
-        if g.sgs[at.sg as usize].queued != from {
-            return true; // stale entry: the subgraph moved or was dropped
-        }
-        let t = &mut self.types[ty];
-        if g.stamp != stamp {
-            g.stamp = stamp;
-            g.inflight += 1;
-        }
-        let s = &mut g.sgs[at.sg as usize];
-        if s.stamp != stamp {
-            s.stamp = stamp;
-            s.outstanding += 1;
-        }
-        s.pinned = worker as u32;
-        while f.out.requests.len() < max {
-            let Some(node) = g.pop_ready(at.sg) else { break };
-            f.rows.push((at.slot, node));
-            f.out.requests.push(id);
-            f.out.nodes.push(node);
-            match from {
-                Where::Pinned(w) => t.ready_pinned[w as usize] -= 1,
-                _ => t.ready_unpinned -= 1,
-            }
-            // Counted now, queued once the task is formed (`form_batched_task`).
-            for k in g.internal_successors(node) {
-                let s = g.edges[k];
-                let succ = &mut g.nodes[s as usize];
-                succ.internal_left -= 1;
-                if succ.internal_left == 0 && g.sgs[at.sg as usize].external_left == 0 {
-                    self.ready_after.push((at.slot, s));
-                }
-            }
-        }
-        let s = &mut g.sgs[at.sg as usize];
-        let used = if s.ready_len == 0 {
-            s.queued = Where::Nowhere;
-            true
-        } else if from == Where::Unpinned {
-            // The task is full but the subgraph has more: it is pinned now, so its remaining
-            // ready nodes wait at the front of this worker's pinned queue.
-            let n = s.ready_len as usize;
-            s.queued = Where::Pinned(worker as u32);
-            t.ready_unpinned -= n;
-            t.ready_pinned[worker] += n;
-            t.pinned[worker].push_front(at);
-            true
-        } else {
-            false
-        };
-        self.start(at.slot);
-        used
-    }
-
-    /// Take from the tree request of entry `at` (found in queue `from`: its leaves or its inner
-    /// subgraph, unpinned, or its inner subgraph pinned to `worker`) into `task` on `worker`. An
-    /// inner subgraph with nodes left ready (the task is full) or made ready is pinned to
-    /// `worker`. True when the entry is used up (stale, or nothing of it left where it was).
-    fn take_tree(
-        &mut self,
-        at: SgRef,
-        from: Where,
-        worker: WorkerId,
-        task: TaskId,
-        max: usize,
-        f: &mut Forming,
-    ) -> bool {
-        // Only a live request that is not doomed is alive with the entry's generation.
-        if self.alive.get(at.slot as usize) != Some(&at.generation) {
-            return true;
-        }
-        let t = self.trees[at.slot as usize].as_mut().expect("live tree request");
-        let first = t.last_task == TaskId::MAX;
-        let room = max - f.out.requests.len();
-        let (taken, used) = if from == Where::Unpinned && at.sg == LEAVES {
-            if t.leaves_ready() == 0 {
-                return true; // stale: dropped
-            }
-            let k = t.take_leaves(room, &mut f.out.requests, &mut f.out.nodes);
-            self.types[t.leaf_type as usize].ready_unpinned -= k;
-            (k, t.leaves_ready() == 0)
-        } else {
-            let live = match from {
-                Where::Pinned(w) => t.inner == Inner::Pinned(w),
-                _ => t.inner == Inner::Queued,
-            };
-            if !live {
-                return true; // stale: unpinned, pinned again, drained or dropped since
-            }
-            let before = t.inner_ready();
-            let k = t.take_inner(room, &mut f.out.requests, &mut f.out.nodes);
-            // Left ready, or made ready by this take.
-            let left = t.inner_ready();
-            let q = &mut self.types[t.inner_type as usize];
-            match from {
-                Where::Pinned(w) => q.ready_pinned[w as usize] -= before,
-                _ => q.ready_unpinned -= before,
-            }
-            q.ready_pinned[worker] += left;
-            if left == 0 {
-                // Every node is submitted (a node none of whose predecessors is left unsubmitted
-                // would be ready).
-                debug_assert!(t.inner_submitted());
-                t.inner = Inner::Drained;
-                (k, true)
-            } else if from == Where::Unpinned {
-                t.inner = Inner::Pinned(worker as u32);
-                q.pinned_trees[worker].push(at);
-                (k, true)
-            } else {
-                (k, false)
-            }
-        };
-        // One run of rows per request and task: a tree's entries are never live twice at once.
-        debug_assert_ne!(t.last_task, task);
-        t.last_task = task;
-        t.inflight += 1;
-        f.trees.push((at.slot, taken as u32));
-        if first {
-            self.start(at.slot);
-        }
-        used
     }
 
     /// Schedule (Algorithm 1) on every worker with room, least loaded first.
@@ -1182,97 +733,9 @@ impl Policy for CellularPolicy {
         self.stamp += 1;
         let stamp = self.stamp;
         let mut idle = std::mem::take(&mut self.idle_slots);
-        for &(slot, node) in &rec.rows {
-            let r = self.req_mut(slot);
-            let doomed = r.doomed.is_some();
-            let g = r.graph();
-            g.done_nodes += 1;
-            let sg = g.nodes[node as usize].sg;
-            if g.sgs[sg as usize].stamp != stamp {
-                // First row of this subgraph in the task: the pin counter drops once per task.
-                g.sgs[sg as usize].stamp = stamp;
-                g.sgs[sg as usize].outstanding -= 1;
-                if g.sgs[sg as usize].outstanding == 0 {
-                    self.unpin(slot, sg);
-                }
-            }
-            let g = self.req_mut(slot).graph();
-            if g.stamp != stamp {
-                g.stamp = stamp;
-                g.inflight -= 1;
-                if g.inflight == 0 {
-                    idle.push(slot);
-                }
-            }
-            if doomed {
-                continue;
-            }
-            // External successors: a subgraph whose last external dependency finished becomes
-            // schedulable, with its nodes that have no same-subgraph predecessor.
-            let g = self.req_mut(slot).graph();
-            for k in g.external_successors(node) {
-                let g = self.req_mut(slot).graph();
-                let s = g.edges[k];
-                let ssg = g.nodes[s as usize].sg;
-                g.sgs[ssg as usize].external_left -= 1;
-                if g.sgs[ssg as usize].external_left == 0 {
-                    for i in g.subgraph_roots(ssg) {
-                        let v = self.req_mut(slot).graph().edges[i];
-                        self.push_ready(slot, v);
-                    }
-                }
-            }
-        }
-        // Tree requests: finished leaves count towards opening the inner subgraph, and an inner
-        // subgraph whose last task this was is unpinned: its pin counter is 0. Unpinned ready
-        // nodes were ready before anything queued since, so they go first among their priority,
-        // in row order (hence queued back to front, once the pass is over).
-        let mut unpinned = std::mem::take(&mut self.unpinned_trees);
-        for &(slot, rows) in &rec.trees {
-            // Doomed requests are not alive.
-            let doomed = self.alive[slot as usize] == 0;
-            let t = self.trees[slot as usize].as_mut().expect("live tree request");
-            t.inflight -= 1;
-            if t.inflight == 0 {
-                idle.push(slot);
-            }
-            if rec.ty == t.leaf_type {
-                t.leaves_left -= rows;
-                if t.leaves_left == 0 && !doomed {
-                    // The inner subgraph's external dependencies have all finished.
-                    t.open_inner();
-                    self.queue_inner(slot);
-                }
-            } else if let Inner::Pinned(w) = t.inner
-                && t.last_task == task
-            {
-                // Its rows here are inner nodes: `ty` is its inner type.
-                t.inner = Inner::Queued;
-                let ready = t.inner_ready();
-                self.types[ty].ready_pinned[w as usize] -= ready;
-                unpinned.push((slot, t.priority, ready));
-            }
-        }
-        for &(slot, priority, ready) in unpinned.iter().rev() {
-            self.queue_unpinned(slot, INNER, priority, ty, ready, true);
-        }
-        unpinned.clear();
-        self.unpinned_trees = unpinned;
-        // Chains whose run left with this task: the next run (its external dependency is this
-        // run's last node) is ready now, or the request is finished.
-        for &slot in &rec.releases {
-            let r = self.req_mut(slot);
-            let doomed = r.doomed.is_some();
-            let c = r.chain();
-            debug_assert_eq!(c.state, ChainState::Releasing);
-            if doomed || c.last_run() {
-                c.state = ChainState::Idle;
-                idle.push(slot);
-            } else {
-                c.next_run();
-                self.queue_chain(slot, false);
-            }
-        }
+        self.graph_rows_done(&rec.rows, stamp, &mut idle);
+        self.tree_rows_done(&rec.trees, ty, task, &mut idle);
+        self.chain_runs_done(&rec.releases, &mut idle);
         // Deadlines are checked at this boundary first: a request past its deadline stops here.
         self.expire(now);
         // Only a request with nothing running may complete: those whose last running task this
