@@ -155,7 +155,7 @@ impl CellularPolicy {
         }
     }
 
-    // ---- Algorithm 1 -----------------------------------------------------------------------
+    // ---- task_done -------------------------------------------------------------------------
 
     /// Chains whose run left with a finished task (`task_done`).
     pub(super) fn chain_runs_done(&mut self, releases: &[u32], idle: &mut Vec<u32>) {

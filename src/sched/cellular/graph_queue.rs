@@ -71,7 +71,7 @@ impl CellularPolicy {
         }
     }
 
-    // ---- tree requests ----------------------------------------------------------------------
+    // ---- FormBatchedTask (Algorithm 1) -----------------------------------------------------
 
     /// Move ready nodes of the graph subgraph `at` (found in queue `from`) into the task,
     /// pinning it to `worker`; their same-subgraph successors that this makes ready go to
@@ -145,6 +145,8 @@ impl CellularPolicy {
         self.start(at.slot);
         used
     }
+
+    // ---- task_done -------------------------------------------------------------------------
 
     /// Graph rows of a finished task (`task_done`): nodes done, pin counters dropped once per
     /// subgraph and task (`stamp`), requests with nothing left running into `idle`, and

@@ -79,6 +79,7 @@ pub use config::{CellTypeConfig, CellularConfig, DEFAULT_MAX_TASKS_TO_SUBMIT};
 use chain::{Block, Chain, ChainState, Lane, Taken, advance};
 use request::{NONE, Req, SgRef, Where};
 use tree::{INNER, Inner, LEAVES, Tree};
+
 /// Most recycled buffers kept (request arrays, task rows).
 const MAX_SPARE: usize = 256;
 
@@ -294,7 +295,7 @@ impl CellularPolicy {
         push_unpinned(&mut q.unpinned, priority, at, front);
     }
 
-    // ---- graph requests: ready-node bookkeeping --------------------------------------------
+    // ---- Algorithm 1 -----------------------------------------------------------------------
 
     /// Ready nodes of `ty` pinned to `worker`.
     fn pinned_ready(&self, ty: usize, worker: WorkerId) -> usize {

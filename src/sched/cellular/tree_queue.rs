@@ -36,7 +36,7 @@ impl CellularPolicy {
         self.queue_unpinned(slot, INNER, priority, ty, ready, false);
     }
 
-    // ---- chain requests ---------------------------------------------------------------------
+    // ---- FormBatchedTask (Algorithm 1) -----------------------------------------------------
 
     /// Take from the tree request of entry `at` (found in queue `from`: its leaves or its inner
     /// subgraph, unpinned, or its inner subgraph pinned to `worker`) into `task` on `worker`. An
@@ -107,6 +107,8 @@ impl CellularPolicy {
         }
         used
     }
+
+    // ---- task_done -------------------------------------------------------------------------
 
     /// Tree rows of a finished task of cell type `ty` (`task_done`), one run per request.
     pub(super) fn tree_rows_done(
