@@ -2,8 +2,8 @@
 //! (ARCHITECTURE.md §8, `serve::sim::cost`).
 //!
 //! * Per cell type and batch size: the time one task holds its worker's stream, measured by
-//!   launching tasks back to back on a prepared runner (as a backlogged worker runs them) and
-//!   dividing the elapsed time by their number. Rows use distinct state slots; tree internal
+//!   launching a round of tasks at once on a prepared runner (a backlogged worker's stream is
+//!   always fed: the engine launches ahead of it) and dividing the round's time by their number. Rows use distinct state slots; tree internal
 //!   rows read two children each.
 //! * The engine's delays: requests of 1 and of 24 cell steps sent one at a time through a real
 //!   runtime, each step waiting for the one before. With the tasks each ran and the compute the
@@ -29,6 +29,8 @@ use crate::{CliResult, ProfileArgs, fatal};
 /// median round is kept: one descheduled round on a busy machine does not move it).
 const MIN_TASKS: usize = 5;
 const MIN_TIME: Duration = Duration::from_millis(40);
+/// Most tasks one round launches ahead (their data is built before the round is timed).
+const MAX_TASKS: usize = 4096;
 const ROUNDS: usize = 5;
 /// Untimed tasks before the first point (thread pool and caches warm).
 const WARMUP_TASKS: usize = 50;
@@ -134,17 +136,25 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
                 target = runner.launch(0, task(true))?;
             }
             wait_for(&*signal, target);
+            // Rounds keep the stream fed, as a backlogged worker is (the engine launches ahead of
+            // it, up to the lookahead): a round's tasks are all launched before the one wait for
+            // the last, so waking this thread is paid once per round, not once per few tasks. The
+            // first round (MIN_TASKS tasks, not kept) sizes the others to about MIN_TIME.
             let mut rounds = Vec::with_capacity(ROUNDS);
-            for _ in 0..ROUNDS {
-                let (mut n, start) = (0, Instant::now());
-                while n < MIN_TASKS || start.elapsed() < MIN_TIME {
-                    for _ in 0..MIN_TASKS {
-                        target = runner.launch(0, task(false))?;
-                    }
-                    n += MIN_TASKS;
-                    wait_for(&*signal, target);
+            let mut count = MIN_TASKS;
+            for round in 0..=ROUNDS {
+                let tasks: Vec<_> = (0..count).map(|_| task(false)).collect();
+                let start = Instant::now();
+                for t in tasks {
+                    target = runner.launch(0, t)?;
                 }
-                rounds.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
+                wait_for(&*signal, target);
+                let per_task = start.elapsed().as_secs_f64() * 1e6 / count as f64;
+                if round > 0 {
+                    rounds.push(per_task);
+                }
+                count =
+                    ((MIN_TIME.as_secs_f64() * 1e6 / per_task.max(1.0)) as usize).clamp(MIN_TASKS, MAX_TASKS);
             }
             rounds.sort_by(f64::total_cmp);
             let us = rounds[ROUNDS / 2];
