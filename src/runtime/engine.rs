@@ -32,7 +32,7 @@ use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled};
 use crate::runtime::stats::Stats;
-use crate::sched::{CellGraph, Policy, RequestId, TaskId, TaskReport, Time};
+use crate::sched::{CellGraph, Policy, RequestId, TaskId, TaskReport, TaskShape, Time};
 
 /// A request admitted by submit, on its way to the engine.
 pub(crate) struct Pending {
@@ -495,6 +495,9 @@ impl Engine {
         let Some(t) = self.core.task(group, task) else { return };
         let model = t.model;
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
+        // No policy launches layer blocks yet, and no runner executes them: such a task fails
+        // at once (below) rather than running as a whole-model task.
+        let layers = matches!(t.shape, TaskShape::Layers { .. });
         let work = if t.nodes().is_empty() {
             let in_len = state.io.0;
             let mut input = vec![0.0f32; t.batch * in_len];
@@ -521,7 +524,12 @@ impl Engine {
         self.stats.record_task(rows);
         state.metrics.task_launched(rows);
         self.core.attach(group, task, Some(data.clone()));
-        let launched = if state.stalled.get(worker).copied().unwrap_or(false) {
+        let launched = if layers {
+            Err(Error::new(
+                Code::Unsupported,
+                "layer-block tasks are not executed by this runtime's backends yet",
+            ))
+        } else if state.stalled.get(worker).copied().unwrap_or(false) {
             Err(Error::new(
                 Code::Backend,
                 format!(
