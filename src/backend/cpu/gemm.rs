@@ -11,10 +11,19 @@ use gemm::Parallelism;
 /// the pool costs more than it saves.
 pub const PARALLEL_MIN_MACS: usize = 1 << 18;
 
+/// A task runs on the compute pool only from this many multiply-adds (and from
+/// [`PARALLEL_MIN_ROWS`] rows); below, on its stream's thread. The pool's threads sleep when the
+/// stream has been idle, and waking them costs more the longer they slept: on the 2-core CI
+/// machine an h = 256 LSTM step of 2 rows took 44 µs on two threads back to back, 83 µs after a
+/// 50 µs pause, 130 µs after 1 ms and 190 µs after 3 ms, against about 60 µs on one thread. Two
+/// threads win back that wake-up only on products of this size (an h = 256 step of 32 rows: 313
+/// against 427 µs warm); at low load, where tasks are small, the stream is usually idle between
+/// them.
+pub const PARALLEL_TASK_MIN_MACS: usize = 1 << 24;
+
 /// A task of fewer rows runs on its stream's thread whatever its size: a one-row product is a
-/// matrix-vector product, and waking the pool for it costs more than the second core gives. On
-/// the 2-core CI machine an h = 256 LSTM step of one row took 54 µs on two threads against
-/// 34 µs on one; from two rows on, two threads win (43 against 60 µs).
+/// matrix-vector product, and waking the pool for it costs more than the second core gives (an
+/// h = 256 LSTM step of one row: 54 µs on two threads against 34 µs on one).
 pub const PARALLEL_MIN_ROWS: usize = 2;
 
 /// How many threads a product may use.

@@ -138,7 +138,7 @@ impl Runner for MlpRunner {
             let macs = rows * model.flops_per_row / 2;
             if threads.0 > 1
                 && rows >= super::gemm::PARALLEL_MIN_ROWS
-                && macs >= super::gemm::PARALLEL_MIN_MACS
+                && macs >= super::gemm::PARALLEL_TASK_MIN_MACS
             {
                 pool.install(|| forward(&model, input, rows, scratch, &mut io.output, threads));
             } else {

@@ -12,7 +12,7 @@ use super::pool::ComputePool;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::cpu::arena::StateArena;
-use crate::backend::cpu::gemm::{PARALLEL_MIN_MACS, PARALLEL_MIN_ROWS, Threads};
+use crate::backend::cpu::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, Threads};
 use crate::backend::cpu::lstm_cell::{
     LstmLayer, LstmRow, LstmScratch, Projection, embed_rows, grow, lstm_layer_step, project_argmax,
 };
@@ -319,7 +319,8 @@ impl Runner for RecurrentRunner {
                 return;
             }
             let (out, tokens) = (&mut io.output, &mut io.tokens);
-            if threads > 1 && rows >= PARALLEL_MIN_ROWS && rows * model.macs_per_row >= PARALLEL_MIN_MACS {
+            if threads > 1 && rows >= PARALLEL_MIN_ROWS && rows * model.macs_per_row >= PARALLEL_TASK_MIN_MACS
+            {
                 pool.install(|| run(&model, cells, rows, scratch, out, tokens, Threads(threads)));
             } else {
                 run(&model, cells, rows, scratch, out, tokens, Threads(1));
