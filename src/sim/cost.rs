@@ -21,7 +21,10 @@
 //! counter seen by the poller, its event handled by the engine). Once per request, not per task:
 //! `arrival_us` from the caller's submit to the engine handling the arrival (the channel, the
 //! engine waking), `delivery_us` from the engine completing a request to the caller holding the
-//! completion (the queue, the caller waking).
+//! completion (the queue, the caller waking). `idle` (optional) is how much longer a task takes
+//! when its stream was idle before it, as `[idle_us, factor]` points (factor 1 at 0, linear
+//! between points, the last factor beyond): a stream that waited for work starts cold (its
+//! thread, its pool's threads, its caches), as `serve profile` measures.
 
 use std::path::Path;
 use std::time::Duration;
@@ -46,6 +49,12 @@ pub trait CostModel {
     /// From the engine completing a request to the caller holding its completion.
     fn delivery_delay(&self) -> Duration {
         Duration::ZERO
+    }
+    /// How much longer a task takes when its worker's stream was idle for `idle` before it
+    /// (1: no longer; a factor on [`task_time`](Self::task_time)).
+    fn idle_factor(&self, idle: Duration) -> f64 {
+        let _ = idle;
+        1.0
     }
 }
 
@@ -83,6 +92,9 @@ pub struct CostFile {
     pub arrival_us: f64,
     #[serde(default)]
     pub delivery_us: f64,
+    /// `[idle_us, factor]`, idle ascending (see the module docs); empty: no cold starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idle: Vec<(f64, f64)>,
 }
 
 /// The cost files shipped with the crate: `(name, JSON)`.
@@ -144,6 +156,17 @@ impl CostFile {
         for (k, v) in delays {
             if !v.is_finite() || v < 0.0 {
                 return bad(format!("`{k}` is {v}; a finite time ≥ 0 expected"));
+            }
+        }
+        if self.idle.len() > MAX_POINTS {
+            return bad(format!("{} idle points; at most {MAX_POINTS}", self.idle.len()));
+        }
+        for (i, &(us, factor)) in self.idle.iter().enumerate() {
+            let ascending = i == 0 || us > self.idle[i - 1].0;
+            if !us.is_finite() || us < 0.0 || !factor.is_finite() || factor < 1.0 || !ascending {
+                return bad(format!(
+                    "idle point [{us}, {factor}]: idle times ascending and ≥ 0, factors finite and ≥ 1 expected"
+                ));
             }
         }
         for c in &self.cells {
@@ -211,6 +234,22 @@ impl CostModel for CostFile {
     fn delivery_delay(&self) -> Duration {
         micros(self.delivery_us)
     }
+    fn idle_factor(&self, idle: Duration) -> f64 {
+        let x = idle.as_secs_f64() * 1e6;
+        let Some(&(last_us, last)) = self.idle.last() else { return 1.0 };
+        if x >= last_us {
+            return last;
+        }
+        // From (0, 1) through the points.
+        let mut prev = (0.0, 1.0);
+        for &(us, f) in &self.idle {
+            if x < us {
+                return prev.1 + (f - prev.1) * (x - prev.0) / (us - prev.0);
+            }
+            prev = (us, f);
+        }
+        last
+    }
 }
 
 #[cfg(test)]
@@ -248,5 +287,18 @@ mod tests {
         let c = CostFile::parse(r#"{"name":"x","cells":[{"cell":"a","points":[[10,100.0]]}]}"#).unwrap();
         assert_eq!(c.micros("a", 20), Some(200.0));
         assert_eq!(c.task_time("a", 1), Some(Duration::from_micros(10)));
+    }
+
+    #[test]
+    fn idle_points_must_ascend_with_factors_of_at_least_one() {
+        let file = |idle: &str| {
+            format!(r#"{{"name":"t","cells":[{{"cell":"step","points":[[1,1.0]]}}],"idle":{idle}}}"#)
+        };
+        assert!(CostFile::parse(&file("[[100.0,1.2],[300.0,1.5]]")).is_ok());
+        for bad in ["[[300.0,1.2],[100.0,1.5]]", "[[100.0,0.5]]", "[[-1.0,1.2]]"] {
+            let e = CostFile::parse(&file(bad)).unwrap_err();
+            assert_eq!(e.code(), crate::error::Code::Format, "{bad}");
+            assert!(e.message().contains("idle point"), "{bad}: {e}");
+        }
     }
 }

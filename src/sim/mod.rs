@@ -6,7 +6,8 @@
 //! heap (arrivals, task ends, policy wakeups) and a clock that jumps from one event to the next.
 //! Each worker is one in-order stream: a task starts when its launch has reached the stream
 //! ([`CostModel::launch_delay`] after the decision) and the stream's previous task has ended,
-//! runs for [`CostModel::task_time`] of its cell type and rows (padding included), and is
+//! runs for [`CostModel::task_time`] of its cell type and rows (padding included; longer by
+//! [`CostModel::idle_factor`] when the stream was idle before it), and is
 //! reported to the core [`CostModel::report_delay`] after its end. A request reaches the core
 //! [`CostModel::arrival_delay`] after its submit, and its caller holds the completion
 //! [`CostModel::delivery_delay`] after the core completes it; latencies run from submit to
@@ -314,6 +315,8 @@ impl Sim<'_> {
                     let (worker, rows, batch) = (t.worker, t.requests.len(), t.batch);
                     let free = &mut self.stream_free[worker];
                     let start = (now + self.spec.cost.launch_delay()).max(*free);
+                    // A stream that waited for this task starts it cold.
+                    let run = run.mul_f64(self.spec.cost.idle_factor(start.since(*free)));
                     *free = start + run;
                     let report = *free + self.spec.cost.report_delay();
                     self.push(report, Ev::Done(task, run));

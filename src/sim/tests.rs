@@ -211,3 +211,27 @@ fn e2bird_titan_rtx_tables_reproduce_table_1() {
         );
     }
 }
+
+/// A task on a stream that was idle before it takes longer by the cost file's idle factor
+/// (linear from 1 at no idle to the points, the last beyond): the cold starts `serve profile`
+/// measures.
+#[test]
+fn a_task_after_an_idle_stream_takes_its_idle_factor_longer() {
+    let net = lstm();
+    let c = CostFile::parse(
+        r#"{"name":"t","cells":[{"cell":"step","points":[[1,10.0],[2,12.0]]}],"idle":[[1000.0,2.0],[3000.0,3.0]]}"#,
+    )
+    .unwrap();
+    assert_eq!(c.idle_factor(Duration::ZERO), 1.0);
+    assert_eq!(c.idle_factor(Duration::from_micros(500)), 1.5);
+    assert_eq!(c.idle_factor(Duration::from_micros(2000)), 2.5);
+    assert_eq!(c.idle_factor(Duration::from_secs(1)), 3.0);
+    let policy = cellular(8);
+    let reqs = requests(&net, Lengths::Fixed(1), 3, 0).unwrap();
+    let at = vec![Duration::ZERO, Duration::from_micros(510), Duration::from_millis(10)];
+    let out = simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(at)).unwrap();
+    // The first task starts on a stream that never ran (idle 0); the second after 500 µs idle
+    // (factor 1.5); the third after ~10 ms (factor 3).
+    let us = |v: u64| Duration::from_micros(v);
+    assert_eq!(out.latencies, vec![us(10), us(15), us(30)]);
+}

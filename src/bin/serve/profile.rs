@@ -5,6 +5,9 @@
 //!   launching a round of tasks at once on a prepared runner (a backlogged worker's stream is
 //!   always fed: the engine launches ahead of it) and dividing the round's time by their number. Rows use distinct state slots; tree internal
 //!   rows read two children each.
+//! * Cold starts (`idle`): tasks of the first cell type (1, 4 and 16 rows) one at a time with the
+//!   stream idle for 0.1, 0.3, 1 or 3 ms before each, their compute as the stream times it; the
+//!   median factor over no pause, per pause (never decreasing with the pause).
 //! * The engine's delays: requests of 1 and of 24 cell steps sent one at a time through a real
 //!   runtime, each step waiting for the one before. With the tasks each ran and the compute the
 //!   stream measured of them (the runtime's stats), the round trips separate the hand-off each
@@ -40,6 +43,9 @@ const TOKEN_STRIDE: usize = 7919;
 const SLOT_STRIDE: usize = 1237;
 /// Round trips timed for the engine delays.
 const ROUND_TRIPS: usize = 400;
+/// Pauses before the cold-start tasks, and tasks timed per pause and size.
+const IDLE_PAUSES_US: [u64; 4] = [100, 300, 1000, 3000];
+const IDLE_TASKS: usize = 60;
 /// Cell steps of the long requests that separate per-task from per-request delays.
 const LONG_STEPS: usize = 24;
 
@@ -163,6 +169,53 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         }
         cells.push(CellCost { cell: info.name.to_string(), points });
     }
+    // Cold starts: tasks of the first cell type one at a time, the stream idle for a pause
+    // before each, their compute as the stream times it; the factor over no pause, the median
+    // over a few sizes.
+    let mut idle = Vec::new();
+    let cold = |rows: usize, pause: Duration, seed: usize| -> CliResult<f64> {
+        let mut times = Vec::with_capacity(IDLE_TASKS);
+        for i in 0..IDLE_TASKS + 10 {
+            let base = seed * 7 + i * 3 * rows;
+            let cells = (0..rows)
+                .map(|k| CellRow {
+                    slot: ((base + k * SLOT_STRIDE) % slots) as u32,
+                    token: (((base + k) * TOKEN_STRIDE) % (vocab - 3)) as u32 + 3,
+                    first: false,
+                    children: 0..0,
+                    output: false,
+                })
+                .collect();
+            let t = TaskData::new(rows, Work::Cells(CellTask { cell: 0, rows: cells, children: Vec::new() }));
+            let target = runner.launch(0, t.clone())?;
+            wait_for(&*signal, target);
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
+            }
+            let compute = t.io.lock().map_err(|_| fatal("a task's data was poisoned"))?.stages.compute;
+            if i >= 10 {
+                times.push(compute.unwrap_or_default().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    };
+    let sizes: Vec<usize> = [1, 4, 16].into_iter().filter(|&r| r <= max_batch).collect();
+    let warm: Vec<f64> = sizes.iter().map(|&r| cold(r, Duration::ZERO, 1)).collect::<CliResult<_>>()?;
+    for pause_us in IDLE_PAUSES_US {
+        let mut factors: Vec<f64> = Vec::new();
+        for (k, &r) in sizes.iter().enumerate() {
+            factors.push(cold(r, Duration::from_micros(pause_us), 2)? / warm[k].max(1e-9));
+        }
+        factors.sort_by(f64::total_cmp);
+        let f = factors[factors.len() / 2].max(idle.last().map_or(1.0, |p: &(f64, f64)| p.1));
+        idle.push((pause_us as f64, f));
+    }
+    println!(
+        "# cold starts: a task after the stream idled {} us takes {} × as long",
+        IDLE_PAUSES_US.map(|p| p.to_string()).join(" / "),
+        idle.iter().map(|p| format!("{:.2}", p.1)).collect::<Vec<_>>().join(" / ")
+    );
     drop(runner);
     let mut file = CostFile {
         name: format!("profile-{name}"),
@@ -174,6 +227,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         report_us: 0.0,
         arrival_us: 0.0,
         delivery_us: 0.0,
+        idle,
     };
 
     // Engine delays: requests one at a time through a real runtime, each cell step waiting for
