@@ -108,8 +108,8 @@ fn without_cuda_every_entry_point_is_unavailable() {
             assert!(e.message().contains("NVRTC"), "{}", e.message());
         }
     }
-    // `auto` runs on the CPU and says why (until the CUDA backend is verified on a GPU, even with a
-    // device); `cuda` explains itself without one, and is the CUDA backend with one.
+    // Without a device `auto` runs on the CPU and says why, and `cuda` explains itself; with one,
+    // both are the CUDA backend.
     let auto = serve::backend::create(BackendChoice::Auto, 1).unwrap();
     let cuda = serve::backend::create(BackendChoice::Cuda, 1);
     if cuda::probe().devices == 0 {
@@ -119,8 +119,7 @@ fn without_cuda_every_entry_point_is_unavailable() {
         assert_eq!(e.code(), Code::Unavailable);
         assert!(e.message().starts_with("no CUDA device"), "{}", e.message());
     } else {
-        assert_eq!(auto.kind(), BackendKind::Cpu, "{}", auto.describe());
-        assert!(auto.describe().contains("not yet verified"), "{}", auto.describe());
+        assert_eq!(auto.kind(), BackendKind::Cuda, "{}", auto.describe());
         assert_eq!(cuda.unwrap().kind(), BackendKind::Cuda);
     }
 }

@@ -138,6 +138,15 @@ fn larger_random_models_match_the_cpu_backend_request_by_request() {
             // Near-ties are rare: a systematic difference is a bug even if each step is close.
             assert!(differ * 20 <= inputs.len(), "{name} / {label}: {differ} decodes differ from the CPU's");
         }
+        // The CUDA runner times every task's work on its stream (two events around it): each
+        // finished task reports a device time, and the mean is a plausible one.
+        let s = gpu.stats();
+        assert_eq!(s.timed_tasks, s.tasks_launched, "{name}: every CUDA task is timed: {s:?}");
+        let mean = s.mean_task_compute().expect("timed tasks");
+        assert!(
+            mean > std::time::Duration::from_nanos(500) && mean < std::time::Duration::from_millis(50),
+            "{name}: mean task device time {mean:?}"
+        );
     }
 }
 
@@ -218,9 +227,8 @@ fn many_tasks_in_flight_on_several_workers_complete_exactly_once() {
     );
 }
 
-/// The backend choice: `cuda` gives the CUDA backend when a device exists; `auto` keeps the CPU
-/// until this backend has been verified on a GPU (then flip `AUTO_PICKS_CUDA` in
-/// src/backend/mod.rs and make this test expect CUDA).
+/// The backend choice: with a usable device, `cuda` and `auto` both give the CUDA backend (`auto`
+/// picked the CPU until this backend had passed these tests on a GPU, an H200).
 #[test]
 fn backend_choice_with_a_device() {
     let Some(rt) = cuda_runtime() else { return };
@@ -228,8 +236,8 @@ fn backend_choice_with_a_device() {
     assert!(rt.backend_description().starts_with("cuda: device 0: "), "{}", rt.backend_description());
     drop(rt);
     let auto = Runtime::builder().backend(BackendChoice::Auto).build().unwrap();
-    assert_eq!(auto.backend_kind(), BackendKind::Cpu, "{}", auto.backend_description());
-    assert!(auto.backend_description().contains("not yet verified"), "{}", auto.backend_description());
+    assert_eq!(auto.backend_kind(), BackendKind::Cuda, "{}", auto.backend_description());
+    assert!(auto.backend_description().starts_with("cuda: device 0: "), "{}", auto.backend_description());
 }
 
 /// Load, serve and free an lstm and an mlp on CUDA 20 times in one runtime, freeing each while

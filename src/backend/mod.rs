@@ -150,7 +150,9 @@ pub struct TaskIo {
 
 /// Stage times a backend measured of one task; `None` for a stage it cannot measure or the
 /// task did not have. The CPU stream times the task's compute on its thread (no transfers: the
-/// rows are read where they lie); the CUDA runner does not time its stages yet.
+/// rows are read where they lie); the CUDA runner times the task's work on its stream with two
+/// CUDA events (compute: its input rows are read from pinned mapped memory by the kernels, so
+/// there is no separate upload or download to time).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StageTimes {
     pub upload: Option<std::time::Duration>,
@@ -228,11 +230,6 @@ pub struct RunnerShape {
     pub state_slots: usize,
 }
 
-/// Whether `auto` picks a usable CUDA device. Off until the CUDA backend has been verified on a
-/// GPU (issue 4: this build's CUDA runner has only been compiled, never run): a user with a GPU
-/// gets the tested CPU backend unless they ask for `cuda` explicitly.
-const AUTO_PICKS_CUDA: bool = false;
-
 /// The number of `a × b` 4-byte values, or UNAVAILABLE naming `what` when it (or its size in
 /// bytes) overflows: how both backends size their buffers.
 pub(crate) fn size(a: usize, b: usize, what: &str) -> Result<usize> {
@@ -244,8 +241,8 @@ pub(crate) fn size(a: usize, b: usize, what: &str) -> Result<usize> {
 /// Create the backend for `choice`. `cpu_threads` = 0 means all cores.
 ///
 /// `Cuda`: CUDA device 0, or `Unavailable` (no device, or the driver, cuBLAS or the kernels
-/// cannot be used). `Auto`: the CPU, whose [`describe`](Backend::describe) says why CUDA is not
-/// used (once verified on a GPU, `auto` will pick a usable device first).
+/// cannot be used). `Auto`: CUDA device 0 when it is usable, otherwise the CPU, whose
+/// [`describe`](Backend::describe) says why CUDA is not used.
 pub fn create(choice: BackendChoice, cpu_threads: usize) -> Result<Arc<dyn Backend>> {
     match choice {
         BackendChoice::Cpu => Ok(Arc::new(cpu::CpuBackend::new(cpu_threads)?)),
@@ -260,8 +257,6 @@ pub fn create(choice: BackendChoice, cpu_threads: usize) -> Result<Arc<dyn Backe
             let probe = cuda::probe();
             let why = if probe.devices == 0 {
                 format!("no CUDA device: {}", probe.summary())
-            } else if !AUTO_PICKS_CUDA {
-                "the CUDA backend is not yet verified on a GPU; choose `cuda` to use it".to_string()
             } else {
                 match cuda::CudaBackend::new(0) {
                     Ok(b) => return Ok(Arc::new(b)),

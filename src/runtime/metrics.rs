@@ -46,8 +46,8 @@ use crate::error::Code;
 ///
 /// A worker counts as busy from a task's launch (or the end of the task before it on the same
 /// stream, whichever is later) until the poller sees the task's completion; of that, the backend
-/// measured its compute (the CPU stream times each task; the CUDA backend does not yet): busy
-/// minus compute is the engine's hand-off time.
+/// measured its compute (the CPU stream times each task on its thread, the CUDA runner with
+/// events on its stream): busy minus compute is the engine's hand-off time.
 pub const METRICS: &[&str] = &[
     "serve_requests_completed_total",
     "serve_requests_rejected_total",

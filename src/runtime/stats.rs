@@ -36,8 +36,8 @@ pub struct StatsSnapshot {
     /// Requests carried by those tasks (padding rows not counted).
     pub batched_requests: u64,
     /// Compute time the backends measured of finished tasks (`TaskReport::compute`), in
-    /// nanoseconds, and how many tasks it covers (the CPU backend times every task; the CUDA
-    /// backend none yet).
+    /// nanoseconds, and how many tasks it covers (the CPU backend times every task on its
+    /// thread, the CUDA backend every task with events on its stream).
     pub task_compute_ns: u64,
     pub timed_tasks: u64,
 }

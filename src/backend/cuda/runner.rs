@@ -63,7 +63,7 @@ use super::driver::{bind, driver_error};
 use super::kernels::{self, BLOCK};
 use super::memory::Pod;
 use super::{
-    Blas, CudaDevice, CudaSignal, Function, LaunchConfig, Module, PinnedMapped, SignalCounters, Stream,
+    Blas, CudaDevice, CudaSignal, Event, Function, LaunchConfig, Module, PinnedMapped, SignalCounters, Stream,
 };
 use crate::backend::{CompletionSignal, Runner, RunnerShape, TaskData, TaskIo, Work};
 use crate::error::{Code, Error, Result};
@@ -233,6 +233,10 @@ pub(super) struct Staging {
     pub dense: PinnedMapped<f32>,
     pub out: PinnedMapped<f32>,
     pub words: PinnedMapped<u32>,
+    /// Timing events recorded before and after the task's work on its stream: the task's
+    /// device time (`TaskIo::stages.compute`), read at `collect` once the counter has passed it.
+    begin: Event,
+    end: Event,
 }
 
 impl Staging {
@@ -242,6 +246,8 @@ impl Staging {
             dense: device.pinned_mapped(n.dense)?,
             out: device.pinned_mapped(n.out)?,
             words: device.pinned_mapped(n.words)?,
+            begin: device.timing_event()?,
+            end: device.timing_event()?,
         })
     }
 
@@ -361,6 +367,8 @@ struct InFlight {
     staging: Staging,
     plan: Plan,
     collected: bool,
+    /// Both timing events were recorded around the task's work.
+    timed: bool,
 }
 
 /// One worker: its stream and everything only its tasks use.
@@ -540,9 +548,12 @@ impl<M: DeviceModel> Runner for CudaRunner<M> {
             }
             (plan, staging)
         };
-        // Device side: the task's work, then its signal.
+        // Device side: the task's work between its timing events, then its signal. A task whose
+        // events could not be recorded runs untimed.
+        let begun = staging.begin.record(&w.stream).is_ok();
         let ctx = Ctx { device: &self.device, kernels: &self.kernels, stream: &w.stream, blas: &mut w.blas };
         let queued = self.model.enqueue(ctx, &mut w.bufs, &plan, &staging);
+        let timed = begun && queued.is_ok() && staging.end.record(&w.stream).is_ok();
         let params = abi::SignalParams { counter: w.signal.device_ptr() };
         // SAFETY: the counter is a live pinned, mapped allocation owned by the runner's
         // `SignalCounters` (kept by `w.signal`), freed only after the context is synchronised; the
@@ -556,7 +567,7 @@ impl<M: DeviceModel> Runner for CudaRunner<M> {
                     task.io.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
                 }
                 let target = w.launched;
-                w.in_flight.push_back(InFlight { task, target, staging, plan, collected: false });
+                w.in_flight.push_back(InFlight { task, target, staging, plan, collected: false, timed });
                 Ok(target)
             }
             Err(e) => {
@@ -581,6 +592,16 @@ impl<M: DeviceModel> Runner for CudaRunner<M> {
             if done >= f.target {
                 if let Err(e) = read_outputs(&f.staging, &f.plan, &mut io) {
                     io.error = Some(e);
+                }
+                // Both events ran before the signal, so this does not wait. A driver without
+                // cuEventElapsedTime_v2 leaves the task untimed.
+                if f.timed {
+                    io.stages.compute = f
+                        .staging
+                        .begin
+                        .elapsed_ms(&f.staging.end)
+                        .ok()
+                        .map(|ms| std::time::Duration::from_secs_f64(f64::from(ms.max(0.0)) * 1e-3));
                 }
             } else {
                 // Reported done without its count: the stream failed (or the poller stopped).

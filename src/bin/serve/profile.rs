@@ -136,12 +136,10 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
                 TaskData::new(b, Work::Cells(t))
             };
             // Warm up, then time rounds of back-to-back tasks until both minimums are met.
-            let mut target = 0;
             // The warm-up starts every slot's state (first steps), the timed tasks continue it.
-            for _ in 0..if points.is_empty() && cells.is_empty() { WARMUP_TASKS } else { 2 } {
-                target = runner.launch(0, task(true))?;
-            }
-            wait_for(&*signal, target);
+            let warmup = if points.is_empty() && cells.is_empty() { WARMUP_TASKS } else { 2 };
+            let tasks: Vec<_> = (0..warmup).map(|_| task(true)).collect();
+            run_round(&*runner, &*signal, &tasks)?;
             // Rounds keep the stream fed, as a backlogged worker is (the engine launches ahead of
             // it, up to the lookahead): a round's tasks are all launched before the one wait for
             // the last, so waking this thread is paid once per round, not once per few tasks. The
@@ -151,10 +149,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             for round in 0..=ROUNDS {
                 let tasks: Vec<_> = (0..count).map(|_| task(false)).collect();
                 let start = Instant::now();
-                for t in tasks {
-                    target = runner.launch(0, t)?;
-                }
-                wait_for(&*signal, target);
+                run_round(&*runner, &*signal, &tasks)?;
                 let per_task = start.elapsed().as_secs_f64() * 1e6 / count as f64;
                 if round > 0 {
                     rounds.push(per_task);
@@ -187,8 +182,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
                 })
                 .collect();
             let t = TaskData::new(rows, Work::Cells(CellTask { cell: 0, rows: cells, children: Vec::new() }));
-            let target = runner.launch(0, t.clone())?;
-            wait_for(&*signal, target);
+            run_round(&*runner, &*signal, std::slice::from_ref(&t))?;
             if !pause.is_zero() {
                 std::thread::sleep(pause);
             }
@@ -315,6 +309,30 @@ fn model_json(net: &Network) -> serde_json::Value {
         Network::TreeLstm(m) => json!({"kind": kind, "hidden": m.cfg.hidden, "embed": m.cfg.embed}),
         Network::Mlp(_) => json!({"kind": kind}),
     }
+}
+
+/// Launch `tasks` on worker 0 back to back, wait until the stream has run them all, and
+/// collect each, as the engine does: the timed span includes the collection (a CUDA task's
+/// outputs copied out of its staging), and a collected task's buffers are reused by the next
+/// ones (an uncollected CUDA task keeps its pinned staging, and every later launch would
+/// allocate new, costing about a millisecond each).
+fn run_round(
+    runner: &dyn serve::backend::Runner,
+    signal: &dyn serve::backend::CompletionSignal,
+    tasks: &[Arc<TaskData>],
+) -> CliResult<()> {
+    let mut target = 0;
+    for t in tasks {
+        target = runner.launch(0, t.clone())?;
+    }
+    wait_for(signal, target);
+    for t in tasks {
+        runner.collect(0, t);
+    }
+    if let Some(e) = tasks.iter().find_map(|t| t.io.lock().ok().and_then(|io| io.error.clone())) {
+        return Err(fatal(format!("a profiled task failed: {e}")));
+    }
+    Ok(())
 }
 
 /// Sleep until the stream has counted `target` tasks (it unparks this thread after each task:
