@@ -22,7 +22,10 @@ SERVE_KERNEL serve_signal(const serve_signal_params p) {
         return;
     }
     unsigned long long *counter = serve_ptr<unsigned long long>(p.counter);
-#if defined(SERVE_HAVE_CUDA_ATOMIC)
+#if defined(SERVE_HOST_EMULATION)
+    /* The kernel run on the CPU by the tests (cuda/host/): the same release increment. */
+    __atomic_fetch_add(counter, 1ull, __ATOMIC_RELEASE);
+#elif defined(SERVE_HAVE_CUDA_ATOMIC)
     cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> count(*counter);
     count.fetch_add(1ull, cuda::std::memory_order_release);
 #else

@@ -23,9 +23,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::native::{self, NATIVE_STATIC_LIBS, SANITIZE_FLAGS, Tool, env_flag, manifest_dir};
+use common::native::{self, CXX_COMPILER as CXX, NATIVE_STATIC_LIBS, SANITIZE_FLAGS, env_flag, manifest_dir};
 
-const CXX: Tool = Tool { env: "CXX", default: "c++", skip_env: "SERVE_SKIP_CPP", what: "a C++ compiler" };
 const SUCCESS_LINE: &str = "example.cpp: all checks passed";
 const CXXFLAGS: &[&str] = &["-Wall", "-Wextra", "-Werror", "-pthread"];
 const SOURCES: &[&str] = &["ffi_examples/cpp/example.cpp", "ffi_examples/cpp/include_twice.cpp"];

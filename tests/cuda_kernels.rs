@@ -14,16 +14,19 @@
 //! * `serve_tree_gather` / `serve_tree_pointwise` (with the GEMMs between them) against
 //!   `tree_step`, multi-child nodes, leaves and padding in one step.
 //!
-//! With no CUDA device each GPU test prints `skipped: no CUDA device` and passes, unless
-//! `SERVE_REQUIRE_GPU=1`, which makes a missing device (or a missing NVRTC / cuBLAS the test
-//! needs) a failure. Tests named `host_*` check the harness's host-side references and run
-//! everywhere.
+//! Each check runs on two targets (`tests/common/cuda_kernels.rs`): on device 0, and as
+//! `*_on_host` on the same kernel sources compiled for the CPU (`cuda/host/`), so that every
+//! kernel's arithmetic and indexing is checked against the CPU backend on any machine (the GEMMs
+//! between kernels are cuBLAS on the GPU, `matrixmultiply` on the host). With no CUDA device
+//! each GPU test prints `skipped: no CUDA device` and passes, unless `SERVE_REQUIRE_GPU=1`,
+//! which makes a missing device (or a missing NVRTC / cuBLAS the test needs) a failure. Tests
+//! named `host_*` check the harness's host-side references and run everywhere.
 
 mod common;
 
 use common::cuda_kernels::{
-    Arena, Children, Gpu, SlotTokens, arena_values, assert_close, concat_rows, flatten_children, gpu, mix,
-    slot_word, span,
+    Arena, Buf, Children, Dev, SlotTokens, arena_values, assert_close, concat_rows, flatten_children, gpu,
+    host, mix, slot_word, span,
 };
 
 use serve::backend::cpu::arena::StateArena;
@@ -32,10 +35,28 @@ use serve::backend::cpu::lstm_cell::{
     LstmLayer, LstmRow, LstmScratch, Projection, argmax, embed_rows, lstm_layer_step, project_argmax,
 };
 use serve::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
-use serve::backend::cuda::DeviceBuffer;
 use serve::backend::cuda::abi;
 use serve::model::NO_TOKEN;
 use serve::workload::values;
+
+/// A kernel check on both targets: `$gpu` on device 0 (a skip without one) and `$host` on the
+/// kernels built for the CPU (common::kernels_on_host), each against the CPU backend.
+macro_rules! on_gpu_and_host {
+    ($check:ident($blas:expr): $gpu:ident, $host:ident) => {
+        #[test]
+        fn $gpu() {
+            if let Some(g) = gpu($blas) {
+                $check(g)
+            }
+        }
+        #[test]
+        fn $host() {
+            if let Some(g) = host() {
+                $check(g)
+            }
+        }
+    };
+}
 
 #[test]
 fn host_helpers_lay_out_what_the_kernels_read() {
@@ -61,12 +82,12 @@ struct Lstm {
     table: Vec<f32>,
     cpu: Vec<LstmLayer>,
     /// Per layer: `[W_ih | W_hh]` and `b_ih + b_hh` on the device.
-    w: Vec<DeviceBuffer<f32>>,
-    bias: Vec<DeviceBuffer<f32>>,
+    w: Vec<Buf<f32>>,
+    bias: Vec<Buf<f32>>,
 }
 
 impl Lstm {
-    fn new(g: &Gpu, e: usize, h: usize, vocab: usize, seed: u64) -> Lstm {
+    fn new(g: &Dev, e: usize, h: usize, vocab: usize, seed: u64) -> Lstm {
         let s = 1.0 / (h as f32).sqrt();
         let (mut cpu, mut w, mut bias) = (Vec::new(), Vec::new(), Vec::new());
         for layer in 0..2u64 {
@@ -77,9 +98,9 @@ impl Lstm {
             let b_ih = values(4 * h, k + 2, s);
             let b_hh = values(4 * h, k + 3, s);
             cpu.push(LstmLayer::from_torch(&w_ih, &w_hh, &b_ih, &b_hh, input, h));
-            w.push(g.s.upload(&concat_rows(&w_ih, input, &w_hh, h)).unwrap());
+            w.push(g.upload(&concat_rows(&w_ih, input, &w_hh, h)).unwrap());
             let b: Vec<f32> = b_ih.iter().zip(&b_hh).map(|(a, b)| a + b).collect();
-            bias.push(g.s.upload(&b).unwrap());
+            bias.push(g.upload(&b).unwrap());
         }
         Lstm { vocab, table: values(vocab * e, seed * 10 + 9, 1.0), cpu, w, bias }
     }
@@ -93,9 +114,9 @@ impl Lstm {
 /// requests in spare slots (fresh rows over garbage). Some rows have no token (zero input). The
 /// second layer's input goes through `x` (even steps) or is written in place into its `[x | h]`
 /// buffer by the first layer's pointwise kernel (odd steps).
-fn check_lstm(g: &mut Gpu, requests: usize, e: usize, h: usize, steps: usize, seed: u64) {
+fn check_lstm(g: &mut Dev, requests: usize, e: usize, h: usize, steps: usize, seed: u64) {
     let m = Lstm::new(g, e, h, 97 + requests, seed);
-    let mut table = g.dev.pinned_mapped::<f32>(m.table.len()).unwrap();
+    let mut table = g.pinned::<f32>(m.table.len()).unwrap();
     table.write(0, &m.table).unwrap();
     let n_slots = 2 * requests + 3;
     let width = 4 * h + 1; // two layers' h and c, and a word that is never touched
@@ -152,16 +173,16 @@ fn check_lstm(g: &mut Gpu, requests: usize, e: usize, h: usize, steps: usize, se
         lstm_layer_step(&m.cpu[1], &h0, &rows, padded, &cpu_arena, 2 * h, &mut scratch, &mut h1, Threads(1));
 
         // GPU.
-        let gpu_before = g.s.download(&arena.buf).unwrap();
-        let ids_d = g.s.upload(&ids).unwrap();
+        let gpu_before = g.download(&arena.buf).unwrap();
+        let ids_d = g.upload(&ids).unwrap();
         let words: Vec<u32> = rows.iter().map(|r| slot_word(r.slot, r.fresh)).collect();
-        let slots_d = g.s.upload(&words).unwrap();
-        let xh0 = g.s.upload(&vec![f32::NAN; padded * e_h]).unwrap();
-        let xh1 = g.s.upload(&vec![f32::NAN; padded * 2 * h]).unwrap();
-        let h0_d = g.s.upload(&vec![f32::NAN; padded * h]).unwrap();
-        let h1_d = g.s.upload(&vec![f32::NAN; padded * h]).unwrap();
-        let errors = g.s.upload(&vec![0xDEAD_BEEFu32; padded]).unwrap();
-        let mut gates = g.dev.alloc::<f32>(padded * h4).unwrap();
+        let slots_d = g.upload(&words).unwrap();
+        let xh0 = g.upload(&vec![f32::NAN; padded * e_h]).unwrap();
+        let xh1 = g.upload(&vec![f32::NAN; padded * 2 * h]).unwrap();
+        let h0_d = g.upload(&vec![f32::NAN; padded * h]).unwrap();
+        let h1_d = g.upload(&vec![f32::NAN; padded * h]).unwrap();
+        let errors = g.upload(&vec![0xDEAD_BEEFu32; padded]).unwrap();
+        let mut gates = g.alloc::<f32>(padded * h4).unwrap();
         g.embed(&table, m.vocab, e, &ids_d, None, &xh0, e_h, Some(&errors));
         g.lstm_gather(None, &slots_d, rows.len(), &arena, &xh0, (e, h), padded, 0);
         g.gemm((padded, h4, e_h), &xh0, &m.w[0], &mut gates);
@@ -176,18 +197,15 @@ fn check_lstm(g: &mut Gpu, requests: usize, e: usize, h: usize, steps: usize, se
         g.gemm((padded, h4, 2 * h), &xh1, &m.w[1], &mut gates);
         g.lstm_pointwise(&gates, &m.bias[1], &slots_d, rows.len(), &arena, (&h1_d, h), h, padded, 2 * h);
 
-        assert!(
-            g.s.download(&errors).unwrap().iter().all(|&w| w == abi::SERVE_ROW_OK),
-            "{what}: error words"
-        );
+        assert!(g.download(&errors).unwrap().iter().all(|&w| w == abi::SERVE_ROW_OK), "{what}: error words");
         let got_h0: Vec<f32> = if in_place {
-            g.s.download(&xh1).unwrap().chunks_exact(2 * h).flat_map(|r| r[..h].to_vec()).collect()
+            g.download(&xh1).unwrap().chunks_exact(2 * h).flat_map(|r| r[..h].to_vec()).collect()
         } else {
-            g.s.download(&h0_d).unwrap()
+            g.download(&h0_d).unwrap()
         };
         assert_close(&got_h0, &h0, &format!("{what}: layer 0 h_out"));
-        assert_close(&g.s.download(&h1_d).unwrap(), &h1, &format!("{what}: layer 1 h_out"));
-        let got = g.s.download(&arena.buf).unwrap();
+        assert_close(&g.download(&h1_d).unwrap(), &h1, &format!("{what}: layer 1 h_out"));
+        let got = g.download(&arena.buf).unwrap();
         let want = arena_values(&cpu_arena);
         for s in 0..n_slots {
             let (got, want) = (&got[s * width..(s + 1) * width], &want[s * width..(s + 1) * width]);
@@ -209,17 +227,17 @@ fn check_lstm(g: &mut Gpu, requests: usize, e: usize, h: usize, steps: usize, se
     }
 }
 
-#[test]
-fn lstm_step_matches_the_cpu_at_batch_1_and_3() {
-    let Some(mut g) = gpu(true) else { return };
+on_gpu_and_host!(check_lstm_small(true): lstm_step_matches_the_cpu_at_batch_1_and_3, lstm_step_matches_the_cpu_at_batch_1_and_3_on_host);
+
+fn check_lstm_small(mut g: Dev) {
     check_lstm(&mut g, 1, 8, 16, 5, 1);
     // Odd widths: the embedding gather's scalar path, unaligned rows of [x | h].
     check_lstm(&mut g, 3, 37, 29, 5, 2);
 }
 
-#[test]
-fn lstm_step_matches_the_cpu_at_batch_64_and_512() {
-    let Some(mut g) = gpu(true) else { return };
+on_gpu_and_host!(check_lstm_batches(true): lstm_step_matches_the_cpu_at_batch_64_and_512, lstm_step_matches_the_cpu_at_batch_64_and_512_on_host);
+
+fn check_lstm_batches(mut g: Dev) {
     check_lstm(&mut g, 64, 64, 128, 4, 3);
     check_lstm(&mut g, 512, 32, 64, 4, 4);
 }
@@ -234,9 +252,9 @@ fn lstm_step_matches_the_cpu_at_gpu_scale() {
 // ---------------------------------------------------------------------------------------------
 // Argmax.
 
-#[test]
-fn argmax_matches_project_argmax_with_ties_and_feeds_the_next_embedding() {
-    let Some(mut g) = gpu(true) else { return };
+on_gpu_and_host!(check_argmax_ties(true): argmax_matches_project_argmax_with_ties_and_feeds_the_next_embedding, argmax_matches_project_argmax_with_ties_and_feeds_the_next_embedding_on_host);
+
+fn check_argmax_ties(mut g: Dev) {
     // Small integers: every logit is exact on both sides whatever the summation order, so ties are
     // real ties. Vocabularies below a warp, across several warps, and much larger than a block.
     for (hd, vocab, rows) in [(64usize, 20usize, 5usize), (64, 1000, 37), (32, 30522, 7)] {
@@ -260,14 +278,14 @@ fn argmax_matches_project_argmax_with_ties_and_feeds_the_next_embedding() {
         let mut words: Vec<u32> =
             (0..rows as u32).map(|r| slot_word((r * 5 + 2) % n_slots as u32, r % 2 == 0)).collect();
         *words.last_mut().unwrap() = n_slots as u32 + 7;
-        let slots_d = g.s.upload(&words).unwrap();
+        let slots_d = g.upload(&words).unwrap();
 
-        let (h_d, w_d, b_d) = (g.s.upload(&h).unwrap(), g.s.upload(&w).unwrap(), g.s.upload(&b).unwrap());
-        let mut logits_d = g.dev.alloc::<f32>(rows * vocab).unwrap();
+        let (h_d, w_d, b_d) = (g.upload(&h).unwrap(), g.upload(&w).unwrap(), g.upload(&b).unwrap());
+        let mut logits_d = g.alloc::<f32>(rows * vocab).unwrap();
         g.gemm((rows, vocab, hd), &h_d, &w_d, &mut logits_d);
-        let tokens = g.s.upload(&vec![u32::MAX; rows]).unwrap();
+        let tokens = g.upload(&vec![u32::MAX; rows]).unwrap();
         g.argmax(&logits_d, Some(&b_d), (rows, vocab), Some((&slots_d, &arena, 1)), &tokens);
-        let got = g.s.download(&tokens).unwrap();
+        let got = g.download(&tokens).unwrap();
         assert_eq!(got, want, "vocab {vocab}: GPU argmax vs project_argmax");
         let ties = (0..rows)
             .filter(|&r| {
@@ -278,7 +296,7 @@ fn argmax_matches_project_argmax_with_ties_and_feeds_the_next_embedding() {
         println!("vocab {vocab}: {ties} of {rows} rows have tied maxima");
 
         let before = arena_values(&cpu_arena);
-        let after = g.s.download(&arena.buf).unwrap();
+        let after = g.download(&arena.buf).unwrap();
         for s in 0..n_slots {
             for j in 0..width {
                 let stored =
@@ -294,26 +312,26 @@ fn argmax_matches_project_argmax_with_ties_and_feeds_the_next_embedding() {
         // The next decoder step: SERVE_TOKEN_FROM_SLOT rows embed the token stored in their slot.
         let e = 16;
         let table = values(vocab * e, 90, 1.0);
-        let table_d = g.s.upload(&table).unwrap();
-        let ids_d = g.s.upload(&vec![abi::SERVE_TOKEN_FROM_SLOT; rows]).unwrap();
-        let out = g.dev.alloc::<f32>(rows * e).unwrap();
-        let errors = g.dev.alloc::<u32>(rows).unwrap();
+        let table_d = g.upload(&table).unwrap();
+        let ids_d = g.upload(&vec![abi::SERVE_TOKEN_FROM_SLOT; rows]).unwrap();
+        let out = g.alloc::<f32>(rows * e).unwrap();
+        let errors = g.alloc::<u32>(rows).unwrap();
         let from = SlotTokens { slots: &slots_d, arena: &arena, token_offset: 1 };
         g.embed(&table_d, vocab, e, &ids_d, Some(&from), &out, e, Some(&errors));
         let mut ref_ids = want.clone();
         *ref_ids.last_mut().unwrap() = NO_TOKEN; // its slot is out of range: a bad row, zeros
         let mut x = vec![0.0; rows * e];
         embed_rows(&table, e, &ref_ids, &mut x);
-        assert_eq!(g.s.download(&out).unwrap(), x);
+        assert_eq!(g.download(&out).unwrap(), x);
         let mut flags = vec![abi::SERVE_ROW_OK; rows];
         *flags.last_mut().unwrap() = abi::SERVE_ROW_BAD_TOKEN;
-        assert_eq!(g.s.download(&errors).unwrap(), flags);
+        assert_eq!(g.download(&errors).unwrap(), flags);
     }
 }
 
-#[test]
-fn argmax_of_nan_and_infinite_logits_follows_the_cpu_rule() {
-    let Some(g) = gpu(false) else { return };
+on_gpu_and_host!(check_argmax_non_finite(false): argmax_of_nan_and_infinite_logits_follows_the_cpu_rule, argmax_of_nan_and_infinite_logits_follows_the_cpu_rule_on_host);
+
+fn check_argmax_non_finite(g: Dev) {
     let vocab = 700;
     let (nan, inf) = (f32::NAN, f32::INFINITY);
     let mut cases: Vec<Vec<f32>> = Vec::new();
@@ -340,10 +358,10 @@ fn argmax_of_nan_and_infinite_logits_follows_the_cpu_rule() {
     cases.push(row(&|j| if j == 650 { -3.0e38 } else { nan }));
     let rows = cases.len();
     let logits: Vec<f32> = cases.concat();
-    let logits_d = g.s.upload(&logits).unwrap();
-    let tokens = g.s.upload(&vec![u32::MAX; rows]).unwrap();
+    let logits_d = g.upload(&logits).unwrap();
+    let tokens = g.upload(&vec![u32::MAX; rows]).unwrap();
     g.argmax(&logits_d, None, (rows, vocab), None, &tokens);
-    let got = g.s.download(&tokens).unwrap();
+    let got = g.download(&tokens).unwrap();
     let want: Vec<u32> = cases.iter().map(|c| argmax(c)).collect();
     assert_eq!(got, want);
 }
@@ -355,14 +373,14 @@ struct Tree {
     e: usize,
     h: usize,
     cpu: TreeCell,
-    wx: DeviceBuffer<f32>,
-    bias: DeviceBuffer<f32>,
-    u_iou: DeviceBuffer<f32>,
-    u_f: DeviceBuffer<f32>,
+    wx: Buf<f32>,
+    bias: Buf<f32>,
+    u_iou: Buf<f32>,
+    u_f: Buf<f32>,
 }
 
 impl Tree {
-    fn new(g: &Gpu, e: usize, h: usize, seed: u64) -> Tree {
+    fn new(g: &Dev, e: usize, h: usize, seed: u64) -> Tree {
         let s = 1.0 / (h as f32).sqrt();
         let k = seed * 10;
         let (w_iou, b_iou, u_iou) =
@@ -375,10 +393,10 @@ impl Tree {
             e,
             h,
             cpu,
-            wx: g.s.upload(&wx).unwrap(),
-            bias: g.s.upload(&bias).unwrap(),
-            u_iou: g.s.upload(&u_iou).unwrap(),
-            u_f: g.s.upload(&u_f).unwrap(),
+            wx: g.upload(&wx).unwrap(),
+            bias: g.upload(&bias).unwrap(),
+            u_iou: g.upload(&u_iou).unwrap(),
+            u_f: g.upload(&u_f).unwrap(),
         }
     }
 }
@@ -386,7 +404,7 @@ impl Tree {
 /// One TreeLSTM step of `nodes` (slot, child slots) padded to `padded` rows, GPU against CPU, on
 /// arenas that start equal; checks h_out and every slot.
 fn check_tree_step(
-    g: &mut Gpu,
+    g: &mut Dev,
     t: &Tree,
     (cpu_arena, arena): (&StateArena, &Arena),
     nodes: &[(u32, Vec<u32>)],
@@ -408,7 +426,7 @@ fn check_tree_step(
     x[nodes.len() * e..].fill(0.0);
     let what = format!("tree step of {} nodes (padded {padded}), E {e}, H {hd}", nodes.len());
 
-    let gpu_before = g.s.download(&arena.buf).unwrap();
+    let gpu_before = g.download(&arena.buf).unwrap();
     let mut scratch = TreeScratch::new();
     let mut h_cpu = vec![f32::NAN; padded * hd];
     tree_step(&t.cpu, &x, &rows, &child_slots, padded, cpu_arena, &mut scratch, &mut h_cpu, Threads(1));
@@ -417,17 +435,17 @@ fn check_tree_step(
     let ch = Children::new(g, &start, &flat);
     // The flag bit of node and child slot words is ignored: set it on some.
     let node_words: Vec<u32> = nodes.iter().enumerate().map(|(i, n)| slot_word(n.0, i % 3 == 1)).collect();
-    let node_slots = g.s.upload(&node_words).unwrap();
-    let x_d = g.s.upload(&x).unwrap();
-    let mut gx = g.dev.alloc::<f32>(padded * 4 * hd).unwrap();
-    let h_out = g.s.upload(&vec![f32::NAN; padded * hd]).unwrap();
+    let node_slots = g.upload(&node_words).unwrap();
+    let x_d = g.upload(&x).unwrap();
+    let mut gx = g.alloc::<f32>(padded * 4 * hd).unwrap();
+    let h_out = g.upload(&vec![f32::NAN; padded * hd]).unwrap();
     g.gemm((padded, 4 * hd, e), &x_d, &t.wx, &mut gx);
     if ch.total > 0 {
-        let h_sum = g.s.upload(&vec![f32::NAN; padded * hd]).unwrap();
-        let child_h = g.s.upload(&vec![f32::NAN; ch.total * hd]).unwrap();
-        let child_c = g.s.upload(&vec![f32::NAN; ch.total * hd]).unwrap();
-        let mut gu = g.dev.alloc::<f32>(padded * 3 * hd).unwrap();
-        let mut fu = g.dev.alloc::<f32>(ch.total * hd).unwrap();
+        let h_sum = g.upload(&vec![f32::NAN; padded * hd]).unwrap();
+        let child_h = g.upload(&vec![f32::NAN; ch.total * hd]).unwrap();
+        let child_c = g.upload(&vec![f32::NAN; ch.total * hd]).unwrap();
+        let mut gu = g.alloc::<f32>(padded * 3 * hd).unwrap();
+        let mut fu = g.alloc::<f32>(ch.total * hd).unwrap();
         g.tree_gather(&ch, arena, &h_sum, &child_h, &child_c, hd, padded);
         g.gemm((padded, 3 * hd, hd), &h_sum, &t.u_iou, &mut gu);
         g.gemm((ch.total, hd, hd), &child_h, &t.u_f, &mut fu);
@@ -444,7 +462,7 @@ fn check_tree_step(
             padded,
         );
         // h̃ is the children's h summed in child order (the CPU's order).
-        let sums = g.s.download(&h_sum).unwrap();
+        let sums = g.download(&h_sum).unwrap();
         for (r, w) in start.windows(2).enumerate() {
             let mut want = vec![0.0f32; hd];
             for q in w[0]..w[1] {
@@ -460,8 +478,8 @@ fn check_tree_step(
     } else {
         g.tree_pointwise(&gx, None, &t.bias, &ch, None, &node_slots, arena, &h_out, hd, padded);
     }
-    assert_close(&g.s.download(&h_out).unwrap(), &h_cpu, &format!("{what}: h_out"));
-    let got = g.s.download(&arena.buf).unwrap();
+    assert_close(&g.download(&h_out).unwrap(), &h_cpu, &format!("{what}: h_out"));
+    let got = g.download(&arena.buf).unwrap();
     let want = arena_values(cpu_arena);
     let w = arena.width;
     for s in 0..arena.slots {
@@ -476,9 +494,9 @@ fn check_tree_step(
     }
 }
 
-#[test]
-fn tree_step_matches_the_cpu_with_multi_child_nodes() {
-    let Some(mut g) = gpu(true) else { return };
+on_gpu_and_host!(check_tree_steps(true): tree_step_matches_the_cpu_with_multi_child_nodes, tree_step_matches_the_cpu_with_multi_child_nodes_on_host);
+
+fn check_tree_steps(mut g: Dev) {
     // The CPU test's tree: leaves, then a three-child node, a leaf and a one-child node in one
     // step, then the root over two internal nodes.
     let (e, hd) = (12, 20);

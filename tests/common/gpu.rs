@@ -2,17 +2,48 @@
 //! `skipped: …` and passes, unless `SERVE_REQUIRE_GPU=1` makes that a failure; NVRTC needs no
 //! GPU, and `SERVE_REQUIRE_NVRTC=1` makes its absence a failure on its own.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
 use serve::backend::cuda::{self, CudaDevice, libs};
 
 use super::native::env_flag;
 
 /// Print why the test is skipped and return `None`; under `SERVE_REQUIRE_GPU=1`, fail instead.
+/// The skip is also recorded for the run's summary line (`tests/zz_gpu_summary.rs`).
 pub fn skip<T>(why: &str) -> Option<T> {
     if env_flag("SERVE_REQUIRE_GPU") {
         panic!("SERVE_REQUIRE_GPU=1 but {why}");
     }
     println!("skipped: {why}");
+    record_skip(why);
     None
+}
+
+/// The file where the test binaries of one `cargo test` run record their GPU skips: named by
+/// the parent process (cargo), which every test binary of the run shares.
+pub fn skips_file() -> PathBuf {
+    let run = std::os::unix::process::parent_id();
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpu-skips").join(format!("{run}.txt"))
+}
+
+/// Append `binary<TAB>test<TAB>why` to [`skips_file`]: one short line in one `write` to a file
+/// opened for appending, so that test threads and binaries never interleave their lines.
+fn record_skip(why: &str) {
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|s| s.rsplit_once('-').map_or(s.clone(), |(name, _hash)| name.to_string()))
+        .unwrap_or_else(|| "?".into());
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("{binary}\t{test}\t{}\n", why.replace(['\t', '\n'], " "));
+    let file = skips_file();
+    let written = std::fs::create_dir_all(file.parent().expect("a parent"))
+        .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&file))
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        println!("(could not record the skip in {}: {e})", file.display());
+    }
 }
 
 /// Device 0, or `None` after printing why the test is skipped (no CUDA device).

@@ -14,6 +14,7 @@ use serve::{Code, Completion, CompletionQueue, Input, Model, Runtime, StatsSnaps
 
 pub mod cuda_kernels;
 pub mod gpu;
+pub mod kernels_on_host;
 pub mod native;
 pub mod openmetrics;
 pub mod recurrent;

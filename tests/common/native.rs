@@ -189,6 +189,9 @@ pub struct Tool {
 pub const C_COMPILER: Tool =
     Tool { env: "CC", default: "cc", skip_env: "SERVE_SKIP_C", what: "a C compiler" };
 
+pub const CXX_COMPILER: Tool =
+    Tool { env: "CXX", default: "c++", skip_env: "SERVE_SKIP_CPP", what: "a C++ compiler" };
+
 impl Tool {
     /// The program to run: `$<env>` if set and non-empty, else the default.
     pub fn program(&self) -> OsString {
