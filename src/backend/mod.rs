@@ -103,6 +103,11 @@ pub enum Work {
     Dense(Vec<f32>),
     /// One batched step of a recurrent model's cell type.
     Cells(CellTask),
+    /// Layers `first..last` of a layer model (`Network::layers`) over the task's rows: `input`
+    /// holds each row's values entering layer `first` (`rows ×` that layer's input length; for
+    /// `first == 0` the rows a `Dense` task carries), and the task's output is each row's values
+    /// leaving layer `last − 1` (the model's output when `last` is its layer count).
+    Layers { first: usize, last: usize, input: Vec<f32> },
 }
 
 /// One batched cell step (cellular batching): rows of one cell type, each naming the state slots

@@ -358,21 +358,23 @@ pub extern "C" fn serve_model_kind(model: *const serve_model) -> *const c_char {
     }
 }
 
-/// Values in one request's input for fixed-shape models (`mlp`); 0 for sequence and tree models
-/// and for NULL.
+/// Values in one request's input for models with a fixed input size (`mlp`, `resnet`: its
+/// f32 input); 0 for sequence and tree models (`bert` included: tokens) and for NULL.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_input_len(model: *const serve_model) -> usize {
     ffi_boundary! {
         // SAFETY: NULL or a live model (contract).
         unsafe { model.as_ref() }.map_or(0, |m| match m.model.network() {
             Network::Mlp(n) => n.input_len(),
+            Network::ResNet(n) => n.input_len(),
             _ => 0,
         })
     }
 }
 
 /// Values in one request's output for models with a fixed output size (`mlp`: its output;
-/// `lstm`, `treelstm`: the hidden size); 0 for `seq2seq` (token outputs) and for NULL.
+/// `resnet`: its classes; `lstm`, `treelstm`, `bert`: the hidden size); 0 for `seq2seq` (token
+/// outputs) and for NULL.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_output_len(model: *const serve_model) -> usize {
     ffi_boundary! {
@@ -381,6 +383,8 @@ pub extern "C" fn serve_model_output_len(model: *const serve_model) -> usize {
             Network::Mlp(n) => n.output_len(),
             Network::Lstm(n) => n.cfg.hidden,
             Network::TreeLstm(n) => n.cfg.hidden,
+            Network::ResNet(n) => n.output_len(),
+            Network::Bert(n) => n.cfg.hidden,
             Network::Seq2Seq(_) => 0,
         })
     }

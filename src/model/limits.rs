@@ -16,6 +16,10 @@
 //! | `max_nodes` | [`MAX_NODES`] (1,048,576 nodes) |
 //! | mlp layer width (`in`, `out` of `layers.{k}.weight`) | [`MAX_MLP_WIDTH`] (4,194,304) |
 //! | mlp layers | [`MAX_MLP_LAYERS`] (1,024) |
+//! | resnet `image` side / channels | [`MAX_IMAGE_SIDE`] (4,096) / [`MAX_IMAGE_CHANNELS`] (1,024) |
+//! | resnet `layers[i]` / `width` / `num_classes` | [`MAX_RESNET_BLOCKS`] (256) / [`MAX_RESNET_WIDTH`] (1,024) / [`MAX_MLP_WIDTH`] |
+//! | bert `vocab`, `hidden`, `intermediate`, `layers` | as `vocab`, `hidden`, `hidden`, `layers` above |
+//! | bert `seq_len`, `max_position` / `heads` / `type_vocab` | [`MAX_SEQ_LEN`] (16,384) / [`MAX_HEADS`] (1,024) / [`MAX_VOCAB`] |
 //!
 //! Every size is at least 1; `bos` and `eos` are below `vocab`. The limits are far above real
 //! models of these kinds (vocabularies of a few 100k, hidden sizes up to ~16k, a few hundred
@@ -49,6 +53,15 @@ pub const MAX_NODES: usize = 1 << 20;
 pub const MAX_MLP_WIDTH: usize = 1 << 22;
 /// Most mlp layers.
 pub const MAX_MLP_LAYERS: usize = 1 << 10;
+/// Largest image side (`image[1]`, `image[2]` of a resnet) and channel count (`image[0]`).
+pub const MAX_IMAGE_SIDE: usize = 1 << 12;
+pub const MAX_IMAGE_CHANNELS: usize = 1 << 10;
+/// Most blocks in one resnet stage (`layers[i]`), and the widest stem (`width`).
+pub const MAX_RESNET_BLOCKS: usize = 1 << 8;
+pub const MAX_RESNET_WIDTH: usize = 1 << 10;
+/// Largest bert `seq_len` / `max_position`, and most attention heads.
+pub const MAX_SEQ_LEN: usize = 1 << 14;
+pub const MAX_HEADS: usize = 1 << 10;
 
 // A request's cell graph (a source of `max_len` tokens then `max_decode` decoder steps, or a tree
 // of `max_nodes`) numbers its nodes in u32 below the two reserved top values; token ids are u32

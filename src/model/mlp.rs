@@ -47,6 +47,23 @@ impl Mlp {
     pub fn max_width(&self) -> usize {
         self.layers.iter().map(|l| l.in_features.max(l.out_features)).max().unwrap_or(0)
     }
+    /// Its layers, one per `torch.nn.Linear` (ReLU included).
+    pub fn layer_infos(&self) -> Vec<crate::model::LayerInfo> {
+        self.layers
+            .iter()
+            .enumerate()
+            .map(|(k, l)| {
+                crate::model::LayerInfo::new(
+                    &format!("layers.{k}"),
+                    "dense",
+                    4 * (l.weight.len() + l.bias.len()) as u64,
+                    2 * (l.in_features * l.out_features) as u64,
+                    l.out_features,
+                )
+            })
+            .collect()
+    }
+
     /// Multiply-adds × 2 for one row.
     pub fn flops_per_row(&self) -> u64 {
         self.layers.iter().map(|l| 2 * (l.in_features * l.out_features) as u64).sum()

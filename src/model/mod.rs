@@ -6,10 +6,12 @@
 //! (a FIFO, a device, a directory or a symlink loop is INVALID_ARGUMENT), and every model.toml key
 //! and tensor dimension is checked against the documented [`limits`] (FORMAT naming the key).
 
+pub mod bert;
 pub(crate) mod file;
 pub mod limits;
 pub mod lstm;
 pub mod mlp;
+pub mod resnet;
 pub mod seq2seq;
 pub mod treelstm;
 pub mod weights;
@@ -22,8 +24,10 @@ use std::sync::Arc;
 use crate::error::{Code, Error, Result};
 use crate::sched::{CellGraph, CellType};
 
+pub use bert::Bert;
 pub use lstm::Lstm;
 pub use mlp::Mlp;
+pub use resnet::ResNet;
 pub use seq2seq::Seq2Seq;
 pub use treelstm::{NO_TOKEN, TreeLstm};
 
@@ -37,11 +41,19 @@ pub enum ModelKind {
     Lstm,
     Seq2Seq,
     TreeLstm,
+    ResNet,
+    Bert,
 }
 
 impl ModelKind {
-    pub const ALL: [ModelKind; 4] =
-        [ModelKind::Mlp, ModelKind::Lstm, ModelKind::Seq2Seq, ModelKind::TreeLstm];
+    pub const ALL: [ModelKind; 6] = [
+        ModelKind::Mlp,
+        ModelKind::Lstm,
+        ModelKind::Seq2Seq,
+        ModelKind::TreeLstm,
+        ModelKind::ResNet,
+        ModelKind::Bert,
+    ];
 
     pub fn name(self) -> &'static str {
         self.c_name().to_str().expect("kind names are ASCII")
@@ -54,6 +66,8 @@ impl ModelKind {
             ModelKind::Lstm => c"lstm",
             ModelKind::Seq2Seq => c"seq2seq",
             ModelKind::TreeLstm => c"treelstm",
+            ModelKind::ResNet => c"resnet",
+            ModelKind::Bert => c"bert",
         }
     }
 
@@ -75,7 +89,7 @@ pub enum Input {
     /// ±infinity is refused at submit with `INVALID_ARGUMENT` naming the first such element
     /// (a ReLU would otherwise turn NaN into a plausible 0).
     F32(Vec<f32>),
-    /// A token sequence (`lstm`, `seq2seq`).
+    /// A token sequence (`lstm`, `seq2seq`, `bert`).
     Tokens(Vec<u32>),
     /// A tree: `tokens[i]` with parent `parents[i]` (−1 for the root) (`treelstm`).
     Tree { tokens: Vec<u32>, parents: Vec<i32> },
@@ -106,6 +120,35 @@ pub enum Network {
     Lstm(Lstm),
     Seq2Seq(Seq2Seq),
     TreeLstm(TreeLstm),
+    ResNet(ResNet),
+    Bert(Bert),
+}
+
+/// One layer of a layer model (`mlp`, `resnet`, `bert`): the unit a layer-granular backend runs
+/// (`[first, last)` ranges), VELTAIR schedules and DeepPlan loads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerInfo {
+    /// The `state_dict` prefix it covers (`layer1.0`, `encoder.layer.3`, `layers.2`, …).
+    pub name: String,
+    pub kind: &'static str,
+    /// Bytes of its weights (fp32) as a backend holds them.
+    pub weight_bytes: u64,
+    /// Floating-point operations (2 per multiply-add) for one row (one request).
+    pub flops_per_row: u64,
+    /// Values per row of its output: the next layer's input.
+    pub out_len: usize,
+}
+
+impl LayerInfo {
+    pub fn new(
+        name: &str,
+        kind: &'static str,
+        weight_bytes: u64,
+        flops_per_row: u64,
+        out_len: usize,
+    ) -> LayerInfo {
+        LayerInfo { name: name.to_string(), kind, weight_bytes, flops_per_row, out_len }
+    }
 }
 
 /// A cell type of a recurrent model, as the schedulers see it.
@@ -132,6 +175,8 @@ impl Network {
             Network::Lstm(_) => ModelKind::Lstm,
             Network::Seq2Seq(_) => ModelKind::Seq2Seq,
             Network::TreeLstm(_) => ModelKind::TreeLstm,
+            Network::ResNet(_) => ModelKind::ResNet,
+            Network::Bert(_) => ModelKind::Bert,
         }
     }
 
@@ -142,14 +187,16 @@ impl Network {
             Network::Lstm(m) => m.check(),
             Network::Seq2Seq(m) => m.check(),
             Network::TreeLstm(m) => m.check(),
+            Network::ResNet(m) => m.check(),
+            Network::Bert(m) => m.check(),
         }
     }
 
     /// Where a recurrent request's state slot keeps the Seq2Seq decoder's last token: after every
-    /// layer's `h` and `c` (a tree node's `h` and `c`). 0 for an mlp.
+    /// layer's `h` and `c` (a tree node's `h` and `c`). 0 for a fixed-shape model.
     pub fn token_word(&self) -> usize {
         match self {
-            Network::Mlp(_) => 0,
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => 0,
             Network::Lstm(m) => m.cfg.layers * 2 * m.cfg.hidden,
             Network::Seq2Seq(m) => m.cfg.layers * 2 * m.cfg.hidden,
             Network::TreeLstm(m) => 2 * m.cfg.hidden,
@@ -165,7 +212,7 @@ impl Network {
     /// The cell types of a recurrent model, indexed by [`CellType`]; empty for fixed-shape models.
     pub fn cell_types(&self) -> &'static [CellTypeInfo] {
         match self {
-            Network::Mlp(_) => &[],
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => &[],
             Network::Lstm(_) => &[CellTypeInfo { name: "step", priority: 0 }],
             Network::Seq2Seq(_) => &[
                 CellTypeInfo { name: "encoder", priority: 0 },
@@ -182,23 +229,25 @@ impl Network {
         !self.cell_types().is_empty()
     }
 
-    /// Hidden size of a recurrent model (0 for an mlp).
+    /// Hidden size of a recurrent model (0 for a fixed-shape model).
     pub fn hidden(&self) -> usize {
         match self {
-            Network::Mlp(_) => 0,
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => 0,
             Network::Lstm(m) => m.cfg.hidden,
             Network::Seq2Seq(m) => m.cfg.hidden,
             Network::TreeLstm(m) => m.cfg.hidden,
         }
     }
 
-    /// The most elements an input of this model may have: the mlp's input length (exactly that
-    /// many), the most tokens of an lstm or seq2seq sequence, the most nodes of a treelstm tree.
-    /// Callers that copy an input from outside (the C ABI) check its length against this before
-    /// touching it.
+    /// The most elements an input of this model may have: an mlp's or resnet's input length
+    /// (exactly that many), the most tokens of an lstm, seq2seq or bert sequence, the most nodes
+    /// of a treelstm tree. Callers that copy an input from outside (the C ABI) check its length
+    /// against this before touching it.
     pub fn max_input_len(&self) -> usize {
         match self {
             Network::Mlp(m) => m.input_len(),
+            Network::ResNet(m) => m.input_len(),
+            Network::Bert(m) => m.cfg.seq_len,
             Network::Lstm(m) => m.max_len(),
             Network::Seq2Seq(m) => m.max_len(),
             Network::TreeLstm(m) => m.max_nodes(),
@@ -219,6 +268,14 @@ impl Network {
                 v.len(),
                 m.input_len()
             ))),
+            (Network::ResNet(m), Input::F32(v)) if v.len() == m.input_len() => check_finite(v),
+            (Network::ResNet(m), Input::F32(v)) => Err(Error::invalid(format!(
+                "input has length {}; this resnet takes an image of {:?} (C × H × W) = {} values",
+                v.len(),
+                m.cfg.image,
+                m.input_len()
+            ))),
+            (Network::Bert(m), Input::Tokens(t)) => check_tokens(t, m.cfg.vocab, m.cfg.seq_len, "bert"),
             (Network::Lstm(m), Input::Tokens(t)) => m.validate(t),
             (Network::Seq2Seq(m), Input::Tokens(t)) => m.validate(t),
             (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
@@ -227,7 +284,10 @@ impl Network {
             (net, other) => {
                 let want = match net {
                     Network::Mlp(m) => format!("an f32 vector of length {}", m.input_len()),
-                    Network::Lstm(_) | Network::Seq2Seq(_) => "a token sequence".to_string(),
+                    Network::ResNet(m) => format!("an f32 image of {} values", m.input_len()),
+                    Network::Lstm(_) | Network::Seq2Seq(_) | Network::Bert(_) => {
+                        "a token sequence".to_string()
+                    }
                     Network::TreeLstm(_) => "a tree (tokens and parents)".to_string(),
                 };
                 Err(Error::invalid(format!(
@@ -256,7 +316,7 @@ impl Network {
                 let tree = m.validate(tokens, parents)?;
                 CellGraph::tree(&tree.children, LEAF, INTERNAL)?
             }
-            (Network::Mlp(_), _) => {
+            (Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_), _) => {
                 self.validate(input)?;
                 return Ok(None);
             }
@@ -268,10 +328,48 @@ impl Network {
         Ok(Some(Arc::new(g)))
     }
 
+    /// The layers of a layer model (`mlp`, `resnet`, `bert`) in order; empty for a recurrent one.
+    pub fn layers(&self) -> Vec<LayerInfo> {
+        match self {
+            Network::Mlp(m) => m.layer_infos(),
+            Network::ResNet(m) => m.layers(),
+            Network::Bert(m) => m.layers(),
+            Network::Lstm(_) | Network::Seq2Seq(_) | Network::TreeLstm(_) => Vec::new(),
+        }
+    }
+
+    /// Values per row of a fixed-shape model's task input ([`Network::dense_row`]) and output;
+    /// (0, 0) for a recurrent model.
+    pub fn dense_lens(&self) -> (usize, usize) {
+        match self {
+            Network::Mlp(m) => (m.input_len(), m.output_len()),
+            Network::ResNet(m) => (m.input_len(), m.output_len()),
+            Network::Bert(m) => (m.cfg.seq_len, m.cfg.hidden),
+            Network::Lstm(_) | Network::Seq2Seq(_) | Network::TreeLstm(_) => (0, 0),
+        }
+    }
+
+    /// Write a validated request's input into its row of a fixed-shape task (`dense_lens().0`
+    /// values): the f32 vector itself, or for `bert` the token ids as f32 (exact: ids are below
+    /// 2^22) followed by −1 for every position past the request's length.
+    pub fn dense_row(&self, input: &Input, row: &mut [f32]) {
+        match input {
+            Input::F32(v) => row[..v.len()].copy_from_slice(v),
+            Input::Tokens(t) => {
+                for (i, r) in row.iter_mut().enumerate() {
+                    *r = t.get(i).map_or(-1.0, |&id| id as f32);
+                }
+            }
+            Input::Tree { .. } => {}
+        }
+    }
+
     /// Write the network as a model directory (`model.toml` + `weights.safetensors`).
     pub fn save(&self, dir: &Path) -> Result<()> {
         let (toml, tensors) = match self {
             Network::Mlp(m) => return m.save(dir),
+            Network::ResNet(m) => return m.save(dir),
+            Network::Bert(m) => return m.save(dir),
             Network::Lstm(m) => (m.toml(), m.tensors()),
             Network::Seq2Seq(m) => (m.toml(), m.tensors()),
             Network::TreeLstm(m) => (m.toml(), m.tensors()),
@@ -362,6 +460,16 @@ pub fn load(dir: &Path) -> Result<Network> {
             let cfg: treelstm::TreeLstmConfig = parse_config(table, &toml_path)?;
             cfg.check(&toml_path)?;
             Network::TreeLstm(TreeLstm::from_weights(cfg, weights()?)?)
+        }
+        ModelKind::ResNet => {
+            let cfg: resnet::ResNetConfig = parse_config(table, &toml_path)?;
+            cfg.check(&toml_path)?;
+            Network::ResNet(ResNet::from_weights(&cfg, &toml_path, weights()?)?)
+        }
+        ModelKind::Bert => {
+            let cfg: bert::BertConfig = parse_config(table, &toml_path)?;
+            cfg.check(&toml_path)?;
+            Network::Bert(Bert::from_weights(&cfg, &toml_path, weights()?)?)
         }
     })
 }

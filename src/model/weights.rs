@@ -1,6 +1,7 @@
 //! `weights.safetensors` reading (with validation) and writing.
 //!
-//! Every tensor must be fp32. Loading checks names, shapes and dtype and says which tensor is wrong.
+//! Every tensor must be fp32, except PyTorch's integer buffers ([`IGNORED_BUFFERS`]), which are
+//! skipped. Loading checks names, shapes and dtype and says which tensor is wrong.
 //!
 //! The file is read, not memory-mapped: a mapped file that another process truncates raises
 //! SIGBUS in the host process, and a library inside someone's server must never abort it. It is
@@ -122,6 +123,35 @@ fn check_offsets(tensors: &[(String, TensorInfo)]) -> std::result::Result<usize,
     Ok(start)
 }
 
+/// Integer buffers PyTorch keeps in a `state_dict` that carry no weights: BatchNorm's
+/// `num_batches_tracked` (a training counter) and a transformer's `position_ids` /
+/// `token_type_ids` (`arange` and zeros). A tensor whose name ends in one of these (after a `.`
+/// or as the whole name) with an integer dtype is accepted and ignored; any other non-F32
+/// tensor is FORMAT.
+pub const IGNORED_BUFFERS: [&str; 3] = ["num_batches_tracked", "position_ids", "token_type_ids"];
+
+fn is_ignored_buffer(name: &str, dtype: Dtype) -> bool {
+    let integer = matches!(
+        dtype,
+        Dtype::I8 | Dtype::I16 | Dtype::I32 | Dtype::I64 | Dtype::U8 | Dtype::U16 | Dtype::U32 | Dtype::U64
+    );
+    let last = name.rsplit('.').next().unwrap_or(name);
+    integer && IGNORED_BUFFERS.contains(&last)
+}
+
+/// Read past `bytes` bytes of tensor `name` without keeping them.
+fn skip(f: &mut File, path: &Path, name: &str, bytes: usize) -> Result<()> {
+    let copied = std::io::copy(&mut Read::by_ref(f).take(bytes as u64), &mut std::io::sink())
+        .map_err(|e| Error::new(Code::Io, format!("{}: reading tensor `{name}`: {e}", path.display())))?;
+    if copied != bytes as u64 {
+        return Err(Error::new(
+            Code::Io,
+            format!("{}: the file shrank while tensor `{name}` was read", path.display()),
+        ));
+    }
+    Ok(())
+}
+
 /// Read tensor `name` (`bytes` long, a multiple of 4) from `f` as little-endian f32. A NaN or
 /// infinite value is FORMAT naming the element; a file that shrinks while it is read is IO (as
 /// one that grows: `model::file`).
@@ -187,9 +217,13 @@ impl Weights {
         drop(header);
         entries.sort_by_key(|(_, info)| info.data_offsets);
         let data_len = check_offsets(&entries).map_err(bad)? as u64;
-        if let Some((name, info)) = entries.iter().find(|(_, info)| info.dtype != Dtype::F32) {
+        if let Some((name, info)) = entries
+            .iter()
+            .find(|(name, info)| info.dtype != Dtype::F32 && !is_ignored_buffer(name, info.dtype))
+        {
             return Err(Error::format(format!(
-                "{}: tensor `{name}` has dtype {:?}; libserve models are F32",
+                "{}: tensor `{name}` has dtype {:?}; libserve models are F32 (the only other tensors \
+                 accepted are PyTorch's integer buffers {IGNORED_BUFFERS:?}, which are ignored)",
                 path.display(),
                 info.dtype
             )));
@@ -210,7 +244,13 @@ impl Weights {
         let mut tensors = BTreeMap::new();
         // The tensors in offset order are the data section, front to back (`check_offsets`).
         for (name, info) in entries {
-            let data = read_f32(&mut f, path, &name, info.data_offsets.1 - info.data_offsets.0)?;
+            let bytes = info.data_offsets.1 - info.data_offsets.0;
+            if info.dtype != Dtype::F32 {
+                // An ignored integer buffer: skipped unread (its size was checked above).
+                skip(&mut f, path, &name, bytes)?;
+                continue;
+            }
+            let data = read_f32(&mut f, path, &name, bytes)?;
             tensors.insert(name, Tensor { shape: info.shape, data });
         }
         if f.read(&mut [0u8]).map_err(io)? > 0 {
@@ -221,6 +261,11 @@ impl Weights {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The names of the tensors not taken yet, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.tensors.keys().cloned().collect()
     }
 
     pub fn contains(&self, name: &str) -> bool {

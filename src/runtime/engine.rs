@@ -502,8 +502,8 @@ impl Engine {
             let in_len = state.io.0;
             let mut input = vec![0.0f32; t.batch * in_len];
             for (row, id) in t.requests.iter().enumerate() {
-                if let Some(Input::F32(v)) = self.core.request(*id).map(|r| &r.data.input) {
-                    input[row * in_len..(row + 1) * in_len].copy_from_slice(v);
+                if let Some(r) = self.core.request(*id) {
+                    state.net.dense_row(&r.data.input, &mut input[row * in_len..(row + 1) * in_len]);
                 }
             }
             Work::Dense(input)

@@ -281,7 +281,7 @@ fn runner_size(policy: &dyn Policy) -> (usize, usize) {
 /// arena is refused at submit ("needs N state slots"); `ModelOptions::state_slots` sets more.
 pub(crate) fn default_state_slots(net: &Network, bound: usize) -> usize {
     let (per_request, most) = match net {
-        Network::Mlp(_) => return 0,
+        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => return 0,
         Network::Lstm(_) | Network::Seq2Seq(_) => (1, 1),
         Network::TreeLstm(m) => (64, m.max_nodes()),
     };

@@ -31,7 +31,9 @@ pub fn requests(net: &Network, lengths: Lengths, n: usize, seed: u64) -> Result<
     };
     let mut out = Vec::with_capacity(n);
     match net {
-        Network::Mlp(_) => out.resize(n, SimRequest { graph: None, ends_at: None }),
+        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => {
+            out.resize(n, SimRequest { graph: None, ends_at: None })
+        }
         Network::Lstm(_) => {
             for len in lens() {
                 let graph = net.unfold(&Input::Tokens(vec![0; len]))?;

@@ -133,6 +133,80 @@ pub fn linear(
     }
 }
 
+/// A strided view of a row-major-or-not matrix in a slice: element `(i, j)` is
+/// `data[offset + i·rs + j·cs]`.
+#[derive(Clone, Copy, Debug)]
+pub struct View {
+    pub offset: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl View {
+    /// One past the last element it touches (`offset` for an empty view).
+    fn end(&self) -> usize {
+        if self.rows == 0 || self.cols == 0 {
+            self.offset
+        } else {
+            self.offset + (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1
+        }
+    }
+}
+
+/// `c = scale · a · b` over strided views (`a` is m × k, `b` k × n, `c` m × n), overwriting `c`.
+/// Panics when a view leaves its slice or the shapes disagree.
+pub fn matmul_strided(
+    a: (&[f32], View),
+    b: (&[f32], View),
+    c: (&mut [f32], View),
+    scale: f32,
+    threads: Threads,
+) {
+    let ((a, av), (b, bv), (c, cv)) = (a, b, c);
+    assert_eq!((av.cols, av.rows, bv.cols), (bv.rows, cv.rows, cv.cols), "matmul_strided shapes");
+    assert!(av.end() <= a.len() && bv.end() <= b.len() && cv.end() <= c.len(), "a view leaves its slice");
+    let (m, n, k) = (cv.rows, cv.cols, av.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            for j in 0..n {
+                c[cv.offset + i * cv.rs + j * cv.cs] = 0.0;
+            }
+        }
+        return;
+    }
+    // SAFETY: every element gemm reads or writes is (i, j) of a view, inside its slice (checked
+    // above: the view's last element is in bounds and strides are non-negative); `c` is borrowed
+    // mutably and does not alias `a` or `b` (distinct borrows).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr().add(cv.offset),
+            cv.cs as isize,
+            cv.rs as isize,
+            false,
+            a.as_ptr().add(av.offset),
+            av.cs as isize,
+            av.rs as isize,
+            b.as_ptr().add(bv.offset),
+            bv.cs as isize,
+            bv.rs as isize,
+            0.0,
+            scale,
+            false,
+            false,
+            false,
+            threads.parallelism(m * n * k),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

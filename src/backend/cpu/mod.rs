@@ -6,14 +6,16 @@
 
 pub mod activation;
 pub mod arena;
+pub mod conv;
 pub mod gemm;
+mod layered;
 pub mod lstm_cell;
-mod mlp;
 mod pool;
 mod recurrent;
 pub mod stream;
 #[cfg(test)]
 mod test_util;
+pub mod transformer;
 pub mod tree_cell;
 
 use std::sync::Arc;
@@ -85,7 +87,7 @@ impl Backend for CpuBackend {
             let r = recurrent::RecurrentRunner::new(net, shape, self.pool.clone(), self.threads, notify)?;
             return Ok(Box::new(r));
         }
-        let r = mlp::MlpRunner::new(
+        let r = layered::LayerRunner::new(
             net,
             shape.workers,
             shape.max_batch,

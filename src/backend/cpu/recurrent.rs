@@ -125,6 +125,9 @@ impl RecurrentRunner {
         notify: Notify,
     ) -> Result<RecurrentRunner> {
         let (cells, embed, hidden, layers, vocab) = match &*net {
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => {
+                return Err(Error::internal(format!("a recurrent runner cannot run a {} model", net.kind())));
+            }
             Network::Lstm(m) => {
                 (Cells::Lstm(Chain::new(&m.embedding, &m.stack)), m.cfg.embed, m.cfg.hidden, m.cfg.layers, 0)
             }
@@ -159,7 +162,6 @@ impl RecurrentRunner {
                 1,
                 0,
             ),
-            Network::Mlp(_) => return Err(Error::internal("a recurrent runner cannot run an mlp")),
         };
         let token_offset = net.token_word();
         let arena = StateArena::new(shape.state_slots, net.state_width())?;

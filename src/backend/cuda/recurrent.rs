@@ -266,6 +266,9 @@ impl Recurrent {
         shape: RunnerShape,
     ) -> Result<Recurrent> {
         let (cells, embed, hidden, vocab) = match net {
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => {
+                return Err(Error::internal(format!("a recurrent runner cannot run a {} model", net.kind())));
+            }
             Network::Lstm(m) => (
                 Cells::Lstm(Chain {
                     embedding: stream.upload(&m.embedding)?,
@@ -309,7 +312,6 @@ impl Recurrent {
                     m.cfg.vocab,
                 )
             }
-            Network::Mlp(_) => return Err(Error::internal("a recurrent runner cannot run an mlp")),
         };
         let (token_offset, width) = (net.token_word(), net.state_width());
         // Everything the kernels index with 32-bit parameters.

@@ -1,0 +1,554 @@
+//! `resnet`: torchvision's `ResNet` (`torchvision.models.resnet.ResNet`), its `state_dict` names,
+//! BatchNorm in eval mode (ARCHITECTURE.md §6).
+//!
+//! ```text
+//! conv1 (7×7, stride 2, pad 3) → bn1 → ReLU → maxpool (3×3, stride 2, pad 1)
+//! layer1..layer4: blocks; stage i has width·2^i planes, stride 1 for layer1 and 2 after
+//!   basic:      conv1 3×3 (stride) → bn1 → ReLU → conv2 3×3 → bn2   (+ shortcut) → ReLU
+//!   bottleneck: conv1 1×1 → bn1 → ReLU → conv2 3×3 (stride) → bn2 → ReLU → conv3 1×1 → bn3
+//!               (4× the planes)                                        (+ shortcut) → ReLU
+//!   shortcut: the block's input, or `downsample` (1×1 conv, stride, → bn) when the stride or
+//!   the channel count changes
+//! avgpool (mean over every position) → fc
+//! ```
+//! `width` (model.toml, default 64 = torchvision) is the stem's channel count; torchvision's
+//! models are `width = 64` with `layers` [2,2,2,2] (ResNet-18, basic), [3,4,6,3] (ResNet-34,
+//! basic; ResNet-50, bottleneck), [3,4,23,3] (ResNet-101), [3,8,36,3] (ResNet-152). The image is
+//! any `C × H × W` large enough that every stage keeps at least one position.
+//!
+//! The model keeps each convolution and its BatchNorm as exported; backends fold the BatchNorm
+//! into the convolution when they prepare the model ([`Conv::folded`], eps 1e-5): no BatchNorm
+//! runs at inference.
+//!
+//! Layers (what a layer-granular backend runs as a unit, [`super::LayerInfo`]): the stem (conv1,
+//! bn1, ReLU, maxpool), each block, and the head (avgpool, fc).
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::model::LayerInfo;
+use crate::model::limits::{
+    MAX_IMAGE_CHANNELS, MAX_IMAGE_SIDE, MAX_MLP_WIDTH, MAX_RESNET_BLOCKS, MAX_RESNET_WIDTH, check_size,
+};
+use crate::model::weights::{Tensor, Weights, write_safetensors};
+
+/// torchvision's BatchNorm2d eps.
+pub const BN_EPS: f32 = 1e-5;
+
+/// Keys of model.toml for `kind = "resnet"`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResNetConfig {
+    pub name: Option<String>,
+    /// `"basic"` or `"bottleneck"`.
+    pub block: String,
+    /// Blocks per stage.
+    pub layers: [usize; 4],
+    pub num_classes: usize,
+    /// `[C, H, W]` of the input image.
+    pub image: [usize; 3],
+    /// Channels of the stem (stage i: `width · 2^i` planes). Default 64, torchvision's.
+    pub width: Option<usize>,
+}
+
+impl ResNetConfig {
+    /// Every key within its limit (FORMAT naming the key); the block kind.
+    pub fn check(&self, toml_path: &Path) -> Result<BlockKind> {
+        let kind = match self.block.as_str() {
+            "basic" => BlockKind::Basic,
+            "bottleneck" => BlockKind::Bottleneck,
+            other => {
+                return Err(Error::format(format!(
+                    "{}: block = \"{other}\": expected \"basic\" or \"bottleneck\"",
+                    toml_path.display()
+                )));
+            }
+        };
+        for (i, &n) in self.layers.iter().enumerate() {
+            check_size(toml_path, &format!("layers[{i}]"), n, MAX_RESNET_BLOCKS)?;
+        }
+        check_size(toml_path, "num_classes", self.num_classes, MAX_MLP_WIDTH)?;
+        check_size(toml_path, "image[0] (channels)", self.image[0], MAX_IMAGE_CHANNELS)?;
+        check_size(toml_path, "image[1] (height)", self.image[1], MAX_IMAGE_SIDE)?;
+        check_size(toml_path, "image[2] (width)", self.image[2], MAX_IMAGE_SIDE)?;
+        check_size(toml_path, "width", self.width.unwrap_or(64), MAX_RESNET_WIDTH)?;
+        Ok(kind)
+    }
+}
+
+/// The residual block kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKind {
+    Basic,
+    Bottleneck,
+}
+
+impl BlockKind {
+    /// Output channels per plane.
+    pub fn expansion(self) -> usize {
+        match self {
+            BlockKind::Basic => 1,
+            BlockKind::Bottleneck => 4,
+        }
+    }
+}
+
+/// BatchNorm2d in eval mode: `y = (x − mean) / √(var + eps) · weight + bias`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchNorm {
+    pub weight: Vec<f32>,
+    pub bias: Vec<f32>,
+    pub mean: Vec<f32>,
+    pub var: Vec<f32>,
+}
+
+/// A bias-free `Conv2d` (square kernel) and the BatchNorm after it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv {
+    pub in_c: usize,
+    pub out_c: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub pad: usize,
+    /// `[out_c, in_c, k, k]`, as torch stores it.
+    pub weight: Vec<f32>,
+    pub bn: BatchNorm,
+}
+
+impl Conv {
+    /// Output side for an input side.
+    pub fn out_side(&self, side: usize) -> usize {
+        conv_out(side, self.k, self.stride, self.pad)
+    }
+
+    /// The BatchNorm folded in: the weight scaled per output channel by `γ / √(var + eps)`, as
+    /// `[out_c, k, k, in_c]` (channels innermost, as a channels-last im2col reads them), and the
+    /// bias `β − mean · γ / √(var + eps)`. Computed in f64.
+    pub fn folded(&self) -> (Vec<f32>, Vec<f32>) {
+        let (ci, k) = (self.in_c, self.k);
+        let mut w = vec![0.0f32; self.weight.len()];
+        let mut b = vec![0.0f32; self.out_c];
+        for o in 0..self.out_c {
+            let scale = f64::from(self.bn.weight[o]) / (f64::from(self.bn.var[o]) + f64::from(BN_EPS)).sqrt();
+            b[o] = (f64::from(self.bn.bias[o]) - f64::from(self.bn.mean[o]) * scale) as f32;
+            for c in 0..ci {
+                for y in 0..k {
+                    for x in 0..k {
+                        let v = self.weight[((o * ci + c) * k + y) * k + x];
+                        w[((o * k + y) * k + x) * ci + c] = (f64::from(v) * scale) as f32;
+                    }
+                }
+            }
+        }
+        (w, b)
+    }
+
+    /// Multiply-adds for an output of `out_h × out_w`.
+    fn macs(&self, out_h: usize, out_w: usize) -> u64 {
+        (out_h * out_w * self.out_c * self.in_c * self.k * self.k) as u64
+    }
+}
+
+/// `floor((side + 2·pad − k) / stride) + 1`, or 0 when the kernel does not fit.
+pub fn conv_out(side: usize, k: usize, stride: usize, pad: usize) -> usize {
+    (side + 2 * pad).checked_sub(k).map_or(0, |d| d / stride + 1)
+}
+
+/// One residual block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Block {
+    /// basic: conv1, conv2; bottleneck: conv1, conv2, conv3.
+    pub convs: Vec<Conv>,
+    pub downsample: Option<Conv>,
+}
+
+/// A loaded ResNet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResNet {
+    pub cfg: ResNetConfig,
+    pub kind: BlockKind,
+    pub stem: Conv,
+    /// Every block of the four stages, in order.
+    pub blocks: Vec<Block>,
+    /// `fc.weight` `[num_classes, features]`, `fc.bias`.
+    pub fc_weight: Vec<f32>,
+    pub fc_bias: Vec<f32>,
+}
+
+/// A tensor shape `[C, H, W]` between layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+}
+
+impl Shape {
+    /// Values of one image of this shape.
+    pub fn values(&self) -> usize {
+        self.c * self.h * self.w
+    }
+}
+
+impl ResNet {
+    pub fn width(&self) -> usize {
+        self.cfg.width.unwrap_or(64)
+    }
+
+    pub fn input_len(&self) -> usize {
+        self.cfg.image.iter().product()
+    }
+
+    pub fn output_len(&self) -> usize {
+        self.cfg.num_classes
+    }
+
+    /// Features the head averages: the last stage's channels.
+    pub fn features(&self) -> usize {
+        8 * self.width() * self.kind.expansion()
+    }
+
+    /// The shape entering each layer and the output's: `layers().len() + 1` shapes (the last is
+    /// `[num_classes, 1, 1]`).
+    pub fn shapes(&self) -> Vec<Shape> {
+        let [c, h, w] = self.cfg.image;
+        let mut s = Shape { c, h, w };
+        let mut out = vec![s];
+        // Stem: conv1 then the 3×3 / 2 max-pool (pad 1).
+        let (h1, w1) = (self.stem.out_side(s.h), self.stem.out_side(s.w));
+        s = Shape { c: self.stem.out_c, h: conv_out(h1, 3, 2, 1), w: conv_out(w1, 3, 2, 1) };
+        out.push(s);
+        for b in &self.blocks {
+            let stride = b.convs.iter().map(|c| c.stride).max().unwrap_or(1);
+            let last = b.convs.last().expect("a block has convolutions");
+            s = Shape { c: last.out_c, h: conv_out(s.h, 3, stride, 1), w: conv_out(s.w, 3, stride, 1) };
+            out.push(s);
+        }
+        out.push(Shape { c: self.cfg.num_classes, h: 1, w: 1 });
+        out
+    }
+
+    /// The model's layers: the stem, every block, the head.
+    pub fn layers(&self) -> Vec<LayerInfo> {
+        let shapes = self.shapes();
+        let mut out = Vec::with_capacity(self.blocks.len() + 2);
+        let conv_bytes = |c: &Conv| 4 * (c.weight.len() + c.out_c) as u64;
+        let [_, h, w] = self.cfg.image;
+        let stem_macs = self.stem.macs(self.stem.out_side(h), self.stem.out_side(w));
+        out.push(LayerInfo::new("stem", "conv", conv_bytes(&self.stem), 2 * stem_macs, shapes[1].values()));
+        let mut stage_block = [0usize; 4];
+        let mut stage = 0;
+        for (i, b) in self.blocks.iter().enumerate() {
+            while stage_block[stage] == self.cfg.layers[stage] {
+                stage += 1;
+            }
+            let name = format!("layer{}.{}", stage + 1, stage_block[stage]);
+            stage_block[stage] += 1;
+            let (inp, outp) = (shapes[i + 1], shapes[i + 2]);
+            let mut macs = 0;
+            let (mut hh, mut ww) = (inp.h, inp.w);
+            for c in &b.convs {
+                let (oh, ow) = (c.out_side(hh), c.out_side(ww));
+                macs += c.macs(oh, ow);
+                (hh, ww) = (oh, ow);
+            }
+            if let Some(d) = &b.downsample {
+                macs += d.macs(outp.h, outp.w);
+            }
+            let bytes = b.convs.iter().chain(&b.downsample).map(conv_bytes).sum();
+            out.push(LayerInfo::new(&name, "block", bytes, 2 * macs, outp.values()));
+        }
+        let feats = self.features();
+        out.push(LayerInfo::new(
+            "head",
+            "pool+fc",
+            4 * (self.fc_weight.len() + self.fc_bias.len()) as u64,
+            2 * (feats * self.cfg.num_classes) as u64,
+            self.cfg.num_classes,
+        ));
+        out
+    }
+
+    /// The structure is consistent (for a network built in code): as many blocks as `layers`
+    /// says, each convolution taking the channels the one before gives, the fc taking the last
+    /// stage's. (Any image of at least 1×1 keeps a position through every stage: each
+    /// convolution and the max-pool pad enough.)
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::invalid(format!("inconsistent resnet: {what}")));
+        if self.blocks.len() != self.cfg.layers.iter().sum::<usize>() {
+            return bad(format!("{} blocks for layers {:?}", self.blocks.len(), self.cfg.layers));
+        }
+        if self.stem.in_c != self.cfg.image[0] {
+            return bad(format!(
+                "the stem takes {} channels, the image has {}",
+                self.stem.in_c, self.cfg.image[0]
+            ));
+        }
+        let mut c = self.stem.out_c;
+        for (i, b) in self.blocks.iter().enumerate() {
+            for conv in &b.convs {
+                if conv.in_c != c || conv.weight.len() != conv.out_c * conv.in_c * conv.k * conv.k {
+                    return bad(format!("block {i}: a convolution takes {} channels, gets {c}", conv.in_c));
+                }
+                c = conv.out_c;
+            }
+        }
+        if self.fc_weight.len() != self.cfg.num_classes * c || self.fc_bias.len() != self.cfg.num_classes {
+            return bad(format!("the fc does not map {c} features to {} classes", self.cfg.num_classes));
+        }
+        Ok(())
+    }
+
+    /// Build from the tensors of a torchvision `state_dict`, checking every size against
+    /// model.toml and the [limits](crate::model::limits).
+    pub fn from_weights(cfg: &ResNetConfig, toml_path: &Path, mut w: Weights) -> Result<ResNet> {
+        let kind = cfg.check(toml_path)?;
+        let width = cfg.width.unwrap_or(64);
+
+        let stem = take_conv(&mut w, "conv1", "bn1", cfg.image[0], width, 7, 2, 3)?;
+        let mut blocks = Vec::new();
+        let mut inplanes = width;
+        for (stage, &n) in cfg.layers.iter().enumerate() {
+            let planes = width << stage;
+            for i in 0..n {
+                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+                let p = format!("layer{}.{i}", stage + 1);
+                let out_c = planes * kind.expansion();
+                let convs = match kind {
+                    BlockKind::Basic => vec![
+                        take_conv(
+                            &mut w,
+                            &format!("{p}.conv1"),
+                            &format!("{p}.bn1"),
+                            inplanes,
+                            planes,
+                            3,
+                            stride,
+                            1,
+                        )?,
+                        take_conv(
+                            &mut w,
+                            &format!("{p}.conv2"),
+                            &format!("{p}.bn2"),
+                            planes,
+                            planes,
+                            3,
+                            1,
+                            1,
+                        )?,
+                    ],
+                    BlockKind::Bottleneck => vec![
+                        take_conv(
+                            &mut w,
+                            &format!("{p}.conv1"),
+                            &format!("{p}.bn1"),
+                            inplanes,
+                            planes,
+                            1,
+                            1,
+                            0,
+                        )?,
+                        take_conv(
+                            &mut w,
+                            &format!("{p}.conv2"),
+                            &format!("{p}.bn2"),
+                            planes,
+                            planes,
+                            3,
+                            stride,
+                            1,
+                        )?,
+                        take_conv(
+                            &mut w,
+                            &format!("{p}.conv3"),
+                            &format!("{p}.bn3"),
+                            planes,
+                            out_c,
+                            1,
+                            1,
+                            0,
+                        )?,
+                    ],
+                };
+                let downsample = if stride != 1 || inplanes != out_c {
+                    Some(take_conv(
+                        &mut w,
+                        &format!("{p}.downsample.0"),
+                        &format!("{p}.downsample.1"),
+                        inplanes,
+                        out_c,
+                        1,
+                        stride,
+                        0,
+                    )?)
+                } else {
+                    None
+                };
+                blocks.push(Block { convs, downsample });
+                inplanes = out_c;
+            }
+        }
+        let fc_weight = w.take("fc.weight", &[cfg.num_classes, inplanes])?.data;
+        let fc_bias = w.take("fc.bias", &[cfg.num_classes])?.data;
+        w.finish()?;
+        let net = ResNet { cfg: cfg.clone(), kind, stem, blocks, fc_weight, fc_bias };
+        net.check().map_err(|e| Error::format(format!("{}: {}", toml_path.display(), e.message())))?;
+        Ok(net)
+    }
+
+    /// A random ResNet of `cfg` (He-normal convolutions, random BatchNorm statistics, a small fc).
+    pub fn random(cfg: &ResNetConfig, seed: u64) -> ResNet {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let kind = if cfg.block == "bottleneck" { BlockKind::Bottleneck } else { BlockKind::Basic };
+        let width = cfg.width.unwrap_or(64);
+        let conv = |rng: &mut StdRng, in_c: usize, out_c: usize, k: usize, stride: usize, pad: usize| {
+            let std = (2.0 / (in_c * k * k) as f64).sqrt() as f32;
+            let n = out_c * in_c * k * k;
+            Conv {
+                in_c,
+                out_c,
+                k,
+                stride,
+                pad,
+                weight: (0..n).map(|_| normal(rng) * std).collect(),
+                bn: BatchNorm {
+                    weight: (0..out_c).map(|_| rng.random_range(0.5..1.0)).collect(),
+                    bias: (0..out_c).map(|_| rng.random_range(-0.1..0.1)).collect(),
+                    mean: (0..out_c).map(|_| rng.random_range(-0.1..0.1)).collect(),
+                    var: (0..out_c).map(|_| rng.random_range(0.8..1.2)).collect(),
+                },
+            }
+        };
+        let stem = conv(&mut rng, cfg.image[0], width, 7, 2, 3);
+        let mut blocks = Vec::new();
+        let mut inplanes = width;
+        for (stage, &n) in cfg.layers.iter().enumerate() {
+            let planes = width << stage;
+            for i in 0..n {
+                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+                let out_c = planes * kind.expansion();
+                let convs = match kind {
+                    BlockKind::Basic => {
+                        vec![
+                            conv(&mut rng, inplanes, planes, 3, stride, 1),
+                            conv(&mut rng, planes, planes, 3, 1, 1),
+                        ]
+                    }
+                    BlockKind::Bottleneck => vec![
+                        conv(&mut rng, inplanes, planes, 1, 1, 0),
+                        conv(&mut rng, planes, planes, 3, stride, 1),
+                        conv(&mut rng, planes, out_c, 1, 1, 0),
+                    ],
+                };
+                let downsample =
+                    (stride != 1 || inplanes != out_c).then(|| conv(&mut rng, inplanes, out_c, 1, stride, 0));
+                blocks.push(Block { convs, downsample });
+                inplanes = out_c;
+            }
+        }
+        let s = 1.0 / (inplanes as f32).sqrt();
+        let fc_weight = (0..cfg.num_classes * inplanes).map(|_| rng.random_range(-s..s)).collect();
+        let fc_bias = (0..cfg.num_classes).map(|_| rng.random_range(-s..s)).collect();
+        ResNet { cfg: cfg.clone(), kind, stem, blocks, fc_weight, fc_bias }
+    }
+
+    /// Write model.toml and weights.safetensors (torchvision's names; `num_batches_tracked`
+    /// is not written: it carries nothing).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let c = &self.cfg;
+        let mut toml = format!(
+            "kind = \"resnet\"\nblock = \"{}\"\nlayers = [{}, {}, {}, {}]\nnum_classes = {}\nimage = [{}, {}, {}]\n",
+            c.block,
+            c.layers[0],
+            c.layers[1],
+            c.layers[2],
+            c.layers[3],
+            c.num_classes,
+            c.image[0],
+            c.image[1],
+            c.image[2]
+        );
+        if let Some(w) = c.width {
+            toml.push_str(&format!("width = {w}\n"));
+        }
+        if let Some(n) = &c.name {
+            toml.push_str(&format!("name = {n:?}\n"));
+        }
+        crate::model::create_model_dir(dir, &toml)?;
+        let mut tensors: Vec<(String, Tensor)> = Vec::new();
+        let mut push_conv = |conv: &str, bn: &str, cv: &Conv| {
+            tensors.push((
+                format!("{conv}.weight"),
+                Tensor::new(vec![cv.out_c, cv.in_c, cv.k, cv.k], cv.weight.clone()),
+            ));
+            for (n, v) in [
+                ("weight", &cv.bn.weight),
+                ("bias", &cv.bn.bias),
+                ("running_mean", &cv.bn.mean),
+                ("running_var", &cv.bn.var),
+            ] {
+                tensors.push((format!("{bn}.{n}"), Tensor::new(vec![cv.out_c], v.clone())));
+            }
+        };
+        push_conv("conv1", "bn1", &self.stem);
+        let mut i = 0;
+        for (stage, &n) in c.layers.iter().enumerate() {
+            for j in 0..n {
+                let p = format!("layer{}.{j}", stage + 1);
+                let b = &self.blocks[i];
+                for (k, cv) in b.convs.iter().enumerate() {
+                    push_conv(&format!("{p}.conv{}", k + 1), &format!("{p}.bn{}", k + 1), cv);
+                }
+                if let Some(d) = &b.downsample {
+                    push_conv(&format!("{p}.downsample.0"), &format!("{p}.downsample.1"), d);
+                }
+                i += 1;
+            }
+        }
+        let feats = self.features();
+        tensors.push(("fc.weight".into(), Tensor::new(vec![c.num_classes, feats], self.fc_weight.clone())));
+        tensors.push(("fc.bias".into(), Tensor::new(vec![c.num_classes], self.fc_bias.clone())));
+        let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        write_safetensors(&dir.join(crate::model::WEIGHTS_FILE), &refs)
+    }
+}
+
+/// A standard normal sample (Box–Muller).
+fn normal(rng: &mut StdRng) -> f32 {
+    let u: f64 = rng.random_range(f64::EPSILON..1.0);
+    let v: f64 = rng.random_range(0.0..1.0);
+    ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+}
+
+/// `conv` (weight `[out_c, in_c, k, k]`) and its BatchNorm `bn`, checked.
+#[allow(clippy::too_many_arguments)]
+fn take_conv(
+    w: &mut Weights,
+    conv: &str,
+    bn: &str,
+    in_c: usize,
+    out_c: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+) -> Result<Conv> {
+    let weight = w.take(&format!("{conv}.weight"), &[out_c, in_c, k, k])?.data;
+    let mut v = |n: &str| w.take(&format!("{bn}.{n}"), &[out_c]).map(|t| t.data);
+    let norm = BatchNorm {
+        weight: v("weight")?,
+        bias: v("bias")?,
+        mean: v("running_mean")?,
+        var: v("running_var")?,
+    };
+    if let Some(i) = norm.var.iter().position(|&x| x < 0.0) {
+        return Err(Error::format(format!(
+            "{}: tensor `{bn}.running_var` element {i} is negative ({}): a variance is at least 0",
+            w.path().display(),
+            norm.var[i],
+        )));
+    }
+    Ok(Conv { in_c, out_c, k, stride, pad, weight, bn: norm })
+}

@@ -1,0 +1,292 @@
+//! The layer models `resnet` and `bert` (ARCHITECTURE.md §6) against PyTorch: the fixtures under
+//! `ffi_examples/testdata/` (`resnet_small`, `resnet_bottleneck_small`, `bert_small`) were made
+//! by `scripts/make_layer_fixtures.py` from torchvision's ResNet and transformers' `BertModel`
+//! (random init, BatchNorm statistics and LayerNorm parameters randomised, saved with
+//! `safetensors.torch.save_file(model.state_dict())`, integer buffers included); their
+//! `expected.json` holds PyTorch's fp32 outputs. The runtime serves them on the CPU backend
+//! under timeout batching and must match within 1e-4 relative; and every bad model directory or
+//! request is refused naming what is wrong.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use serve::model::weights::{Tensor, Weights, write_safetensors};
+use serve::{
+    BackendChoice, Code, Input, ModelOptions, Output, PolicyConfig, Runtime, SubmitOptions, TimeoutConfig,
+};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata").join(name)
+}
+
+fn requests(dir: &Path) -> Vec<(Input, Vec<f32>)> {
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let floats =
+        |x: &Value| x.as_array().unwrap().iter().map(|f| f.as_f64().unwrap() as f32).collect::<Vec<_>>();
+    v["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let input = match (r.get("input"), r.get("tokens")) {
+                (Some(x), None) => Input::F32(floats(x)),
+                (None, Some(t)) => {
+                    Input::Tokens(t.as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32).collect())
+                }
+                _ => panic!("a request has an input or tokens"),
+            };
+            (input, floats(&r["output"]))
+        })
+        .collect()
+}
+
+/// `got` ≈ `want`: every element within 1e-4 of the row's scale (its largest magnitude), the
+/// relative error of a vector (an element near 0 is compared at the row's scale, not its own).
+fn assert_close(got: &[f32], want: &[f32], what: &str) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: output length");
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let mut worst = 0.0f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / scale.max(f32::MIN_POSITIVE);
+        assert!(
+            err <= 1e-4,
+            "{what}: element {i}: libserve {g}, PyTorch {w} (relative to the row's {scale})"
+        );
+        worst = worst.max(err);
+    }
+    worst
+}
+
+fn runtime() -> Runtime {
+    Runtime::builder().backend(BackendChoice::Cpu).cpu_threads(2).build().unwrap()
+}
+
+/// Every request of every fixture, served in batches of up to 4 and alone, matches PyTorch.
+#[test]
+fn resnet_and_bert_fixtures_match_pytorch() {
+    let rt = runtime();
+    for name in ["resnet_small", "resnet_bottleneck_small", "bert_small"] {
+        let dir = fixture(name);
+        let reqs = requests(&dir);
+        for max_batch in [4, 1] {
+            let opts = ModelOptions {
+                policy: PolicyConfig::Timeout(TimeoutConfig {
+                    max_batch,
+                    max_wait: std::time::Duration::from_millis(2),
+                    ..TimeoutConfig::default()
+                }),
+                ..ModelOptions::default()
+            };
+            let model = rt.load_model(&dir, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let tickets: Vec<_> = reqs
+                .iter()
+                .map(|(x, _)| model.submit(x.clone(), SubmitOptions::default()).unwrap())
+                .collect();
+            let mut worst = 0.0f32;
+            for (k, (t, (_, want))) in tickets.into_iter().zip(&reqs).enumerate() {
+                let Output::F32(got) = t.wait().unwrap_or_else(|e| panic!("{name} request {k}: {e}")) else {
+                    panic!("{name}: an f32 output")
+                };
+                worst =
+                    worst.max(assert_close(&got, want, &format!("{name} (batch ≤ {max_batch}) request {k}")));
+            }
+            println!("{name}, batches of ≤ {max_batch}: worst relative error {worst:.2e}");
+        }
+    }
+}
+
+/// A copy of fixture `name` in a fresh directory, for the bad-model cases to edit.
+fn copy_fixture(name: &str, label: &str) -> PathBuf {
+    let dir = common::tempdir(label);
+    for f in ["model.toml", "weights.safetensors"] {
+        std::fs::copy(fixture(name).join(f), dir.join(f)).unwrap();
+    }
+    dir
+}
+
+fn load_err(dir: &Path) -> serve::Error {
+    serve::model::load(dir).err().unwrap_or_else(|| panic!("{} should not load", dir.display()))
+}
+
+/// Rewrite the fixture's weights through `edit` (the tensors by name).
+fn edit_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Tensor)>)) {
+    let mut w = Weights::load(&dir.join("weights.safetensors")).unwrap();
+    let mut tensors: Vec<(String, Tensor)> =
+        w.names().into_iter().map(|n| (n.clone(), w.take_any(&n).unwrap())).collect();
+    edit(&mut tensors);
+    let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    write_safetensors(&dir.join("weights.safetensors"), &refs).unwrap();
+}
+
+fn set_key(dir: &Path, key: &str, value: &str) {
+    let p = dir.join("model.toml");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let mut found = false;
+    let mut out: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.split('=').next().map(str::trim) == Some(key) {
+                found = true;
+                format!("{key} = {value}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    if !found {
+        out.push(format!("{key} = {value}"));
+    }
+    std::fs::write(p, out.join("\n") + "\n").unwrap();
+}
+
+/// A change made to a copied fixture directory.
+type Edit = Box<dyn Fn(&Path)>;
+
+#[test]
+fn bad_layer_model_directories_are_format_errors_naming_the_problem() {
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "resnet_small",
+            Box::new(|d| edit_weights(d, |t| t.retain(|(n, _)| n != "layer2.0.bn1.running_var"))),
+            "missing tensor `layer2.0.bn1.running_var`",
+        ),
+        (
+            "resnet_small",
+            Box::new(|d| {
+                edit_weights(d, |t| {
+                    let (_, w) = t.iter_mut().find(|(n, _)| n == "conv1.weight").unwrap();
+                    *w = Tensor::new(vec![4, 3, 5, 5], vec![0.1; 300]);
+                })
+            }),
+            "tensor `conv1.weight` has shape [4, 3, 5, 5], expected [4, 3, 7, 7]",
+        ),
+        (
+            "resnet_small",
+            Box::new(|d| set_key(d, "layers", "[1, 1, 1, 2]")),
+            "missing tensor `layer4.1.conv1.weight`",
+        ),
+        ("resnet_small", Box::new(|d| set_key(d, "layers", "[1, 1, 1, 0]")), "layers[3] must be at least 1"),
+        ("resnet_small", Box::new(|d| set_key(d, "block", "\"wide\"")), "block = \"wide\""),
+        ("resnet_small", Box::new(|d| set_key(d, "image", "[3, 100000, 4]")), "image[1]"),
+        (
+            "resnet_small",
+            Box::new(|d| set_key(d, "num_classes", "11")),
+            "tensor `fc.weight` has shape [10, 32], expected [11, 32]",
+        ),
+        ("resnet_small", Box::new(|d| set_key(d, "depth", "50")), "depth"),
+        (
+            "resnet_small",
+            Box::new(|d| {
+                edit_weights(d, |t| {
+                    let (_, v) = t.iter_mut().find(|(n, _)| n == "bn1.running_var").unwrap();
+                    v.data[2] = -1.0;
+                })
+            }),
+            "`bn1.running_var` element 2 is negative",
+        ),
+        (
+            "bert_small",
+            Box::new(|d| set_key(d, "layers", "3")),
+            "missing tensor `encoder.layer.2.attention.self.query.weight`",
+        ),
+        ("bert_small", Box::new(|d| set_key(d, "layers", "1")), "model.toml says layers = 1"),
+        ("bert_small", Box::new(|d| set_key(d, "heads", "5")), "not a multiple of heads"),
+        ("bert_small", Box::new(|d| set_key(d, "seq_len", "41")), "longer than max_position"),
+        ("bert_small", Box::new(|d| set_key(d, "layer_norm_eps", "-1.0")), "layer_norm_eps"),
+        (
+            "bert_small",
+            Box::new(|d| {
+                edit_weights(d, |t| {
+                    t.push(("encoder.extra.weight".into(), Tensor::new(vec![2], vec![1.0, 2.0])))
+                })
+            }),
+            "unexpected tensor `encoder.extra.weight`",
+        ),
+        (
+            "bert_small",
+            Box::new(|d| {
+                edit_weights(d, |t| {
+                    let (_, w) =
+                        t.iter_mut().find(|(n, _)| n == "encoder.layer.1.intermediate.dense.weight").unwrap();
+                    *w = Tensor::new(vec![64, 31], vec![0.0; 64 * 31]);
+                })
+            }),
+            "tensor `encoder.layer.1.intermediate.dense.weight` has shape [64, 31], expected [64, 32]",
+        ),
+    ];
+    for (k, (name, edit, want)) in cases.iter().enumerate() {
+        let dir = copy_fixture(name, &format!("bad-layer-model-{k}"));
+        edit(&dir);
+        let e = load_err(&dir);
+        assert_eq!(e.code(), Code::Format, "case {k} ({want}): {e}");
+        assert!(e.message().contains(want), "case {k}: `{}` should say `{want}`", e.message());
+    }
+}
+
+/// Integer buffers PyTorch saves are ignored by name (the fixtures hold `num_batches_tracked` and
+/// `position_ids`); an integer tensor of another name is FORMAT naming it.
+#[test]
+fn integer_buffers_are_ignored_only_by_their_names() {
+    let dir = copy_fixture("resnet_small", "int-buffer");
+    let raw = std::fs::read(dir.join("weights.safetensors")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&raw[..4096.min(raw.len())]).contains("num_batches_tracked"),
+        "the fixture keeps PyTorch's buffers"
+    );
+    // Rename one I64 buffer in the header (same length, so the offsets stay valid).
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let renamed = text.replacen("layer1.0.bn1.num_batches_tracked", "layer1.0.bn1.num_batches_trackeX", 1);
+    assert_ne!(renamed, text);
+    let mut bytes = raw.clone();
+    let at = text.find("layer1.0.bn1.num_batches_tracked").unwrap();
+    bytes[at + "layer1.0.bn1.num_batches_tracke".len()] = b'X';
+    std::fs::write(dir.join("weights.safetensors"), &bytes).unwrap();
+    let e = load_err(&dir);
+    assert_eq!(e.code(), Code::Format, "{e}");
+    assert!(e.message().contains("tensor `layer1.0.bn1.num_batches_trackeX` has dtype I64"), "{e}");
+}
+
+#[test]
+fn bad_requests_are_refused_naming_the_problem_and_the_model_keeps_serving() {
+    let rt = runtime();
+    let resnet = rt.load_model(fixture("resnet_small"), ModelOptions::default()).unwrap();
+    let bert = rt.load_model(fixture("bert_small"), ModelOptions::default()).unwrap();
+    let cases: Vec<(&serve::Model, Input, &str)> = vec![
+        (
+            &resnet,
+            Input::F32(vec![0.5; 100]),
+            "input has length 100; this resnet takes an image of [3, 32, 40] (C × H × W) = 3840 values",
+        ),
+        (&resnet, Input::F32(vec![]), "input has length 0"),
+        (&resnet, Input::Tokens(vec![1, 2]), "an f32 image of 3840 values"),
+        (
+            &resnet,
+            Input::F32({
+                let mut v = vec![0.0; 3840];
+                v[77] = f32::NAN;
+                v
+            }),
+            "input element 77 is NaN",
+        ),
+        (&bert, Input::Tokens(vec![3, 100, 4]), "100"),
+        (&bert, Input::Tokens(vec![1; 17]), "17"),
+        (&bert, Input::Tokens(vec![]), "empty"),
+        (&bert, Input::F32(vec![1.0; 16]), "a token sequence"),
+    ];
+    for (model, input, want) in cases {
+        let e = model.submit(input, SubmitOptions::default()).err().expect("refused");
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        assert!(e.message().contains(want), "`{}` should say `{want}`", e.message());
+    }
+    // Both still serve.
+    for (model, name) in [(&resnet, "resnet_small"), (&bert, "bert_small")] {
+        let (x, want) = requests(&fixture(name)).remove(0);
+        let Output::F32(got) = model.submit(x, SubmitOptions::default()).unwrap().wait().unwrap() else {
+            panic!()
+        };
+        assert_close(&got, &want, name);
+    }
+}
