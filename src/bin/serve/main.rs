@@ -12,6 +12,7 @@
 //!   queried with `infer`, then benchmarked briefly.
 
 mod bench;
+mod bench_layers;
 mod bench_rnn;
 mod bench_step;
 mod demo;
@@ -35,6 +36,7 @@ use serve::runtime::{MAX_BATCH_LIMIT, MAX_CPU_THREADS, MAX_WORKERS};
 use serve::{BackendChoice, Error, Runtime, TimeoutConfig};
 
 use crate::bench::cmd_bench_mlp;
+use crate::bench_layers::cmd_bench_layers;
 use crate::bench_rnn::{RnnKind, cmd_bench_rnn};
 use crate::bench_step::cmd_bench_step;
 use crate::demo::cmd_demo;
@@ -96,6 +98,8 @@ enum BenchCommand {
     Treelstm(BenchRnnArgs),
     /// Micro-benchmark: one batched LSTM cell step (gather, GEMM, gates, scatter) vs the bare GEMM.
     Step(BenchStepArgs),
+    /// A layer model (ResNet, BERT-base) on the CPU backend against PyTorch on the same machine.
+    Layers(BenchLayersArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -482,6 +486,76 @@ enum StepModel {
     Lstm,
 }
 
+/// The layer models `serve bench layers` times (torchvision's and Hugging Face's configurations).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LayerModelArg {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    Resnet101,
+    Resnet152,
+    BertBase,
+}
+
+impl LayerModelArg {
+    /// torchvision's function name, or `bert-base`.
+    fn torch_name(self) -> &'static str {
+        match self {
+            LayerModelArg::Resnet18 => "resnet18",
+            LayerModelArg::Resnet34 => "resnet34",
+            LayerModelArg::Resnet50 => "resnet50",
+            LayerModelArg::Resnet101 => "resnet101",
+            LayerModelArg::Resnet152 => "resnet152",
+            LayerModelArg::BertBase => "bert-base",
+        }
+    }
+}
+
+/// `C,H,W` of an image (each 1..=4096, C ≤ 1024).
+fn image_dims(s: &str) -> Result<[usize; 3], String> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|p| p.trim().parse::<usize>().map_err(|e| format!("`{p}`: {e}")))
+        .collect::<Result<_, _>>()?;
+    match v[..] {
+        [c, h, w] if (1..=1024).contains(&c) && (1..=4096).contains(&h) && (1..=4096).contains(&w) => {
+            Ok([c, h, w])
+        }
+        _ => Err(format!("`{s}`: expected C,H,W with C in 1..=1024 and H, W in 1..=4096")),
+    }
+}
+
+#[derive(Args, Debug)]
+struct BenchLayersArgs {
+    /// The model (random weights).
+    #[arg(value_enum)]
+    model: LayerModelArg,
+    /// Batch sizes to time (at most 1024 each).
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_values_t = [1, 8], value_parser = in_range(1, 1024))]
+    batches: Vec<usize>,
+    /// ResNet input image `C,H,W`.
+    #[arg(long, default_value = "3,224,224", value_parser = image_dims)]
+    image: [usize; 3],
+    /// BERT request length in tokens (every request this long).
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+    /// Compute threads of both sides (0 = one per core; at most 1024).
+    #[arg(long, default_value_t = 0, value_parser = in_range(0, MAX_CPU_THREADS))]
+    threads: usize,
+    /// Seconds of timed rounds per batch size and side (at most 3600).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
+    min_time: f64,
+    /// The Python interpreter with torch (and torchvision, transformers) for PyTorch's side.
+    #[arg(long, default_value = "python3")]
+    python: PathBuf,
+    /// Time libserve only.
+    #[arg(long)]
+    no_torch: bool,
+    /// Write the results as one JSON object to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
 #[derive(Args, Debug)]
 struct BenchStepArgs {
     /// The cell to time.
@@ -566,6 +640,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Bench { what: BenchCommand::Seq2seq(a) } => cmd_bench_rnn(RnnKind::Seq2Seq, a),
         Command::Bench { what: BenchCommand::Treelstm(a) } => cmd_bench_rnn(RnnKind::TreeLstm, a),
         Command::Bench { what: BenchCommand::Step(a) } => cmd_bench_step(a),
+        Command::Bench { what: BenchCommand::Layers(a) } => cmd_bench_layers(a),
         Command::Demo => cmd_demo(),
         Command::Profile(a) => cmd_profile(a),
         Command::Sim(a) => cmd_sim(a),

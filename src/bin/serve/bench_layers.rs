@@ -1,0 +1,244 @@
+//! `serve bench layers resnet50|bert-base|…` (ARCHITECTURE.md §8): a layer model's time per batch
+//! on libserve's CPU backend against PyTorch's on the same machine, in the same run, with the
+//! same thread count, batch sizes and input shapes (random weights: the time does not depend on
+//! them).
+//!
+//! libserve's side prepares the model on a CPU backend of `--threads` threads and times whole-model
+//! tasks on one worker (launched back to back, a round waited for once, collected: the backend's
+//! compute, no scheduling); PyTorch's side is `scripts/torch_layer_bench.py`, embedded in this
+//! binary and run as `PYTHON - ARGS` (torchvision's ResNet / transformers' `BertModel` in eval
+//! mode under `torch.inference_mode()`). The order is libserve, PyTorch, libserve again, and
+//! libserve's figure is the mean of its two passes, so a drifting machine affects both sides
+//! alike. The ratio printed is throughput (requests per second), libserve over PyTorch.
+//! Without a python that imports torch (and torchvision / transformers) the PyTorch column says
+//! why it is missing and no ratio is printed.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use serve::backend::{RunnerShape, TaskData, Work};
+use serve::model::bert::{Bert, BertConfig};
+use serve::model::resnet::{ResNet, ResNetConfig};
+use serve::workload::values;
+use serve::{BackendChoice, Network};
+
+use crate::bench::{open_report, write_report};
+use crate::{BenchLayersArgs, CliResult, LayerModelArg, fatal};
+
+/// PyTorch's side, run by `PYTHON -`.
+const TORCH_SCRIPT: &str = include_str!("../../../scripts/torch_layer_bench.py");
+
+/// Timed rounds per batch size (the median is kept).
+const ROUNDS: usize = 5;
+
+/// The random model of a named configuration.
+fn network(a: &BenchLayersArgs) -> CliResult<Network> {
+    let resnet = |block: &str, layers: [usize; 4]| {
+        Network::ResNet(ResNet::random(
+            &ResNetConfig {
+                name: None,
+                block: block.into(),
+                layers,
+                num_classes: 1000,
+                image: a.image,
+                width: None,
+            },
+            1,
+        ))
+    };
+    Ok(match a.model {
+        LayerModelArg::Resnet18 => resnet("basic", [2, 2, 2, 2]),
+        LayerModelArg::Resnet34 => resnet("basic", [3, 4, 6, 3]),
+        LayerModelArg::Resnet50 => resnet("bottleneck", [3, 4, 6, 3]),
+        LayerModelArg::Resnet101 => resnet("bottleneck", [3, 4, 23, 3]),
+        LayerModelArg::Resnet152 => resnet("bottleneck", [3, 8, 36, 3]),
+        LayerModelArg::BertBase => {
+            if a.seq_len == 0 || a.seq_len > 512 {
+                return Err(fatal(format!(
+                    "--seq-len {} is outside 1..=512 (bert-base's positions)",
+                    a.seq_len
+                )));
+            }
+            Network::Bert(Bert::random(
+                &BertConfig {
+                    name: None,
+                    vocab: 30522,
+                    hidden: 768,
+                    layers: 12,
+                    heads: 12,
+                    intermediate: 3072,
+                    max_position: 512,
+                    type_vocab: 2,
+                    seq_len: a.seq_len,
+                    layer_norm_eps: None,
+                },
+                1,
+            ))
+        }
+    })
+}
+
+/// The rows of a batch: a random image per row, or `seq_len` token ids.
+fn batch_input(net: &Network, rows: usize) -> Vec<f32> {
+    match net {
+        Network::Bert(m) => (0..rows * m.cfg.seq_len).map(|i| (1000 + (i * 7919) % 19000) as f32).collect(),
+        _ => values(rows * net.dense_lens().0, rows as u64, 1.0),
+    }
+}
+
+/// libserve's median milliseconds per batch, for each batch size.
+fn time_libserve(
+    net: &Arc<Network>,
+    batches: &[usize],
+    threads: usize,
+    min_time: f64,
+) -> CliResult<Vec<f64>> {
+    let backend = serve::backend::create(BackendChoice::Cpu, threads)?;
+    let me = std::thread::current();
+    let notify: serve::backend::Notify = Arc::new(move || me.unpark());
+    let max_batch = batches.iter().copied().max().unwrap_or(1);
+    let runner =
+        backend.prepare(net.clone(), RunnerShape { workers: 1, max_batch, state_slots: 0 }, notify)?;
+    let signal = runner.signal(0);
+    let run = |rows: usize, n: usize| -> CliResult<Duration> {
+        let tasks: Vec<_> =
+            (0..n).map(|_| TaskData::new(rows, Work::Dense(batch_input(net, rows)))).collect();
+        let start = Instant::now();
+        let mut target = 0;
+        for t in &tasks {
+            target = runner.launch(0, t.clone())?;
+        }
+        while signal.completed() < target {
+            std::thread::park_timeout(Duration::from_millis(1));
+        }
+        let took = start.elapsed();
+        for t in &tasks {
+            runner.collect(0, t);
+            if let Some(e) = t.io.lock().map_err(|_| fatal("poisoned task"))?.error.clone() {
+                return Err(fatal(format!("a benchmark task failed: {e}")));
+            }
+        }
+        Ok(took)
+    };
+    let mut out = Vec::new();
+    for &b in batches {
+        let once = run(b, 1)?.as_secs_f64();
+        let per_round = ((min_time / ROUNDS as f64) / once.max(1e-6)).ceil().max(1.0) as usize;
+        let mut rounds: Vec<f64> = (0..ROUNDS)
+            .map(|_| run(b, per_round).map(|d| d.as_secs_f64() * 1e3 / per_round as f64))
+            .collect::<CliResult<_>>()?;
+        rounds.sort_by(f64::total_cmp);
+        out.push(rounds[ROUNDS / 2]);
+    }
+    Ok(out)
+}
+
+/// PyTorch's milliseconds per batch, or why there are none.
+fn time_torch(a: &BenchLayersArgs, threads: usize) -> Result<(String, Vec<f64>), String> {
+    let model = a.model.torch_name();
+    let image = a.image.map(|v| v.to_string()).join(",");
+    let batches = a.batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+    let mut child = Command::new(&a.python)
+        .args(["-", "--model", model, "--image", &image, "--seq-len", &a.seq_len.to_string()])
+        .args([
+            "--batches",
+            &batches,
+            "--threads",
+            &threads.to_string(),
+            "--min-time",
+            &a.min_time.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", a.python.display()))?;
+    child
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(TORCH_SCRIPT.as_bytes())
+        .map_err(|e| format!("cannot send the script to {}: {e}", a.python.display()))?;
+    let out = child.wait_with_output().map_err(|e| format!("{}: {e}", a.python.display()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+        return Err(format!("{} failed ({}): {last}", a.python.display(), out.status));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.lines().last().unwrap_or(""))
+        .map_err(|e| format!("unreadable output from the PyTorch script: {e}"))?;
+    let ms: Vec<f64> =
+        v["results"].as_array().ok_or("no results")?.iter().filter_map(|r| r["ms"].as_f64()).collect();
+    if ms.len() != a.batches.len() {
+        return Err("the PyTorch script timed a different set of batches".into());
+    }
+    Ok((format!("torch {}", v["torch"].as_str().unwrap_or("?")), ms))
+}
+
+pub(crate) fn cmd_bench_layers(a: BenchLayersArgs) -> CliResult<()> {
+    let report_file = open_report(a.json.as_ref())?;
+    let threads =
+        if a.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { a.threads };
+    let net = Arc::new(network(&a)?);
+    let gflop = net.layers().iter().map(|l| l.flops_per_row).sum::<u64>() as f64 / 1e9;
+    println!(
+        "# serve bench layers {}: {} layers, {:.2} GFLOP per request ({}), {threads} thread(s), batches {:?}",
+        a.model.torch_name(),
+        net.layers().len(),
+        gflop,
+        match &*net {
+            Network::Bert(m) => format!("{} tokens", m.cfg.seq_len),
+            _ => format!("image {:?}", a.image),
+        },
+        a.batches
+    );
+    let first = time_libserve(&net, &a.batches, threads, a.min_time)?;
+    let torch = if a.no_torch { Err("--no-torch".to_string()) } else { time_torch(&a, threads) };
+    let second = time_libserve(&net, &a.batches, threads, a.min_time)?;
+    let ours: Vec<f64> = first.iter().zip(&second).map(|(x, y)| (x + y) / 2.0).collect();
+    let torch_label = match &torch {
+        Ok((v, _)) => v.clone(),
+        Err(why) => format!("PyTorch not measured: {why}"),
+    };
+    println!("# PyTorch: {torch_label}");
+    println!(
+        "{:>6} {:>14} {:>14} {:>12} {:>12} {:>10} {:>14}",
+        "batch", "libserve_ms", "pytorch_ms", "libserve_rps", "pytorch_rps", "ratio", "libserve_GF/s"
+    );
+    let mut results = Vec::new();
+    for (k, &b) in a.batches.iter().enumerate() {
+        let t = torch.as_ref().ok().map(|(_, ms)| ms[k]);
+        let (rps, trps) = (b as f64 * 1e3 / ours[k], t.map(|t| b as f64 * 1e3 / t));
+        let ratio = trps.map(|tr| rps / tr);
+        println!(
+            "{b:>6} {:>14.2} {:>14} {rps:>12.2} {:>12} {:>10} {:>14.1}",
+            ours[k],
+            t.map_or("-".into(), |t| format!("{t:.2}")),
+            trps.map_or("-".into(), |r| format!("{r:.2}")),
+            ratio.map_or("-".into(), |r| format!("{r:.3}x")),
+            gflop * b as f64 * 1e3 / ours[k]
+        );
+        results.push(json!({
+            "name": a.model.torch_name(), "batch": b, "libserve_ms": ours[k], "libserve_passes_ms": [first[k], second[k]],
+            "pytorch_ms": t, "ratio": ratio, "gflops": gflop * b as f64 * 1e3 / ours[k],
+        }));
+    }
+    if torch.is_ok() {
+        println!(
+            "# ratio: throughput libserve / PyTorch, same threads and shapes (goal ≥ 1.0x, target 1.2x)"
+        );
+    }
+    if let Some((path, file)) = report_file {
+        write_report(
+            &path,
+            file,
+            &json!({"workload": "layers", "backend": "cpu", "threads": threads, "pytorch": torch_label, "results": results}),
+        )?;
+    }
+    Ok(())
+}
