@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The kernel sources, in the order they are compiled (one translation unit).
-const KERNELS: [&str; 4] = ["signal.cu", "embedding.cu", "lstm.cu", "dense.cu"];
+const KERNELS: [&str; 5] = ["signal.cu", "embedding.cu", "lstm.cu", "dense.cu", "layers.cu"];
 
 /// Targets of the fatbin: SASS for A100-class (sm_80; also runs on sm_86 / sm_89) and H100-class
 /// (sm_90) GPUs, and compute_90 PTX for anything newer.

@@ -1,6 +1,7 @@
 /*
- * dense.cu: the pointwise half of a dense layer (ARCHITECTURE.md §5, serve_kernels.h): bias and ReLU after
- * the cuBLAS GEMM, as the CPU backend's `linear` (src/backend/cpu/gemm.rs).
+ * dense.cu: the pointwise half of a dense layer (ARCHITECTURE.md §5, serve_kernels.h): bias and ReLU,
+ * GELU or tanh after the cuBLAS GEMM, as the CPU backend's `linear` (src/backend/cpu/gemm.rs) and
+ * BERT's GELU and pooler (transformer.rs).
  */
 #include "serve_device.cuh"
 
@@ -19,6 +20,10 @@ SERVE_KERNEL serve_bias_act(const serve_bias_act_params p) {
         }
         if (p.act == SERVE_ACT_RELU) {
             v = fmaxf(v, 0.0f);
+        } else if (p.act == SERVE_ACT_GELU) {
+            v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+        } else if (p.act == SERVE_ACT_TANH) {
+            v = tanhf(v);
         }
         dst[r * p.dst_ld + j] = v;
     }

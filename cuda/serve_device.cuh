@@ -21,6 +21,14 @@ static_assert(sizeof(serve_argmax_params) == 64, "serve_argmax_params layout");
 static_assert(sizeof(serve_tree_gather_params) == 72, "serve_tree_gather_params layout");
 static_assert(sizeof(serve_tree_pointwise_params) == 96, "serve_tree_pointwise_params layout");
 static_assert(sizeof(serve_bias_act_params) == 48, "serve_bias_act_params layout");
+static_assert(sizeof(serve_im2col_params) == 56, "serve_im2col_params layout");
+static_assert(sizeof(serve_chw_to_hwc_params) == 32, "serve_chw_to_hwc_params layout");
+static_assert(sizeof(serve_max_pool_params) == 40, "serve_max_pool_params layout");
+static_assert(sizeof(serve_avg_pool_params) == 32, "serve_avg_pool_params layout");
+static_assert(sizeof(serve_add_relu_params) == 32, "serve_add_relu_params layout");
+static_assert(sizeof(serve_layer_norm_params) == 56, "serve_layer_norm_params layout");
+static_assert(sizeof(serve_attention_params) == 56, "serve_attention_params layout");
+static_assert(sizeof(serve_bert_embed_params) == 64, "serve_bert_embed_params layout");
 
 #define SERVE_KERNEL extern "C" __global__ void __launch_bounds__(SERVE_BLOCK)
 

@@ -294,14 +294,18 @@ typedef struct serve_tree_pointwise_params {
 /* Activations of serve_bias_act. */
 #define SERVE_ACT_NONE 0u
 #define SERVE_ACT_RELU 1u
+/* GELU, exact: 0.5 · v · (1 + erff(v / √2)) (BERT's intermediate layer). */
+#define SERVE_ACT_GELU 2u
+/* tanhf(v) (BERT's pooler). */
+#define SERVE_ACT_TANH 3u
 
 /*
  * serve_bias_act: bias and activation of a dense layer (dense.cu), after its GEMM, as the CPU
  * backend's `linear`.
  *
  * For r < rows, j < cols: v = src[r, j] + bias[j] (no bias when bias == 0), then
- * ReLU(v) = fmaxf(v, 0) (NaN gives 0, as Rust's f32::max) when act == SERVE_ACT_RELU;
- * dst[r, j] = v. dst may be src (in place, with dst_ld == src_ld) or another buffer, e.g. the
+ * ReLU(v) = fmaxf(v, 0) (NaN gives 0, as Rust's f32::max) when act == SERVE_ACT_RELU, GELU or
+ * tanh for SERVE_ACT_GELU / SERVE_ACT_TANH; dst[r, j] = v. dst may be src (in place, with dst_ld == src_ld) or another buffer, e.g. the
  * device address of a pinned, mapped host output buffer (zero-copy result).
  * Work: one thread per element. One pass: grid = ceil(rows · cols / SERVE_BLOCK).
  */
@@ -316,9 +320,187 @@ typedef struct serve_bias_act_params {
     uint32_t cols;
     uint32_t src_ld;
     uint32_t dst_ld;
-    /* SERVE_ACT_NONE or SERVE_ACT_RELU. */
+    /* SERVE_ACT_NONE, SERVE_ACT_RELU, SERVE_ACT_GELU or SERVE_ACT_TANH. */
     uint32_t act;
     uint32_t _pad0;
 } serve_bias_act_params;
+
+/*
+ * Layer models (layers.cu): ResNet's channels-last convolutions and pooling, BERT's embeddings,
+ * LayerNorm and attention, as the CPU backend's conv.rs and transformer.rs. The GEMMs between
+ * them are cuBLAS's (from Rust).
+ */
+
+/*
+ * serve_im2col: the patches of a channels-last convolution.
+ *
+ * For p < n·oh·ow (p = (img·oh + oy)·ow + ox), ky, kx < k, ch < c:
+ *   col[p, (ky·k + kx)·c + ch] = x[img, oy·stride − pad + ky, ox·stride − pad + kx, ch]
+ * and 0 where that position is outside the image. Then (cuBLAS) out = col · Wᵀ with the
+ * BatchNorm folded into W ([out_c, k·k·c], channels innermost), and serve_bias_act.
+ * Work: one thread per element of col. One pass: grid = ceil(n·oh·ow·k·k·c / SERVE_BLOCK).
+ */
+typedef struct serve_im2col_params {
+    /* const float[n, h, w, c]. */
+    serve_dptr x;
+    /* float[n·oh·ow, k·k·c]. */
+    serve_dptr col;
+    uint32_t n;
+    uint32_t h;
+    uint32_t w;
+    uint32_t c;
+    uint32_t k;
+    uint32_t stride;
+    uint32_t pad;
+    uint32_t oh;
+    uint32_t ow;
+    uint32_t _pad0;
+} serve_im2col_params;
+
+/*
+ * serve_chw_to_hwc: n images from channels-first (the request's layout) to channels-last:
+ * dst[img, p, ch] = src[img, ch, p] for p < h·w.
+ * Work: one thread per element. One pass: grid = ceil(n·c·h·w / SERVE_BLOCK).
+ */
+typedef struct serve_chw_to_hwc_params {
+    /* const float[n, c, h, w]. */
+    serve_dptr src;
+    /* float[n, h, w, c]. */
+    serve_dptr dst;
+    uint32_t n;
+    uint32_t c;
+    uint32_t h;
+    uint32_t w;
+} serve_chw_to_hwc_params;
+
+/*
+ * serve_max_pool: 3×3 max-pool, stride 2, padding 1, channels-last (ResNet's stem). Padded
+ * positions never win (PyTorch pads with −inf); a NaN in a window gives NaN.
+ * out[img, oy, ox, ch] = max over the window's positions inside the image.
+ * Work: one thread per output element. One pass: grid = ceil(n·oh·ow·c / SERVE_BLOCK).
+ */
+typedef struct serve_max_pool_params {
+    /* const float[n, h, w, c]. */
+    serve_dptr x;
+    /* float[n, oh, ow, c]. */
+    serve_dptr out;
+    uint32_t n;
+    uint32_t h;
+    uint32_t w;
+    uint32_t c;
+    uint32_t oh;
+    uint32_t ow;
+} serve_max_pool_params;
+
+/*
+ * serve_avg_pool: the mean over every position, channels-last (ResNet's head):
+ * out[img, ch] = Σ_p x[img, p, ch] / positions.
+ * Work: one thread per (img, ch), looping over the positions. grid = ceil(n·c / SERVE_BLOCK).
+ */
+typedef struct serve_avg_pool_params {
+    /* const float[n, positions, c]. */
+    serve_dptr x;
+    /* float[n, c]. */
+    serve_dptr out;
+    uint32_t n;
+    uint32_t positions;
+    uint32_t c;
+    uint32_t _pad0;
+} serve_avg_pool_params;
+
+/*
+ * serve_add_relu: the end of a residual block: dst[i] = fmaxf(a[i] + b[i], 0) for i < n. dst may
+ * be a.
+ * Work: one thread per element. One pass: grid = ceil(n / SERVE_BLOCK).
+ */
+typedef struct serve_add_relu_params {
+    /* const float[n]. */
+    serve_dptr a;
+    /* const float[n]. */
+    serve_dptr b;
+    /* float[n]. */
+    serve_dptr dst;
+    uint64_t n;
+} serve_add_relu_params;
+
+/*
+ * serve_layer_norm: for r < rows, v = x[r, :] + residual[r, :] (no residual when 0), then
+ *   dst[r, j] = (v_j − mean(v)) / sqrt(var(v) + eps) · gamma[j] + beta[j]   (biased variance)
+ * dst may be x or residual (in place: each element is read by the thread that writes it, after
+ * the row's sums).
+ * Work: a block per row (threads stride the row, block reductions of the sum and the squared
+ * deviations). grid = rows (any n: rows are strided).
+ */
+typedef struct serve_layer_norm_params {
+    /* const float[rows, cols]. */
+    serve_dptr x;
+    /* const float[rows, cols]; 0: none. */
+    serve_dptr residual;
+    /* const float[cols]. */
+    serve_dptr gamma;
+    /* const float[cols]. */
+    serve_dptr beta;
+    /* float[rows, cols]. */
+    serve_dptr dst;
+    uint32_t rows;
+    uint32_t cols;
+    float eps;
+    uint32_t _pad0;
+} serve_layer_norm_params;
+
+/*
+ * serve_attention: BERT's scaled dot-product attention over each request's own tokens.
+ *
+ * The task's tokens are packed back to back; qkv[t] = [q | k | v] of token t (3·heads·head_dim
+ * values). Token t belongs to the request whose tokens are start..start+len, where
+ * spans[2t] = start and spans[2t + 1] = len. For head hd (d = head_dim, H = heads·d):
+ *   s_j = scale · Σ_e qkv[t, hd·d + e] · qkv[start + j, H + hd·d + e]            (j < len)
+ *   p_j = exp(s_j − max s) / Σ exp(s − max s)
+ *   ctx[t, hd·d + e] = Σ_j p_j · qkv[start + j, 2H + hd·d + e]
+ * scores is scratch of tokens · heads rows of max_len (len ≤ max_len).
+ * Work: a block per (token, head), block = (t · heads + hd): threads stride the keys, then the
+ * head's dimensions; block reductions for the max and the sum. grid = tokens · heads.
+ */
+typedef struct serve_attention_params {
+    /* const float[tokens, 3·heads·head_dim]. */
+    serve_dptr qkv;
+    /* const uint32_t[tokens, 2]: start and length of the token's request. */
+    serve_dptr spans;
+    /* float[tokens · heads, max_len]: scratch. */
+    serve_dptr scores;
+    /* float[tokens, heads·head_dim]. */
+    serve_dptr ctx;
+    uint32_t tokens;
+    uint32_t heads;
+    uint32_t head_dim;
+    uint32_t max_len;
+    float scale;
+    uint32_t _pad0;
+} serve_attention_params;
+
+/*
+ * serve_bert_embed: x[t, j] = word[ids[t], j] + position[positions[t], j] + type0[j] (token type
+ * 0), then serve_layer_norm. An id ≥ vocab or a position ≥ max_position (checked on the host
+ * before; here only range-checked) gives a zero row.
+ * Work: one thread per element. One pass: grid = ceil(tokens · hidden / SERVE_BLOCK).
+ */
+typedef struct serve_bert_embed_params {
+    /* const uint32_t[tokens]. */
+    serve_dptr ids;
+    /* const uint32_t[tokens]. */
+    serve_dptr positions;
+    /* const float[vocab, hidden]. */
+    serve_dptr word;
+    /* const float[max_position, hidden]. */
+    serve_dptr position;
+    /* const float[hidden]: token type 0's embedding. */
+    serve_dptr type0;
+    /* float[tokens, hidden]. */
+    serve_dptr x;
+    uint32_t tokens;
+    uint32_t hidden;
+    uint32_t vocab;
+    uint32_t max_position;
+} serve_bert_embed_params;
 
 #endif /* SERVE_KERNELS_H */

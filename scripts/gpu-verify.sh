@@ -13,13 +13,14 @@
 # `run` finds the CUDA libraries libserve dlopens (libcuda from the driver; libcublas.so.13 and
 # libnvrtc.so.13 from a CUDA 13 toolkit or NVIDIA's pip wheels) and puts their folders on
 # LD_LIBRARY_PATH. It runs, each under a time limit, so one hang cannot eat the whole call:
-#   tests    cuda_layer, cuda_kernels, cuda_kernels_io, cuda_nvrtc, gpu_e2e, the library's
-#            backend::cuda unit tests
+#   tests    cuda_layer, cuda_kernels, cuda_kernels_io, cuda_kernels_layers, cuda_nvrtc, gpu_e2e,
+#            the library's backend::cuda unit tests
 #   benches  benches/cuda.rs (LSTM step vs cuBLAS GEMM, completion latency, zero-copy lookup);
 #            PyTorch's nn.LSTMCell on the same GPU where python3 has torch (the bench's baseline
 #            slot); `serve bench step --backend cuda`; `serve profile` and `serve bench lstm` on
 #            CUDA (their JSON reports let `serve sim --compare` check the simulator against the
-#            GPU runtime afterwards)
+#            GPU runtime afterwards); `serve bench layers resnet50|bert-base --backend cuda`
+#            against PyTorch on the same GPU
 # Logs and reports go to a fresh folder (printed); with $OUT set (the device tool's return
 # folder, at most 8 files come back) the step logs also go there as one gpu-verify-logs.tar.gz,
 # beside summary.txt and the JSON reports.
@@ -35,7 +36,7 @@ case "$mode" in
 esac
 
 # The test targets that exercise a GPU, and the benchmark.
-gpu_tests=(cuda_layer cuda_kernels cuda_kernels_io cuda_nvrtc gpu_e2e)
+gpu_tests=(cuda_layer cuda_kernels cuda_kernels_io cuda_kernels_layers cuda_nvrtc gpu_e2e)
 
 pack() {
   set -e
@@ -141,6 +142,7 @@ run() {
   step test-cuda_layer 60 "$bin/test-cuda_layer" --nocapture
   step test-cuda_kernels 90 "$bin/test-cuda_kernels" --nocapture
   step test-cuda_kernels_io 60 "$bin/test-cuda_kernels_io" --nocapture
+  step test-cuda_kernels_layers 60 "$bin/test-cuda_kernels_layers" --nocapture
   step test-cuda_nvrtc 60 "$bin/test-cuda_nvrtc" --nocapture
   step test-gpu_e2e 150 "$bin/test-gpu_e2e" --nocapture
   step test-lib-cuda 30 "$bin/test-lib" backend::cuda
@@ -173,6 +175,10 @@ PY
     --json "$out/profile-cuda-lstm.json"
   step bench-lstm-cuda 120 "$bin/serve" bench lstm --backend cuda --fractions 0.25,0.5,0.9 \
     --capacity-s 2 --duration-s 1.5 --json "$out/bench-cuda-lstm.json"
+  step bench-resnet50-cuda 150 "$bin/serve" bench layers resnet50 --backend cuda --batches 1,8,32 \
+    --min-time 1 --json "$out/bench-cuda-resnet50.json"
+  step bench-bert-cuda 150 "$bin/serve" bench layers bert-base --backend cuda --batches 1,8,32 \
+    --min-time 1 --json "$out/bench-cuda-bert.json"
 
   echo
   echo "== summary (SERVE_REQUIRE_GPU=1; commit $(cat "$dir/commit"))"

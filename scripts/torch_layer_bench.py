@@ -31,29 +31,34 @@ def main():
     p.add_argument("--batches", default="1,8")
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--min-time", type=float, default=2.0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (FP32, TF32 off)")
     a = p.parse_args()
 
     import torch
 
+    dev = torch.device(a.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
     torch.manual_seed(0)
     if a.model.startswith("resnet"):
         import torchvision
 
-        model = getattr(torchvision.models, a.model)(weights=None).eval()
+        model = getattr(torchvision.models, a.model)(weights=None).eval().to(dev)
         c, h, w = (int(x) for x in a.image.split(","))
 
         def inputs(b):
-            return (torch.randn(b, c, h, w),)
+            return (torch.randn(b, c, h, w, device=dev),)
     elif a.model == "bert-base":
         from transformers import BertConfig, BertModel
 
-        model = BertModel(BertConfig(attn_implementation="eager")).eval()
+        model = BertModel(BertConfig(attn_implementation="eager")).eval().to(dev)
 
         def inputs(b):
-            ids = torch.randint(1000, 20000, (b, a.seq_len))
-            return (ids, torch.ones(b, a.seq_len, dtype=torch.long))
+            ids = torch.randint(1000, 20000, (b, a.seq_len), device=dev)
+            return (ids, torch.ones(b, a.seq_len, dtype=torch.long, device=dev))
     else:
         raise SystemExit(f"unknown model {a.model}")
 
@@ -63,18 +68,22 @@ def main():
             x = inputs(b)
             t0 = time.perf_counter()
             model(*x)
+            sync()
             once = time.perf_counter() - t0
             for _ in range(2):
                 model(*x)
+            sync()
             per_round = max(1, int(a.min_time / 5 / max(once, 1e-6)))
             rounds = []
             for _ in range(5):
                 t0 = time.perf_counter()
                 for _ in range(per_round):
                     model(*x)
+                sync()
                 rounds.append((time.perf_counter() - t0) * 1e3 / per_round)
             results.append({"batch": b, "ms": statistics.median(rounds), "rounds": len(rounds)})
-    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(), "results": results}))
+    device = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
+    print(json.dumps({"torch": torch.__version__, "device": device, "threads": torch.get_num_threads(), "results": results}))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 
 mod common;
 
+use common::layer_fixtures::{FIXTURES, assert_close, fixture, requests};
 use common::recurrent::{
     Stress, assert_near, cancel_and_deadline_at_cell_boundaries, check_near_greedy, policies, serve_fixtures,
     stress,
@@ -20,6 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use serve::backend::{Runner, RunnerShape, TaskData, Work};
+use serve::model::bert::{Bert, BertConfig};
+use serve::model::resnet::{ResNet, ResNetConfig};
 use serve::model::{Lstm, Mlp, Network, Seq2Seq, TreeLstm};
 use serve::{
     BackendChoice, BackendKind, CellularOptions, Input, ModelOptions, Output, PolicyConfig, Runtime,
@@ -273,6 +277,139 @@ fn models_freed_and_loaded_again_keep_serving_on_cuda() {
                     (got, _) => panic!("cycle {cycle}, request {k}: unexpected output {got:?}"),
                 }
             }
+        }
+    }
+}
+
+/// The PyTorch fixtures of the layer models (resnet basic and bottleneck, bert) served on CUDA
+/// under timeout batching: PyTorch's outputs within 1e-4 of each output's scale (FP32 GEMMs,
+/// TF32 off), as on the CPU (tests/layer_models.rs).
+#[test]
+fn layer_model_fixtures_match_pytorch_on_cuda() {
+    let Some(rt) = cuda_runtime() else { return };
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let reqs = requests(&dir);
+        for max_batch in [4, 1] {
+            let opts = ModelOptions {
+                policy: PolicyConfig::Timeout(TimeoutConfig {
+                    max_batch,
+                    max_wait: Duration::from_millis(2),
+                    ..TimeoutConfig::default()
+                }),
+                ..ModelOptions::default()
+            };
+            let model = rt.load_model(&dir, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let tickets: Vec<_> = reqs
+                .iter()
+                .map(|(x, _)| model.submit(x.clone(), SubmitOptions::default()).unwrap())
+                .collect();
+            let mut worst = 0.0f32;
+            for (k, (t, (_, want))) in tickets.into_iter().zip(&reqs).enumerate() {
+                let Output::F32(got) = t.wait().unwrap_or_else(|e| panic!("{name} request {k}: {e}")) else {
+                    panic!("{name}: an f32 output")
+                };
+                worst = worst.max(assert_close(
+                    &got,
+                    want,
+                    1e-4,
+                    &format!("{name} on CUDA (≤ {max_batch}), request {k}"),
+                ));
+            }
+            println!("{name} on CUDA, batches of ≤ {max_batch}: worst relative error {worst:.2e}");
+        }
+    }
+}
+
+/// Run `work` as one task of `rows` rows on worker 0 of `runner` and return its output.
+fn run_task(runner: &dyn Runner, rows: usize, work: Work) -> Vec<f32> {
+    let task = TaskData::new(rows, work);
+    let target = runner.launch(0, task.clone()).unwrap();
+    let signal = runner.signal(0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while signal.completed() < target {
+        assert!(std::time::Instant::now() < deadline, "the task never completed");
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    runner.collect(0, &task);
+    let io = task.io.lock().unwrap();
+    assert!(io.error.is_none(), "{:?}", io.error);
+    io.output.clone()
+}
+
+/// Larger random layer models on both backends through their runners: the whole model on CUDA
+/// against the CPU backend, and on CUDA every split into two layer ranges (`Work::Layers`, the
+/// first range's output the second's input) against the whole model.
+#[test]
+fn layer_ranges_on_cuda_match_the_cpu_backend() {
+    if cuda_runtime().is_none() {
+        return;
+    }
+    let gpu = serve::backend::create(BackendChoice::Cuda, 1).unwrap();
+    let cpu = serve::backend::create(BackendChoice::Cpu, 2).unwrap();
+    let resnet = Network::ResNet(ResNet::random(
+        &ResNetConfig {
+            name: None,
+            block: "bottleneck".into(),
+            layers: [1, 2, 1, 1],
+            num_classes: 10,
+            image: [3, 40, 36],
+            width: Some(8),
+        },
+        5,
+    ));
+    let bert = Network::Bert(Bert::random(
+        &BertConfig {
+            name: None,
+            vocab: 500,
+            hidden: 48,
+            layers: 3,
+            heads: 4,
+            intermediate: 96,
+            max_position: 16,
+            type_vocab: 2,
+            seq_len: 12,
+            layer_norm_eps: None,
+        },
+        6,
+    ));
+    let rows = 3;
+    for net in [resnet, bert] {
+        let net = Arc::new(net);
+        let kind = net.kind();
+        let input: Vec<f32> = match &*net {
+            Network::Bert(_) => {
+                let mut v = vec![-1.0; rows * 12];
+                for (r, len) in [5usize, 12, 1].into_iter().enumerate() {
+                    for p in 0..len {
+                        v[r * 12 + p] = ((r * 131 + p * 17) % 500) as f32;
+                    }
+                }
+                v
+            }
+            _ => serve::workload::values(rows * net.dense_lens().0, 3, 1.0),
+        };
+        let shape = RunnerShape { workers: 1, max_batch: rows, state_slots: 0 };
+        let g = gpu.prepare(net.clone(), shape, Arc::new(|| {})).unwrap();
+        let c = cpu.prepare(net.clone(), shape, Arc::new(|| {})).unwrap();
+        let whole = run_task(&*g, rows, Work::Dense(input.clone()));
+        let want = run_task(&*c, rows, Work::Dense(input.clone()));
+        for r in 0..rows {
+            let n = whole.len() / rows;
+            assert_close(
+                &whole[r * n..(r + 1) * n],
+                &want[r * n..(r + 1) * n],
+                1e-4,
+                &format!("{kind} row {r}: CUDA vs CPU"),
+            );
+        }
+        let layers = net.layers().len();
+        for split in 1..layers {
+            let mid = run_task(&*g, rows, Work::Layers { first: 0, last: split, input: input.clone() });
+            let cpu_mid = run_task(&*c, rows, Work::Layers { first: 0, last: split, input: input.clone() });
+            assert_close(&mid, &cpu_mid, 1e-4, &format!("{kind}: layers 0..{split} on CUDA vs CPU"));
+            let end = run_task(&*g, rows, Work::Layers { first: split, last: layers, input: mid });
+            assert_close(&end, &whole, 1e-5, &format!("{kind}: split at layer {split}"));
         }
     }
 }

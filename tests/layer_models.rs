@@ -11,54 +11,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use common::layer_fixtures::{FIXTURES, assert_close, fixture, requests};
 use serve::model::weights::{Tensor, Weights, write_safetensors};
 use serve::{
     BackendChoice, Code, Input, ModelOptions, Output, PolicyConfig, Runtime, SubmitOptions, TimeoutConfig,
 };
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata").join(name)
-}
-
-fn requests(dir: &Path) -> Vec<(Input, Vec<f32>)> {
-    let v: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let floats =
-        |x: &Value| x.as_array().unwrap().iter().map(|f| f.as_f64().unwrap() as f32).collect::<Vec<_>>();
-    v["requests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let input = match (r.get("input"), r.get("tokens")) {
-                (Some(x), None) => Input::F32(floats(x)),
-                (None, Some(t)) => {
-                    Input::Tokens(t.as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32).collect())
-                }
-                _ => panic!("a request has an input or tokens"),
-            };
-            (input, floats(&r["output"]))
-        })
-        .collect()
-}
-
-/// `got` ≈ `want`: every element within 1e-4 of the row's scale (its largest magnitude), the
-/// relative error of a vector (an element near 0 is compared at the row's scale, not its own).
-fn assert_close(got: &[f32], want: &[f32], what: &str) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: output length");
-    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let mut worst = 0.0f32;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs() / scale.max(f32::MIN_POSITIVE);
-        assert!(
-            err <= 1e-4,
-            "{what}: element {i}: libserve {g}, PyTorch {w} (relative to the row's {scale})"
-        );
-        worst = worst.max(err);
-    }
-    worst
-}
 
 fn runtime() -> Runtime {
     Runtime::builder().backend(BackendChoice::Cpu).cpu_threads(2).build().unwrap()
@@ -68,7 +25,7 @@ fn runtime() -> Runtime {
 #[test]
 fn resnet_and_bert_fixtures_match_pytorch() {
     let rt = runtime();
-    for name in ["resnet_small", "resnet_bottleneck_small", "bert_small"] {
+    for name in FIXTURES {
         let dir = fixture(name);
         let reqs = requests(&dir);
         for max_batch in [4, 1] {
@@ -90,8 +47,12 @@ fn resnet_and_bert_fixtures_match_pytorch() {
                 let Output::F32(got) = t.wait().unwrap_or_else(|e| panic!("{name} request {k}: {e}")) else {
                     panic!("{name}: an f32 output")
                 };
-                worst =
-                    worst.max(assert_close(&got, want, &format!("{name} (batch ≤ {max_batch}) request {k}")));
+                worst = worst.max(assert_close(
+                    &got,
+                    want,
+                    1e-4,
+                    &format!("{name} (batch ≤ {max_batch}) request {k}"),
+                ));
             }
             println!("{name}, batches of ≤ {max_batch}: worst relative error {worst:.2e}");
         }
@@ -287,6 +248,6 @@ fn bad_requests_are_refused_naming_the_problem_and_the_model_keeps_serving() {
         let Output::F32(got) = model.submit(x, SubmitOptions::default()).unwrap().wait().unwrap() else {
             panic!()
         };
-        assert_close(&got, &want, name);
+        assert_close(&got, &want, 1e-4, name);
     }
 }

@@ -21,6 +21,7 @@
 #include "../embedding.cu"
 #include "../lstm.cu"
 #include "../dense.cu"
+#include "../layers.cu"
 
 namespace {
 
@@ -92,6 +93,14 @@ const Entry ENTRIES[] = {
     SERVE_ENTRY(serve_tree_gather, serve_tree_gather_params, false),
     SERVE_ENTRY(serve_tree_pointwise, serve_tree_pointwise_params, false),
     SERVE_ENTRY(serve_bias_act, serve_bias_act_params, false),
+    SERVE_ENTRY(serve_im2col, serve_im2col_params, false),
+    SERVE_ENTRY(serve_chw_to_hwc, serve_chw_to_hwc_params, false),
+    SERVE_ENTRY(serve_max_pool, serve_max_pool_params, false),
+    SERVE_ENTRY(serve_avg_pool, serve_avg_pool_params, false),
+    SERVE_ENTRY(serve_add_relu, serve_add_relu_params, false),
+    SERVE_ENTRY(serve_layer_norm, serve_layer_norm_params, true),
+    SERVE_ENTRY(serve_attention, serve_attention_params, true),
+    SERVE_ENTRY(serve_bert_embed, serve_bert_embed_params, false),
 };
 
 const Entry *find(const char *name) {

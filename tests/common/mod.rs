@@ -15,6 +15,7 @@ use serve::{Code, Completion, CompletionQueue, Input, Model, Runtime, StatsSnaps
 pub mod cuda_kernels;
 pub mod gpu;
 pub mod kernels_on_host;
+pub mod layer_fixtures;
 pub mod native;
 pub mod openmetrics;
 pub mod recurrent;

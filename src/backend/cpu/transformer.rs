@@ -180,8 +180,9 @@ impl BertCpu {
         let x = &s.x[..tokens * h];
         if last == self.num_layers() {
             // The pooler: each request's first token.
+            // (A padding row — no tokens — pools a zero vector; its output is never delivered.)
             let mut firsts = vec![0.0f32; rows * h];
-            for r in 0..rows {
+            for r in (0..rows).filter(|&r| lens[r] > 0) {
                 firsts[r * h..(r + 1) * h].copy_from_slice(&x[starts[r] * h..(starts[r] + 1) * h]);
             }
             self.pooler.run(&firsts, rows, &mut out[..rows * h], threads);

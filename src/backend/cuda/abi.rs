@@ -19,6 +19,8 @@ pub const SERVE_ROW_OK: u32 = 0;
 pub const SERVE_ROW_BAD_TOKEN: u32 = 1;
 pub const SERVE_ACT_NONE: u32 = 0;
 pub const SERVE_ACT_RELU: u32 = 1;
+pub const SERVE_ACT_GELU: u32 = 2;
+pub const SERVE_ACT_TANH: u32 = 3;
 /// A device address (CUdeviceptr).
 pub type DevicePtr = u64;
 /** serve_signal: completion signal (signal.cu).
@@ -521,8 +523,8 @@ const _: () = {
  backend's `linear`.
 
  For r < rows, j < cols: v = src[r, j] + bias[j] (no bias when bias == 0), then
- ReLU(v) = fmaxf(v, 0) (NaN gives 0, as Rust's f32::max) when act == SERVE_ACT_RELU;
- dst[r, j] = v. dst may be src (in place, with dst_ld == src_ld) or another buffer, e.g. the
+ ReLU(v) = fmaxf(v, 0) (NaN gives 0, as Rust's f32::max) when act == SERVE_ACT_RELU, GELU or
+ tanh for SERVE_ACT_GELU / SERVE_ACT_TANH; dst[r, j] = v. dst may be src (in place, with dst_ld == src_ld) or another buffer, e.g. the
  device address of a pinned, mapped host output buffer (zero-copy result).
  Work: one thread per element. One pass: grid = ceil(rows · cols / SERVE_BLOCK).*/
 #[repr(C)]
@@ -538,7 +540,7 @@ pub struct BiasActParams {
     pub cols: u32,
     pub src_ld: u32,
     pub dst_ld: u32,
-    /// SERVE_ACT_NONE or SERVE_ACT_RELU.
+    /// SERVE_ACT_NONE, SERVE_ACT_RELU, SERVE_ACT_GELU or SERVE_ACT_TANH.
     pub act: u32,
     pub _pad0: u32,
 }
@@ -573,6 +575,405 @@ const _: () = {
     [
         "Offset of field: BiasActParams::_pad0",
     ][::std::mem::offset_of!(BiasActParams, _pad0) - 44usize];
+};
+/** serve_im2col: the patches of a channels-last convolution.
+
+ For p < n·oh·ow (p = (img·oh + oy)·ow + ox), ky, kx < k, ch < c:
+   col[p, (ky·k + kx)·c + ch] = x[img, oy·stride − pad + ky, ox·stride − pad + kx, ch]
+ and 0 where that position is outside the image. Then (cuBLAS) out = col · Wᵀ with the
+ BatchNorm folded into W ([out_c, k·k·c], channels innermost), and serve_bias_act.
+ Work: one thread per element of col. One pass: grid = ceil(n·oh·ow·k·k·c / SERVE_BLOCK).*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct Im2colParams {
+    /// const float[n, h, w, c].
+    pub x: DevicePtr,
+    /// float[n·oh·ow, k·k·c].
+    pub col: DevicePtr,
+    pub n: u32,
+    pub h: u32,
+    pub w: u32,
+    pub c: u32,
+    pub k: u32,
+    pub stride: u32,
+    pub pad: u32,
+    pub oh: u32,
+    pub ow: u32,
+    pub _pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Im2colParams"][::std::mem::size_of::<Im2colParams>() - 56usize];
+    ["Alignment of Im2colParams"][::std::mem::align_of::<Im2colParams>() - 8usize];
+    [
+        "Offset of field: Im2colParams::x",
+    ][::std::mem::offset_of!(Im2colParams, x) - 0usize];
+    [
+        "Offset of field: Im2colParams::col",
+    ][::std::mem::offset_of!(Im2colParams, col) - 8usize];
+    [
+        "Offset of field: Im2colParams::n",
+    ][::std::mem::offset_of!(Im2colParams, n) - 16usize];
+    [
+        "Offset of field: Im2colParams::h",
+    ][::std::mem::offset_of!(Im2colParams, h) - 20usize];
+    [
+        "Offset of field: Im2colParams::w",
+    ][::std::mem::offset_of!(Im2colParams, w) - 24usize];
+    [
+        "Offset of field: Im2colParams::c",
+    ][::std::mem::offset_of!(Im2colParams, c) - 28usize];
+    [
+        "Offset of field: Im2colParams::k",
+    ][::std::mem::offset_of!(Im2colParams, k) - 32usize];
+    [
+        "Offset of field: Im2colParams::stride",
+    ][::std::mem::offset_of!(Im2colParams, stride) - 36usize];
+    [
+        "Offset of field: Im2colParams::pad",
+    ][::std::mem::offset_of!(Im2colParams, pad) - 40usize];
+    [
+        "Offset of field: Im2colParams::oh",
+    ][::std::mem::offset_of!(Im2colParams, oh) - 44usize];
+    [
+        "Offset of field: Im2colParams::ow",
+    ][::std::mem::offset_of!(Im2colParams, ow) - 48usize];
+    [
+        "Offset of field: Im2colParams::_pad0",
+    ][::std::mem::offset_of!(Im2colParams, _pad0) - 52usize];
+};
+/** serve_chw_to_hwc: n images from channels-first (the request's layout) to channels-last:
+ dst[img, p, ch] = src[img, ch, p] for p < h·w.
+ Work: one thread per element. One pass: grid = ceil(n·c·h·w / SERVE_BLOCK).*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct ChwToHwcParams {
+    /// const float[n, c, h, w].
+    pub src: DevicePtr,
+    /// float[n, h, w, c].
+    pub dst: DevicePtr,
+    pub n: u32,
+    pub c: u32,
+    pub h: u32,
+    pub w: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ChwToHwcParams"][::std::mem::size_of::<ChwToHwcParams>() - 32usize];
+    ["Alignment of ChwToHwcParams"][::std::mem::align_of::<ChwToHwcParams>() - 8usize];
+    [
+        "Offset of field: ChwToHwcParams::src",
+    ][::std::mem::offset_of!(ChwToHwcParams, src) - 0usize];
+    [
+        "Offset of field: ChwToHwcParams::dst",
+    ][::std::mem::offset_of!(ChwToHwcParams, dst) - 8usize];
+    [
+        "Offset of field: ChwToHwcParams::n",
+    ][::std::mem::offset_of!(ChwToHwcParams, n) - 16usize];
+    [
+        "Offset of field: ChwToHwcParams::c",
+    ][::std::mem::offset_of!(ChwToHwcParams, c) - 20usize];
+    [
+        "Offset of field: ChwToHwcParams::h",
+    ][::std::mem::offset_of!(ChwToHwcParams, h) - 24usize];
+    [
+        "Offset of field: ChwToHwcParams::w",
+    ][::std::mem::offset_of!(ChwToHwcParams, w) - 28usize];
+};
+/** serve_max_pool: 3×3 max-pool, stride 2, padding 1, channels-last (ResNet's stem). Padded
+ positions never win (PyTorch pads with −inf); a NaN in a window gives NaN.
+ out[img, oy, ox, ch] = max over the window's positions inside the image.
+ Work: one thread per output element. One pass: grid = ceil(n·oh·ow·c / SERVE_BLOCK).*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct MaxPoolParams {
+    /// const float[n, h, w, c].
+    pub x: DevicePtr,
+    /// float[n, oh, ow, c].
+    pub out: DevicePtr,
+    pub n: u32,
+    pub h: u32,
+    pub w: u32,
+    pub c: u32,
+    pub oh: u32,
+    pub ow: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of MaxPoolParams"][::std::mem::size_of::<MaxPoolParams>() - 40usize];
+    ["Alignment of MaxPoolParams"][::std::mem::align_of::<MaxPoolParams>() - 8usize];
+    [
+        "Offset of field: MaxPoolParams::x",
+    ][::std::mem::offset_of!(MaxPoolParams, x) - 0usize];
+    [
+        "Offset of field: MaxPoolParams::out",
+    ][::std::mem::offset_of!(MaxPoolParams, out) - 8usize];
+    [
+        "Offset of field: MaxPoolParams::n",
+    ][::std::mem::offset_of!(MaxPoolParams, n) - 16usize];
+    [
+        "Offset of field: MaxPoolParams::h",
+    ][::std::mem::offset_of!(MaxPoolParams, h) - 20usize];
+    [
+        "Offset of field: MaxPoolParams::w",
+    ][::std::mem::offset_of!(MaxPoolParams, w) - 24usize];
+    [
+        "Offset of field: MaxPoolParams::c",
+    ][::std::mem::offset_of!(MaxPoolParams, c) - 28usize];
+    [
+        "Offset of field: MaxPoolParams::oh",
+    ][::std::mem::offset_of!(MaxPoolParams, oh) - 32usize];
+    [
+        "Offset of field: MaxPoolParams::ow",
+    ][::std::mem::offset_of!(MaxPoolParams, ow) - 36usize];
+};
+/** serve_avg_pool: the mean over every position, channels-last (ResNet's head):
+ out[img, ch] = Σ_p x[img, p, ch] / positions.
+ Work: one thread per (img, ch), looping over the positions. grid = ceil(n·c / SERVE_BLOCK).*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct AvgPoolParams {
+    /// const float[n, positions, c].
+    pub x: DevicePtr,
+    /// float[n, c].
+    pub out: DevicePtr,
+    pub n: u32,
+    pub positions: u32,
+    pub c: u32,
+    pub _pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of AvgPoolParams"][::std::mem::size_of::<AvgPoolParams>() - 32usize];
+    ["Alignment of AvgPoolParams"][::std::mem::align_of::<AvgPoolParams>() - 8usize];
+    [
+        "Offset of field: AvgPoolParams::x",
+    ][::std::mem::offset_of!(AvgPoolParams, x) - 0usize];
+    [
+        "Offset of field: AvgPoolParams::out",
+    ][::std::mem::offset_of!(AvgPoolParams, out) - 8usize];
+    [
+        "Offset of field: AvgPoolParams::n",
+    ][::std::mem::offset_of!(AvgPoolParams, n) - 16usize];
+    [
+        "Offset of field: AvgPoolParams::positions",
+    ][::std::mem::offset_of!(AvgPoolParams, positions) - 20usize];
+    [
+        "Offset of field: AvgPoolParams::c",
+    ][::std::mem::offset_of!(AvgPoolParams, c) - 24usize];
+    [
+        "Offset of field: AvgPoolParams::_pad0",
+    ][::std::mem::offset_of!(AvgPoolParams, _pad0) - 28usize];
+};
+/** serve_add_relu: the end of a residual block: dst[i] = fmaxf(a[i] + b[i], 0) for i < n. dst may
+ be a.
+ Work: one thread per element. One pass: grid = ceil(n / SERVE_BLOCK).*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct AddReluParams {
+    /// const float[n].
+    pub a: DevicePtr,
+    /// const float[n].
+    pub b: DevicePtr,
+    /// float[n].
+    pub dst: DevicePtr,
+    pub n: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of AddReluParams"][::std::mem::size_of::<AddReluParams>() - 32usize];
+    ["Alignment of AddReluParams"][::std::mem::align_of::<AddReluParams>() - 8usize];
+    [
+        "Offset of field: AddReluParams::a",
+    ][::std::mem::offset_of!(AddReluParams, a) - 0usize];
+    [
+        "Offset of field: AddReluParams::b",
+    ][::std::mem::offset_of!(AddReluParams, b) - 8usize];
+    [
+        "Offset of field: AddReluParams::dst",
+    ][::std::mem::offset_of!(AddReluParams, dst) - 16usize];
+    [
+        "Offset of field: AddReluParams::n",
+    ][::std::mem::offset_of!(AddReluParams, n) - 24usize];
+};
+/** serve_layer_norm: for r < rows, v = x[r, :] + residual[r, :] (no residual when 0), then
+   dst[r, j] = (v_j − mean(v)) / sqrt(var(v) + eps) · gamma[j] + beta[j]   (biased variance)
+ dst may be x or residual (in place: each element is read by the thread that writes it, after
+ the row's sums).
+ Work: a block per row (threads stride the row, block reductions of the sum and the squared
+ deviations). grid = rows (any n: rows are strided).*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct LayerNormParams {
+    /// const float[rows, cols].
+    pub x: DevicePtr,
+    /// const float[rows, cols]; 0: none.
+    pub residual: DevicePtr,
+    /// const float[cols].
+    pub gamma: DevicePtr,
+    /// const float[cols].
+    pub beta: DevicePtr,
+    /// float[rows, cols].
+    pub dst: DevicePtr,
+    pub rows: u32,
+    pub cols: u32,
+    pub eps: f32,
+    pub _pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of LayerNormParams"][::std::mem::size_of::<LayerNormParams>() - 56usize];
+    ["Alignment of LayerNormParams"][::std::mem::align_of::<LayerNormParams>() - 8usize];
+    [
+        "Offset of field: LayerNormParams::x",
+    ][::std::mem::offset_of!(LayerNormParams, x) - 0usize];
+    [
+        "Offset of field: LayerNormParams::residual",
+    ][::std::mem::offset_of!(LayerNormParams, residual) - 8usize];
+    [
+        "Offset of field: LayerNormParams::gamma",
+    ][::std::mem::offset_of!(LayerNormParams, gamma) - 16usize];
+    [
+        "Offset of field: LayerNormParams::beta",
+    ][::std::mem::offset_of!(LayerNormParams, beta) - 24usize];
+    [
+        "Offset of field: LayerNormParams::dst",
+    ][::std::mem::offset_of!(LayerNormParams, dst) - 32usize];
+    [
+        "Offset of field: LayerNormParams::rows",
+    ][::std::mem::offset_of!(LayerNormParams, rows) - 40usize];
+    [
+        "Offset of field: LayerNormParams::cols",
+    ][::std::mem::offset_of!(LayerNormParams, cols) - 44usize];
+    [
+        "Offset of field: LayerNormParams::eps",
+    ][::std::mem::offset_of!(LayerNormParams, eps) - 48usize];
+    [
+        "Offset of field: LayerNormParams::_pad0",
+    ][::std::mem::offset_of!(LayerNormParams, _pad0) - 52usize];
+};
+/** serve_attention: BERT's scaled dot-product attention over each request's own tokens.
+
+ The task's tokens are packed back to back; qkv[t] = [q | k | v] of token t (3·heads·head_dim
+ values). Token t belongs to the request whose tokens are start..start+len, where
+ spans[2t] = start and spans[2t + 1] = len. For head hd (d = head_dim, H = heads·d):
+   s_j = scale · Σ_e qkv[t, hd·d + e] · qkv[start + j, H + hd·d + e]            (j < len)
+   p_j = exp(s_j − max s) / Σ exp(s − max s)
+   ctx[t, hd·d + e] = Σ_j p_j · qkv[start + j, 2H + hd·d + e]
+ scores is scratch of tokens · heads rows of max_len (len ≤ max_len).
+ Work: a block per (token, head), block = (t · heads + hd): threads stride the keys, then the
+ head's dimensions; block reductions for the max and the sum. grid = tokens · heads.*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct AttentionParams {
+    /// const float[tokens, 3·heads·head_dim].
+    pub qkv: DevicePtr,
+    /// const uint32_t[tokens, 2]: start and length of the token's request.
+    pub spans: DevicePtr,
+    /// float[tokens · heads, max_len]: scratch.
+    pub scores: DevicePtr,
+    /// float[tokens, heads·head_dim].
+    pub ctx: DevicePtr,
+    pub tokens: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub max_len: u32,
+    pub scale: f32,
+    pub _pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of AttentionParams"][::std::mem::size_of::<AttentionParams>() - 56usize];
+    ["Alignment of AttentionParams"][::std::mem::align_of::<AttentionParams>() - 8usize];
+    [
+        "Offset of field: AttentionParams::qkv",
+    ][::std::mem::offset_of!(AttentionParams, qkv) - 0usize];
+    [
+        "Offset of field: AttentionParams::spans",
+    ][::std::mem::offset_of!(AttentionParams, spans) - 8usize];
+    [
+        "Offset of field: AttentionParams::scores",
+    ][::std::mem::offset_of!(AttentionParams, scores) - 16usize];
+    [
+        "Offset of field: AttentionParams::ctx",
+    ][::std::mem::offset_of!(AttentionParams, ctx) - 24usize];
+    [
+        "Offset of field: AttentionParams::tokens",
+    ][::std::mem::offset_of!(AttentionParams, tokens) - 32usize];
+    [
+        "Offset of field: AttentionParams::heads",
+    ][::std::mem::offset_of!(AttentionParams, heads) - 36usize];
+    [
+        "Offset of field: AttentionParams::head_dim",
+    ][::std::mem::offset_of!(AttentionParams, head_dim) - 40usize];
+    [
+        "Offset of field: AttentionParams::max_len",
+    ][::std::mem::offset_of!(AttentionParams, max_len) - 44usize];
+    [
+        "Offset of field: AttentionParams::scale",
+    ][::std::mem::offset_of!(AttentionParams, scale) - 48usize];
+    [
+        "Offset of field: AttentionParams::_pad0",
+    ][::std::mem::offset_of!(AttentionParams, _pad0) - 52usize];
+};
+/** serve_bert_embed: x[t, j] = word[ids[t], j] + position[positions[t], j] + type0[j] (token type
+ 0), then serve_layer_norm. An id ≥ vocab or a position ≥ max_position (checked on the host
+ before; here only range-checked) gives a zero row.
+ Work: one thread per element. One pass: grid = ceil(tokens · hidden / SERVE_BLOCK).*/
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct BertEmbedParams {
+    /// const uint32_t[tokens].
+    pub ids: DevicePtr,
+    /// const uint32_t[tokens].
+    pub positions: DevicePtr,
+    /// const float[vocab, hidden].
+    pub word: DevicePtr,
+    /// const float[max_position, hidden].
+    pub position: DevicePtr,
+    /// const float[hidden]: token type 0's embedding.
+    pub type0: DevicePtr,
+    /// float[tokens, hidden].
+    pub x: DevicePtr,
+    pub tokens: u32,
+    pub hidden: u32,
+    pub vocab: u32,
+    pub max_position: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of BertEmbedParams"][::std::mem::size_of::<BertEmbedParams>() - 64usize];
+    ["Alignment of BertEmbedParams"][::std::mem::align_of::<BertEmbedParams>() - 8usize];
+    [
+        "Offset of field: BertEmbedParams::ids",
+    ][::std::mem::offset_of!(BertEmbedParams, ids) - 0usize];
+    [
+        "Offset of field: BertEmbedParams::positions",
+    ][::std::mem::offset_of!(BertEmbedParams, positions) - 8usize];
+    [
+        "Offset of field: BertEmbedParams::word",
+    ][::std::mem::offset_of!(BertEmbedParams, word) - 16usize];
+    [
+        "Offset of field: BertEmbedParams::position",
+    ][::std::mem::offset_of!(BertEmbedParams, position) - 24usize];
+    [
+        "Offset of field: BertEmbedParams::type0",
+    ][::std::mem::offset_of!(BertEmbedParams, type0) - 32usize];
+    [
+        "Offset of field: BertEmbedParams::x",
+    ][::std::mem::offset_of!(BertEmbedParams, x) - 40usize];
+    [
+        "Offset of field: BertEmbedParams::tokens",
+    ][::std::mem::offset_of!(BertEmbedParams, tokens) - 48usize];
+    [
+        "Offset of field: BertEmbedParams::hidden",
+    ][::std::mem::offset_of!(BertEmbedParams, hidden) - 52usize];
+    [
+        "Offset of field: BertEmbedParams::vocab",
+    ][::std::mem::offset_of!(BertEmbedParams, vocab) - 56usize];
+    [
+        "Offset of field: BertEmbedParams::max_position",
+    ][::std::mem::offset_of!(BertEmbedParams, max_position) - 60usize];
 };
 }
 

@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use super::bert::BertGpu;
 use super::mlp::Dense;
 use super::recurrent::Recurrent;
+use super::resnet::ResNetGpu;
 use super::runner::{CudaRunner, Kernels};
 use super::{CudaDevice, Module, libs};
 use crate::backend::{Backend, BackendKind, Notify, Runner, RunnerShape};
@@ -60,12 +62,23 @@ impl Backend for CudaBackend {
     /// not notify and the poller spins while CUDA tasks are in flight.
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, _notify: Notify) -> Result<Box<dyn Runner>> {
         let stream = self.device.stream()?;
-        if net.is_recurrent() {
-            let model = Recurrent::new(&self.device, &stream, &net, shape)?;
-            Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
-        } else {
-            let model = Dense::new(&stream, &net, shape.max_batch)?;
-            Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
+        match &*net {
+            Network::ResNet(_) => {
+                let model = ResNetGpu::new(&stream, &net, shape.max_batch)?;
+                Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
+            }
+            Network::Bert(_) => {
+                let model = BertGpu::new(&stream, &net, shape.max_batch)?;
+                Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
+            }
+            Network::Mlp(_) => {
+                let model = Dense::new(&stream, &net, shape.max_batch)?;
+                Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
+            }
+            Network::Lstm(_) | Network::Seq2Seq(_) | Network::TreeLstm(_) => {
+                let model = Recurrent::new(&self.device, &stream, &net, shape)?;
+                Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
+            }
         }
     }
 }

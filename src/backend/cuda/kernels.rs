@@ -31,10 +31,42 @@ pub const TREE_GATHER: &str = "serve_tree_gather";
 pub const TREE_POINTWISE: &str = "serve_tree_pointwise";
 /// `serve_bias_act` ([`abi::BiasActParams`]): a thread per element.
 pub const BIAS_ACT: &str = "serve_bias_act";
+/// `serve_im2col` ([`abi::Im2colParams`]): a thread per element of the patches.
+pub const IM2COL: &str = "serve_im2col";
+/// `serve_chw_to_hwc` ([`abi::ChwToHwcParams`]): a thread per element.
+pub const CHW_TO_HWC: &str = "serve_chw_to_hwc";
+/// `serve_max_pool` ([`abi::MaxPoolParams`]): a thread per output element.
+pub const MAX_POOL: &str = "serve_max_pool";
+/// `serve_avg_pool` ([`abi::AvgPoolParams`]): a thread per (image, channel).
+pub const AVG_POOL: &str = "serve_avg_pool";
+/// `serve_add_relu` ([`abi::AddReluParams`]): a thread per element.
+pub const ADD_RELU: &str = "serve_add_relu";
+/// `serve_layer_norm` ([`abi::LayerNormParams`]): a block per row.
+pub const LAYER_NORM: &str = "serve_layer_norm";
+/// `serve_attention` ([`abi::AttentionParams`]): a block per (token, head).
+pub const ATTENTION: &str = "serve_attention";
+/// `serve_bert_embed` ([`abi::BertEmbedParams`]): a thread per element.
+pub const BERT_EMBED: &str = "serve_bert_embed";
 
 /// Every kernel of the image.
-pub const KERNELS: [&str; 8] =
-    [SIGNAL, EMBEDDING_GATHER, LSTM_GATHER, LSTM_POINTWISE, ARGMAX, TREE_GATHER, TREE_POINTWISE, BIAS_ACT];
+pub const KERNELS: [&str; 16] = [
+    SIGNAL,
+    EMBEDDING_GATHER,
+    LSTM_GATHER,
+    LSTM_POINTWISE,
+    ARGMAX,
+    TREE_GATHER,
+    TREE_POINTWISE,
+    BIAS_ACT,
+    IM2COL,
+    CHW_TO_HWC,
+    MAX_POOL,
+    AVG_POOL,
+    ADD_RELU,
+    LAYER_NORM,
+    ATTENTION,
+    BERT_EMBED,
+];
 
 /// Threads per block of every kernel but [`SIGNAL`].
 pub const BLOCK: u32 = abi::SERVE_BLOCK;
@@ -54,6 +86,7 @@ pub static SOURCES: &[(&str, &str)] = &[
     ("embedding.cu", include_str!("../../../cuda/embedding.cu")),
     ("lstm.cu", include_str!("../../../cuda/lstm.cu")),
     ("dense.cu", include_str!("../../../cuda/dense.cu")),
+    ("layers.cu", include_str!("../../../cuda/layers.cu")),
 ];
 
 /// What the crate carries for the kernels.

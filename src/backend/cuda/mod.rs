@@ -33,6 +33,7 @@ pub mod abi;
 pub mod kernels;
 
 mod backend;
+mod bert;
 pub mod blas;
 pub mod driver;
 pub mod libs;
@@ -40,6 +41,7 @@ pub mod memory;
 mod mlp;
 pub mod module;
 mod recurrent;
+mod resnet;
 mod runner;
 pub mod signal;
 pub mod step_bench;

@@ -653,6 +653,7 @@ impl DeviceModel for Recurrent {
             out_rows,
             children,
             decoder,
+            ..Plan::default()
         })
     }
 

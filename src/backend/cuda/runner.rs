@@ -90,6 +90,14 @@ pub(super) struct Kernels {
     tree_gather: Function,
     tree_pointwise: Function,
     bias_act: Function,
+    im2col: Function,
+    chw_to_hwc: Function,
+    max_pool: Function,
+    avg_pool: Function,
+    add_relu: Function,
+    layer_norm: Function,
+    attention: Function,
+    bert_embed: Function,
 }
 
 /// A 1-D launch of blocks of [`BLOCK`] threads covering `units` units of `per_block` per block.
@@ -108,6 +116,14 @@ impl Kernels {
             tree_gather: module.function(kernels::TREE_GATHER)?,
             tree_pointwise: module.function(kernels::TREE_POINTWISE)?,
             bias_act: module.function(kernels::BIAS_ACT)?,
+            im2col: module.function(kernels::IM2COL)?,
+            chw_to_hwc: module.function(kernels::CHW_TO_HWC)?,
+            max_pool: module.function(kernels::MAX_POOL)?,
+            avg_pool: module.function(kernels::AVG_POOL)?,
+            add_relu: module.function(kernels::ADD_RELU)?,
+            layer_norm: module.function(kernels::LAYER_NORM)?,
+            attention: module.function(kernels::ATTENTION)?,
+            bert_embed: module.function(kernels::BERT_EMBED)?,
         })
     }
 
@@ -188,6 +204,85 @@ impl Kernels {
         let cfg = linear(u64::from(p.rows) * u64::from(p.cols), BLOCK);
         // SAFETY: the contract of [`Kernels`]; `BiasActParams` is the kernel's parameter.
         unsafe { s.launch_with(&self.bias_act, cfg, p) }
+    }
+
+    /// `serve_im2col`: a thread per element of the patches.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn im2col(&self, s: &Stream, p: &abi::Im2colParams) -> Result<()> {
+        let units =
+            u64::from(p.n) * u64::from(p.oh) * u64::from(p.ow) * u64::from(p.k * p.k) * u64::from(p.c);
+        // SAFETY: the contract of [`Kernels`]; `Im2colParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.im2col, linear(units, BLOCK), p) }
+    }
+
+    /// `serve_chw_to_hwc`: a thread per element.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn chw_to_hwc(&self, s: &Stream, p: &abi::ChwToHwcParams) -> Result<()> {
+        let units = u64::from(p.n) * u64::from(p.c) * u64::from(p.h) * u64::from(p.w);
+        // SAFETY: the contract of [`Kernels`]; `ChwToHwcParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.chw_to_hwc, linear(units, BLOCK), p) }
+    }
+
+    /// `serve_max_pool`: a thread per output element.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn max_pool(&self, s: &Stream, p: &abi::MaxPoolParams) -> Result<()> {
+        let units = u64::from(p.n) * u64::from(p.oh) * u64::from(p.ow) * u64::from(p.c);
+        // SAFETY: the contract of [`Kernels`]; `MaxPoolParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.max_pool, linear(units, BLOCK), p) }
+    }
+
+    /// `serve_avg_pool`: a thread per (image, channel).
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn avg_pool(&self, s: &Stream, p: &abi::AvgPoolParams) -> Result<()> {
+        // SAFETY: the contract of [`Kernels`]; `AvgPoolParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.avg_pool, linear(u64::from(p.n) * u64::from(p.c), BLOCK), p) }
+    }
+
+    /// `serve_add_relu`: a thread per element.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn add_relu(&self, s: &Stream, p: &abi::AddReluParams) -> Result<()> {
+        // SAFETY: the contract of [`Kernels`]; `AddReluParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.add_relu, linear(p.n, BLOCK), p) }
+    }
+
+    /// `serve_layer_norm`: a block per row.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn layer_norm(&self, s: &Stream, p: &abi::LayerNormParams) -> Result<()> {
+        let cfg = LaunchConfig::linear(kernels::grid(u64::from(p.rows), 1), BLOCK);
+        // SAFETY: the contract of [`Kernels`]; `LayerNormParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.layer_norm, cfg, p) }
+    }
+
+    /// `serve_attention`: a block per (token, head).
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn attention(&self, s: &Stream, p: &abi::AttentionParams) -> Result<()> {
+        let cfg = LaunchConfig::linear(kernels::grid(u64::from(p.tokens) * u64::from(p.heads), 1), BLOCK);
+        // SAFETY: the contract of [`Kernels`]; `AttentionParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.attention, cfg, p) }
+    }
+
+    /// `serve_bert_embed`: a thread per element.
+    ///
+    /// # Safety
+    /// See [`Kernels`].
+    pub(super) unsafe fn bert_embed(&self, s: &Stream, p: &abi::BertEmbedParams) -> Result<()> {
+        let units = u64::from(p.tokens) * u64::from(p.hidden);
+        // SAFETY: the contract of [`Kernels`]; `BertEmbedParams` is the kernel's parameter.
+        unsafe { s.launch_with(&self.bert_embed, linear(units, BLOCK), p) }
     }
 }
 
@@ -294,6 +389,9 @@ pub(super) struct Plan {
     pub out_rows: usize,
     pub children: usize,
     pub decoder: bool,
+    /// Layer models: the layers `[first, last)` the task runs, and (bert) each row's length.
+    pub layers: (usize, usize),
+    pub lens: Vec<u32>,
 }
 
 /// What a model's enqueue needs of its worker.

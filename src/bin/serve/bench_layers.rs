@@ -1,7 +1,7 @@
 //! `serve bench layers resnet50|bert-base|…` (ARCHITECTURE.md §8): a layer model's time per batch
-//! on libserve's CPU backend against PyTorch's on the same machine, in the same run, with the
-//! same thread count, batch sizes and input shapes (random weights: the time does not depend on
-//! them).
+//! on libserve's CPU backend (or CUDA with `--backend cuda`) against PyTorch's on the same machine
+//! and device, in the same run, with the same thread count, batch sizes and input shapes (random
+//! weights: the time does not depend on them). On CUDA both sides compute in FP32 with TF32 off.
 //!
 //! libserve's side prepares the model on a CPU backend of `--threads` threads and times whole-model
 //! tasks on one worker (launched back to back, a round waited for once, collected: the backend's
@@ -27,7 +27,7 @@ use serve::workload::values;
 use serve::{BackendChoice, Network};
 
 use crate::bench::{open_report, write_report};
-use crate::{BenchLayersArgs, CliResult, LayerModelArg, fatal};
+use crate::{BackendArg, BenchLayersArgs, CliResult, LayerModelArg, fatal};
 
 /// PyTorch's side, run by `PYTHON -`.
 const TORCH_SCRIPT: &str = include_str!("../../../scripts/torch_layer_bench.py");
@@ -94,10 +94,10 @@ fn batch_input(net: &Network, rows: usize) -> Vec<f32> {
 fn time_libserve(
     net: &Arc<Network>,
     batches: &[usize],
-    threads: usize,
+    (choice, threads): (BackendChoice, usize),
     min_time: f64,
 ) -> CliResult<Vec<f64>> {
-    let backend = serve::backend::create(BackendChoice::Cpu, threads)?;
+    let backend = serve::backend::create(choice, threads)?;
     let me = std::thread::current();
     let notify: serve::backend::Notify = Arc::new(move || me.unpark());
     let max_batch = batches.iter().copied().max().unwrap_or(1);
@@ -152,6 +152,7 @@ fn time_torch(a: &BenchLayersArgs, threads: usize) -> Result<(String, Vec<f64>),
             "--min-time",
             &a.min_time.to_string(),
         ])
+        .args(["--device", if a.backend == BackendArg::Cuda { "cuda" } else { "cpu" }])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -197,9 +198,12 @@ pub(crate) fn cmd_bench_layers(a: BenchLayersArgs) -> CliResult<()> {
         },
         a.batches
     );
-    let first = time_libserve(&net, &a.batches, threads, a.min_time)?;
+    let choice = if a.backend == BackendArg::Cuda { BackendChoice::Cuda } else { BackendChoice::Cpu };
+    let backend = serve::backend::create(choice, threads)?.describe();
+    println!("# libserve backend: {backend}");
+    let first = time_libserve(&net, &a.batches, (choice, threads), a.min_time)?;
     let torch = if a.no_torch { Err("--no-torch".to_string()) } else { time_torch(&a, threads) };
-    let second = time_libserve(&net, &a.batches, threads, a.min_time)?;
+    let second = time_libserve(&net, &a.batches, (choice, threads), a.min_time)?;
     let ours: Vec<f64> = first.iter().zip(&second).map(|(x, y)| (x + y) / 2.0).collect();
     let torch_label = match &torch {
         Ok((v, _)) => v.clone(),
@@ -234,11 +238,15 @@ pub(crate) fn cmd_bench_layers(a: BenchLayersArgs) -> CliResult<()> {
         );
     }
     if let Some((path, file)) = report_file {
-        write_report(
-            &path,
-            file,
-            &json!({"workload": "layers", "backend": "cpu", "threads": threads, "pytorch": torch_label, "results": results}),
-        )?;
+        let report = json!({
+            "workload": "layers",
+            "backend": if choice == BackendChoice::Cuda { "cuda" } else { "cpu" },
+            "backend_description": backend,
+            "threads": threads,
+            "pytorch": torch_label,
+            "results": results,
+        });
+        write_report(&path, file, &report)?;
     }
     Ok(())
 }

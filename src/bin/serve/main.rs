@@ -551,6 +551,9 @@ struct BenchLayersArgs {
     /// Time libserve only.
     #[arg(long)]
     no_torch: bool,
+    /// The backend of both sides: cpu, or cuda (device 0; PyTorch on the same GPU).
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    backend: BackendArg,
     /// Write the results as one JSON object to this file.
     #[arg(long)]
     json: Option<PathBuf>,

@@ -1,0 +1,373 @@
+//! `resnet` on CUDA (ARCHITECTURE.md §5.3), as the CPU's `conv.rs` / `layered.rs` runs it:
+//! channels-last activations; each convolution `serve_im2col` (not for a 1×1 of stride 1) then
+//! one cuBLAS GEMM against the folded weight `[out_c, k·k·c]` and `serve_bias_act` (the folded
+//! BatchNorm bias, ReLU or not); `serve_max_pool`, `serve_add_relu`, `serve_avg_pool`, the fc.
+//! A task is the whole model or a layer range ([`Work::Layers`]): its input rows are uploaded
+//! from the staging into a worker buffer, and the last layer's result is copied into the
+//! staging's pinned, mapped output buffer by `serve_bias_act` (no bias, no activation).
+
+use super::abi;
+use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, dim, host_slice};
+use super::{CudaDevice, DeviceBuffer, Stream};
+use crate::backend::Work;
+use crate::error::{Error, Result};
+use crate::model::Network;
+use crate::model::resnet::{Conv, conv_out};
+
+/// A convolution with its BatchNorm folded, on the device.
+struct ConvGpu {
+    /// `[out_c, k·k·in_c]`, channels innermost.
+    w: DeviceBuffer<f32>,
+    b: DeviceBuffer<f32>,
+    in_c: usize,
+    out_c: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+}
+
+impl ConvGpu {
+    fn new(stream: &Stream, c: &Conv) -> Result<ConvGpu> {
+        let (w, b) = c.folded();
+        dim(c.out_c, "channels")?;
+        dim(c.k * c.k * c.in_c, "patch size")?;
+        Ok(ConvGpu {
+            w: stream.upload(&w)?,
+            b: stream.upload(&b)?,
+            in_c: c.in_c,
+            out_c: c.out_c,
+            k: c.k,
+            stride: c.stride,
+            pad: c.pad,
+        })
+    }
+
+    fn out_side(&self, side: usize) -> usize {
+        conv_out(side, self.k, self.stride, self.pad)
+    }
+
+    fn direct(&self) -> bool {
+        self.k == 1 && self.stride == 1 && self.pad == 0
+    }
+}
+
+struct BlockGpu {
+    convs: Vec<ConvGpu>,
+    down: Option<ConvGpu>,
+}
+
+/// A ResNet prepared on the device.
+pub(super) struct ResNetGpu {
+    stem: ConvGpu,
+    blocks: Vec<BlockGpu>,
+    fc_w: DeviceBuffer<f32>,
+    fc_b: DeviceBuffer<f32>,
+    classes: usize,
+    features: usize,
+    /// `(c, h, w)` entering each layer, and values per image entering each layer (the last:
+    /// the output).
+    dims: Vec<(usize, usize, usize)>,
+    shapes: Vec<usize>,
+    /// The largest activation and im2col of one image over every step.
+    act: usize,
+    col: usize,
+    max_batch: usize,
+}
+
+/// A worker's buffers, each for `max_batch` images.
+pub(super) struct ResNetBuffers {
+    a: DeviceBuffer<f32>,
+    b: DeviceBuffer<f32>,
+    t1: DeviceBuffer<f32>,
+    t2: DeviceBuffer<f32>,
+    sc: DeviceBuffer<f32>,
+    col: DeviceBuffer<f32>,
+}
+
+impl ResNetGpu {
+    pub(super) fn new(stream: &Stream, net: &Network, max_batch: usize) -> Result<ResNetGpu> {
+        let Network::ResNet(m) = net else {
+            return Err(Error::internal(format!("a resnet runner cannot run a {} model", net.kind())));
+        };
+        dim(max_batch, "batch size")?;
+        let shapes = m.shapes();
+        let stem = ConvGpu::new(stream, &m.stem)?;
+        let blocks = m
+            .blocks
+            .iter()
+            .map(|b| {
+                Ok(BlockGpu {
+                    convs: b.convs.iter().map(|c| ConvGpu::new(stream, c)).collect::<Result<_>>()?,
+                    down: b.downsample.as_ref().map(|c| ConvGpu::new(stream, c)).transpose()?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let [c, h, w] = m.cfg.image;
+        let mut act = (stem.out_c * stem.out_side(h) * stem.out_side(w)).max(c * h * w);
+        let mut col = stem.k * stem.k * stem.in_c * stem.out_side(h) * stem.out_side(w);
+        // The largest output and im2col of one image over every convolution.
+        let mut grow = |conv: &ConvGpu, (h, w): (usize, usize)| {
+            let (oh, ow) = (conv.out_side(h), conv.out_side(w));
+            if !conv.direct() {
+                col = col.max(conv.k * conv.k * conv.in_c * oh * ow);
+            }
+            act = act.max(conv.out_c * oh * ow);
+            (oh, ow)
+        };
+        for (i, b) in blocks.iter().enumerate() {
+            let input = (shapes[i + 1].h, shapes[i + 1].w);
+            let mut hw = input;
+            for conv in &b.convs {
+                hw = grow(conv, hw);
+            }
+            if let Some(d) = &b.down {
+                grow(d, input);
+            }
+        }
+        dim(act, "activation size")?;
+        Ok(ResNetGpu {
+            stem,
+            blocks,
+            fc_w: stream.upload(&m.fc_weight)?,
+            fc_b: stream.upload(&m.fc_bias)?,
+            classes: m.cfg.num_classes,
+            features: m.features(),
+            dims: shapes.iter().map(|s| (s.c, s.h, s.w)).collect(),
+            shapes: shapes.iter().map(|s| s.values()).collect(),
+            act,
+            col,
+            max_batch,
+        })
+    }
+
+    fn layer_count(&self) -> usize {
+        self.blocks.len() + 2
+    }
+
+    /// `dst = act(conv(src))` for `n` images of `h × w`; returns `(oh, ow)`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &self,
+        ctx: &mut Ctx<'_>,
+        c: &ConvGpu,
+        src: &DeviceBuffer<f32>,
+        (n, h, w): (usize, usize, usize),
+        dst: &mut DeviceBuffer<f32>,
+        col: &mut DeviceBuffer<f32>,
+        relu: bool,
+    ) -> Result<(usize, usize)> {
+        let (oh, ow) = (c.out_side(h), c.out_side(w));
+        let rows = n * oh * ow;
+        let kk = c.k * c.k * c.in_c;
+        if c.direct() {
+            ctx.blas.gemm_nt(rows, c.out_c, c.in_c, 1.0, src, &c.w, 0.0, dst)?;
+        } else {
+            let p = abi::Im2colParams {
+                x: src.device_ptr(),
+                col: col.device_ptr(),
+                n: n as u32,
+                h: h as u32,
+                w: w as u32,
+                c: c.in_c as u32,
+                k: c.k as u32,
+                stride: c.stride as u32,
+                pad: c.pad as u32,
+                oh: oh as u32,
+                ow: ow as u32,
+                _pad0: 0,
+            };
+            // SAFETY: reads n·h·w·in_c values of src and writes rows·kk of col: both worker
+            // buffers sized for max_batch images of the largest activation / im2col (`new`),
+            // n ≤ max_batch (plan). Runner invariants (runner.rs) for lifetimes.
+            unsafe { ctx.kernels.im2col(ctx.stream, &p) }?;
+            ctx.blas.gemm_nt(rows, c.out_c, kk, 1.0, col, &c.w, 0.0, dst)?;
+        }
+        let act = if relu { abi::SERVE_ACT_RELU } else { abi::SERVE_ACT_NONE };
+        bias_act(ctx, (dst.device_ptr(), dst.device_ptr()), Some(&c.b), (rows, c.out_c), act)?;
+        Ok((oh, ow))
+    }
+}
+
+/// `serve_bias_act` over `rows × cols` contiguous values from `src` to `dst` (addresses).
+fn bias_act(
+    ctx: &Ctx<'_>,
+    (src, dst): (u64, u64),
+    bias: Option<&DeviceBuffer<f32>>,
+    (rows, cols): (usize, usize),
+    act: u32,
+) -> Result<()> {
+    let p = abi::BiasActParams {
+        src,
+        bias: bias.map_or(0, |b| b.device_ptr()),
+        dst,
+        rows: dim(rows, "rows")?,
+        cols: dim(cols, "columns")?,
+        src_ld: cols as u32,
+        dst_ld: cols as u32,
+        act,
+        _pad0: 0,
+    };
+    // SAFETY: every caller passes src and dst holding rows·cols values (worker buffers sized for
+    // the largest step, or the task's output staging sized by the plan) and a bias of cols.
+    unsafe { ctx.kernels.bias_act(ctx.stream, &p) }
+}
+
+impl DeviceModel for ResNetGpu {
+    type Buffers = ResNetBuffers;
+
+    fn io_lens(&self) -> (usize, usize) {
+        (self.shapes[0], self.classes)
+    }
+
+    fn state_slots(&self) -> usize {
+        0
+    }
+
+    fn typical_needs(&self) -> Needs {
+        Needs { desc: 0, dense: self.shapes[0], out: self.classes, words: 0 }
+    }
+
+    fn buffers(&self, device: &CudaDevice, _stream: &Stream) -> Result<ResNetBuffers> {
+        let act = crate::backend::size(self.max_batch, self.act, "resnet activation buffers")?;
+        let col = crate::backend::size(self.max_batch, self.col.max(1), "resnet im2col buffer")?;
+        Ok(ResNetBuffers {
+            a: device.alloc(act)?,
+            b: device.alloc(act)?,
+            t1: device.alloc(act)?,
+            t2: device.alloc(act)?,
+            sc: device.alloc(act)?,
+            col: device.alloc(col)?,
+        })
+    }
+
+    fn plan(&self, padded: usize, work: &Work) -> Result<Plan> {
+        let n = self.layer_count();
+        let (range, input) = match work {
+            Work::Dense(x) => ((0, n), x),
+            Work::Layers { first, last, input } if first < last && *last <= n => ((*first, *last), input),
+            Work::Layers { first, last, .. } => {
+                return Err(Error::invalid(format!("layers {first}..{last} of a model of {n} layers")));
+            }
+            Work::Cells(_) => return Err(Error::internal("a resnet task must carry rows, not cells")),
+        };
+        let (inl, outl) = (self.shapes[range.0], self.shapes[range.1]);
+        if input.len() != padded * inl || padded > self.max_batch {
+            return Err(Error::internal(format!(
+                "a resnet task of {padded} rows entering layer {} carries {} values, not {padded} × {inl}",
+                range.0,
+                input.len()
+            )));
+        }
+        Ok(Plan {
+            needs: Needs { desc: 0, dense: input.len(), out: padded * outl, words: 0 },
+            padded,
+            real: padded,
+            outputs: padded * outl,
+            layers: range,
+            ..Plan::default()
+        })
+    }
+
+    fn stage(&self, work: &Work, _plan: &Plan, st: &mut Staging, _scratch: &mut Vec<u32>) -> Result<()> {
+        match work {
+            Work::Dense(x) | Work::Layers { input: x, .. } => st.dense.write(0, x),
+            Work::Cells(_) => Err(Error::internal("a resnet task must carry rows, not cells")),
+        }
+    }
+
+    fn enqueue(&self, mut ctx: Ctx<'_>, bufs: &mut ResNetBuffers, plan: &Plan, st: &Staging) -> Result<()> {
+        let ResNetBuffers { a, b, t1, t2, sc, col } = bufs;
+        let n = plan.padded;
+        let (first, last) = plan.layers;
+        // SAFETY: the staging's input values are written only by `stage` and read only by this
+        // copy; the staging belongs to the task until its counter is seen (runner.rs). needs.dense
+        // = n · values entering `first` ≤ the buffer (max_batch × the largest activation).
+        unsafe { ctx.stream.upload_into_async(a, 0, host_slice(&st.dense, plan.needs.dense)) }?;
+        let head = self.blocks.len() + 1;
+        let mut cur_a = true;
+        for layer in first..last {
+            let (c, h, w) = self.dims[layer];
+            let (cur, next): (&DeviceBuffer<f32>, &mut DeviceBuffer<f32>) =
+                if cur_a { (&*a, &mut *b) } else { (&*b, &mut *a) };
+            if layer == 0 {
+                let p = abi::ChwToHwcParams {
+                    src: cur.device_ptr(),
+                    dst: t1.device_ptr(),
+                    n: n as u32,
+                    c: c as u32,
+                    h: h as u32,
+                    w: w as u32,
+                };
+                // SAFETY: n images of c·h·w values in and out, within the worker buffers.
+                unsafe { ctx.kernels.chw_to_hwc(ctx.stream, &p) }?;
+                let (oh, ow) = self.conv(&mut ctx, &self.stem, t1, (n, h, w), t2, col, true)?;
+                let p = abi::MaxPoolParams {
+                    x: t2.device_ptr(),
+                    out: next.device_ptr(),
+                    n: n as u32,
+                    h: oh as u32,
+                    w: ow as u32,
+                    c: self.stem.out_c as u32,
+                    oh: conv_out(oh, 3, 2, 1) as u32,
+                    ow: conv_out(ow, 3, 2, 1) as u32,
+                };
+                // SAFETY: reads the stem's output and writes the pooled images, within the worker
+                // buffers (both at most the largest activation per image).
+                unsafe { ctx.kernels.max_pool(ctx.stream, &p) }?;
+            } else if layer == head {
+                let p = abi::AvgPoolParams {
+                    x: cur.device_ptr(),
+                    out: t1.device_ptr(),
+                    n: n as u32,
+                    positions: (h * w) as u32,
+                    c: c as u32,
+                    _pad0: 0,
+                };
+                // SAFETY: reads n·h·w·c, writes n·c values of worker buffers.
+                unsafe { ctx.kernels.avg_pool(ctx.stream, &p) }?;
+                ctx.blas.gemm_nt(n, self.classes, self.features, 1.0, t1, &self.fc_w, 0.0, next)?;
+                bias_act(
+                    &ctx,
+                    (next.device_ptr(), next.device_ptr()),
+                    Some(&self.fc_b),
+                    (n, self.classes),
+                    abi::SERVE_ACT_NONE,
+                )?;
+            } else {
+                let blk = &self.blocks[layer - 1];
+                match &blk.convs[..] {
+                    [c1, c2] => {
+                        let (oh, ow) = self.conv(&mut ctx, c1, cur, (n, h, w), t1, col, true)?;
+                        self.conv(&mut ctx, c2, t1, (n, oh, ow), next, col, false)?;
+                    }
+                    [c1, c2, c3] => {
+                        let (oh, ow) = self.conv(&mut ctx, c1, cur, (n, h, w), t1, col, true)?;
+                        let (oh, ow) = self.conv(&mut ctx, c2, t1, (n, oh, ow), t2, col, true)?;
+                        self.conv(&mut ctx, c3, t2, (n, oh, ow), next, col, false)?;
+                    }
+                    _ => return Err(Error::internal("a block has two or three convolutions")),
+                }
+                let len = n * self.shapes[layer + 1];
+                let shortcut = match &blk.down {
+                    Some(d) => {
+                        self.conv(&mut ctx, d, cur, (n, h, w), sc, col, false)?;
+                        sc.device_ptr()
+                    }
+                    None => cur.device_ptr(),
+                };
+                let p = abi::AddReluParams {
+                    a: next.device_ptr(),
+                    b: shortcut,
+                    dst: next.device_ptr(),
+                    n: len as u64,
+                };
+                // SAFETY: len values of the block's output, its shortcut and the output again.
+                unsafe { ctx.kernels.add_relu(ctx.stream, &p) }?;
+            }
+            cur_a = !cur_a;
+        }
+        let result = if cur_a { &*a } else { &*b };
+        let outl = self.shapes[last];
+        bias_act(&ctx, (result.device_ptr(), st.out.device_ptr()), None, (n, outl), abi::SERVE_ACT_NONE)
+    }
+}
