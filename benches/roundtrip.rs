@@ -4,6 +4,9 @@
 //! it with `serve_queue_next`. Baselines measured in the same run: the same loop through the
 //! Rust API (`Model::submit_to` + `CompletionQueue::next_into`), and the model's one linear layer
 //! on one row with no runtime at all. Goal (issue #2): ≤ 2 µs per request on a 2-core CPU.
+//! And the same layer as a **custom model** (`serve_runtime_add_custom_model`, its execute
+//! callback computing the layer for the batch): what a custom engine adds over the built-in mlp
+//! per request (goal, issue 14: ≤ 2 µs).
 //!
 //! `cargo bench --bench roundtrip`
 
@@ -15,6 +18,10 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use serve::backend::cpu::gemm::{PackedWeight, Threads, linear};
 use serve::ffi::completion::{serve_completion, serve_completion_free};
+use serve::ffi::custom::{
+    serve_custom_call, serve_custom_model_options_free, serve_custom_model_options_new,
+    serve_runtime_add_custom_model,
+};
 use serve::ffi::model::{
     serve_model, serve_model_free, serve_model_options_free, serve_model_options_new,
     serve_model_options_set_max_batch, serve_runtime_load_model,
@@ -63,15 +70,78 @@ fn c_setup(dir: &std::path::Path) -> CHandles {
     CHandles { rt, model, queue }
 }
 
+/// The custom engine: the mlp's layer, for a batch, in the execute callback.
+struct LinearEngine {
+    w: PackedWeight,
+    b: Vec<f32>,
+}
+
+/// The execute callback of the custom model.
+///
+/// # Safety
+/// `user` is the `LinearEngine` registered with it; `call` is libserve's call (its buffers hold
+/// `batch × stride` values).
+unsafe extern "C" fn execute(user: *mut std::ffi::c_void, call: *const serve_custom_call) -> i32 {
+    // SAFETY: the function's contract.
+    let (e, c) = unsafe { (&*(user as *const LinearEngine), &*call) };
+    // SAFETY: libserve's call contract: input and output hold batch × stride values.
+    let (x, y) = unsafe {
+        (
+            std::slice::from_raw_parts(c.input, c.batch * c.input_stride),
+            std::slice::from_raw_parts_mut(c.output, c.batch * c.output_stride),
+        )
+    };
+    linear(x, &e.w, &e.b, y, c.batch, false, Threads(1));
+    0
+}
+
+/// Frees the engine once libserve is done with it.
+///
+/// # Safety
+/// `user` came from `Box::into_raw` of a `LinearEngine` and is freed once.
+unsafe extern "C" fn free_engine(user: *mut std::ffi::c_void) {
+    // SAFETY: the function's contract.
+    drop(unsafe { Box::from_raw(user as *mut LinearEngine) });
+}
+
+/// The mlp's layer as a custom model of `h.rt`, with the same batching.
+fn c_custom_model(h: &CHandles, mlp: &Mlp) -> *mut serve_model {
+    let l = &mlp.layers[0];
+    let engine = Box::new(LinearEngine { w: PackedWeight::from_torch(&l.weight, 16, 16), b: l.bias.clone() });
+    let mut co = ptr::null_mut();
+    check(serve_custom_model_options_new(
+        16,
+        16,
+        Some(execute),
+        Box::into_raw(engine).cast(),
+        Some(free_engine),
+        &mut co,
+    ));
+    let mut mo = ptr::null_mut();
+    check(serve_model_options_new(&mut mo));
+    check(serve_model_options_set_max_batch(mo, MAX_BATCH as u32));
+    let mut model = ptr::null_mut();
+    check(serve_runtime_add_custom_model(h.rt, c"linear".as_ptr(), co, mo, &mut model));
+    serve_model_options_free(mo);
+    serve_custom_model_options_free(co);
+    model
+}
+
 /// Submit and drain `n` requests through the C ABI; returns the elapsed time.
-fn c_round_trips(h: &CHandles, n: u64, input: &[f32], out: &mut [*mut serve_completion]) -> Duration {
+fn c_round_trips(
+    h: &CHandles,
+    model: *mut serve_model,
+    n: u64,
+    input: &[f32],
+    out: &mut [*mut serve_completion],
+) -> Duration {
     let t0 = Instant::now();
     let mut done = 0;
     while done < n {
         let window = WINDOW.min(n - done);
         for tag in 0..window {
             check(serve_submit_f32(
-                h.model,
+                model,
                 h.queue,
                 tag,
                 input.as_ptr(),
@@ -126,6 +196,7 @@ fn main() {
     let input: Vec<f32> = (0..16).map(|i| i as f32 / 16.0).collect();
 
     let h = c_setup(&dir);
+    let custom = c_custom_model(&h, &mlp);
     let mut out = vec![ptr::null_mut(); WINDOW as usize];
     let rt = Runtime::builder().backend(BackendChoice::Cpu).cpu_threads(1).build().unwrap();
     let opts = ModelOptions {
@@ -144,7 +215,12 @@ fn main() {
     {
         let mut g = c.benchmark_group("roundtrip_mlp16");
         g.throughput(Throughput::Elements(1));
-        g.bench_function("c_abi", |b| b.iter_custom(|iters| c_round_trips(&h, iters, &input, &mut out)));
+        g.bench_function("c_abi", |b| {
+            b.iter_custom(|iters| c_round_trips(&h, h.model, iters, &input, &mut out))
+        });
+        g.bench_function("c_abi_custom", |b| {
+            b.iter_custom(|iters| c_round_trips(&h, custom, iters, &input, &mut out))
+        });
         g.bench_function("rust_api", |b| b.iter_custom(|iters| rust_round_trips(&model, &q, iters, &input)));
         let l = &mlp.layers[0];
         let w = PackedWeight::from_torch(&l.weight, 16, 16);
@@ -157,11 +233,17 @@ fn main() {
 
     // Ratios measured in this run (medians of 7 runs of 100k requests).
     let n = 100_000;
-    let c_ns = per_request_ns(|n| c_round_trips(&h, n, &input, &mut out), n, 7);
+    let c_ns = per_request_ns(|n| c_round_trips(&h, h.model, n, &input, &mut out), n, 7);
+    let custom_ns = per_request_ns(|n| c_round_trips(&h, custom, n, &input, &mut out), n, 7);
     let r_ns = per_request_ns(|n| rust_round_trips(&model, &q, n, &input), n, 7);
     println!("\nround trip per request, amortized over windows of {WINDOW} (max batch {MAX_BATCH}):");
     println!("  C ABI    {:8.0} ns   ({:.2} µs; goal ≤ 2 µs)", c_ns, c_ns / 1000.0);
     println!("  Rust API {:8.0} ns", r_ns);
+    println!(
+        "  C ABI, the layer as a custom model {:8.0} ns: {:+.0} ns per request over the built-in mlp (goal ≤ +2000 ns)",
+        custom_ns,
+        custom_ns - c_ns
+    );
     let l = &mlp.layers[0];
     let w = PackedWeight::from_torch(&l.weight, 16, 16);
     let mut y = vec![0.0f32; 16];
@@ -184,6 +266,7 @@ fn main() {
     );
 
     serve_queue_free(h.queue);
+    serve_model_free(custom);
     serve_model_free(h.model);
     serve_runtime_free(h.rt);
     let _ = std::fs::remove_dir_all(&dir);

@@ -27,6 +27,12 @@
  * DEADLINE_EXCEEDED, BACKEND, ...), including under cancel, deadline expiry, backend failure and
  * shutdown. A submit that fails returns the error and produces no completion.
  *
+ * Callbacks into the caller. A custom model's execute function (serve_custom_execute_fn) runs on
+ * libserve's worker threads: never twice at once for one worker, at the same time for different
+ * workers of a model with several. It must return (not throw, not longjmp) and must not block on
+ * the completion of its own model's requests. Its user data lives until the free function given
+ * with it runs, once, after the last call.
+ *
  * Versioning. SERVE_VERSION_MAJOR/MINOR/PATCH describe this header; serve_version() the linked
  * library. Within one major version functions and enum values are only appended; the shared
  * library's SONAME is libserve.so.<major>.
@@ -40,6 +46,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+// Bytes of the message buffer a failing call may fill (`serve_custom_call.message`).
+#define SERVE_CUSTOM_MESSAGE_CAPACITY 256
 
 // The model kind's own policy: timeout batching (no wait) for `mlp`, cellular batching for
 // `lstm`, `seq2seq` and `treelstm`.
@@ -100,6 +109,10 @@ typedef enum {
 // threads.
 typedef struct serve_completion serve_completion;
 
+// A custom model's description: an opaque builder. Not thread-safe while being set; a
+// `const serve_custom_model_options *` may be shared.
+typedef struct serve_custom_model_options serve_custom_model_options;
+
 // An error: a stable code and a message. Returned by fallible functions (NULL means success);
 // owned by the caller, who frees it with `serve_error_free`. Immutable: a `const serve_error *`
 // may be read from several threads at once.
@@ -138,6 +151,41 @@ typedef struct serve_stats serve_stats;
 // thread-safe while being set; a `const serve_submit_options *` may be shared by concurrent
 // submits.
 typedef struct serve_submit_options serve_submit_options;
+
+// One batched call of a custom model's execute callback. Valid only during the call.
+typedef struct {
+  // The worker (stream) running the call: calls of one worker never overlap; calls of
+  // different workers of the model may run at the same time.
+  size_t worker;
+  // The cores the call may use (the task's core bound, or the CPU backend's thread count).
+  size_t cores;
+  // Rows of the batch (requests, padding rows included).
+  size_t batch;
+  // The layers `[first_layer, last_layer)` to run. `first_layer == 0` and `last_layer` equal
+  // to the model's layer count (0 when it declared none) is the whole model.
+  size_t first_layer;
+  size_t last_layer;
+  // `batch × input_stride` values: each row's values entering `first_layer` (the model's
+  // input for the whole model). Read-only.
+  const float *input;
+  size_t input_stride;
+  // `batch × output_stride` values, zeroed: write each row's values leaving
+  // `last_layer − 1` (the model's output for the whole model).
+  float *output;
+  size_t output_stride;
+  // On failure, the callback may write a NUL-terminated UTF-8 message here (at most
+  // `message_capacity` bytes, NUL included); it becomes the requests' error message.
+  char *message;
+  size_t message_capacity;
+} serve_custom_call;
+
+// A custom model's computation: return 0 when every row's output is written, any other value
+// to fail every request of the batch with `SERVE_CODE_BACKEND` (the value and the message, if
+// any, in the error). Called on libserve's worker thread; must not throw or unwind.
+typedef int32_t (*serve_custom_execute_fn)(void *user_data, const serve_custom_call *call);
+
+// Frees a custom model's user data, once, when nothing can call the model any more.
+typedef void (*serve_custom_free_fn)(void *user_data);
 
 // Called on libserve's completion thread with each completion of a callback queue, in completion
 // order. The callee owns `completion` and frees it with `serve_completion_free` (it may keep it).
@@ -182,6 +230,48 @@ serve_error *serve_completion_output_tokens(const serve_completion *completion,
 // Free a completion and the output it holds, and release the request's place under its
 // model's admission bound. NULL is allowed.
 void serve_completion_free(serve_completion *completion);
+
+// Describe a custom model: `input_len` f32 values in and `output_len` out per request (each 1 ..
+// 4,194,304), computed by `execute(user_data, call)` once per batched task. `user_data` is
+// passed back untouched; `free_user_data` (may be NULL) is called with it exactly once, when
+// these options and every model added with them have been freed (possibly on a libserve
+// thread). On error (a NULL `execute`, a bad size) nothing is kept and `free_user_data` is not
+// called. On success `*out` owns the options.
+serve_error *serve_custom_model_options_new(size_t input_len,
+                                            size_t output_len,
+                                            serve_custom_execute_fn execute,
+                                            void *user_data,
+                                            serve_custom_free_fn free_user_data,
+                                            serve_custom_model_options **out);
+
+// Declare the model's next layer (`name` copied; `weight_bytes` and `flops_per_row` for the
+// schedulers and planners; `out_len` values per row leaving it). With layers declared, the
+// callback may also be called with a layer range (`serve_custom_call.first_layer` /
+// `last_layer`); the last layer's `out_len` must be the model's output length.
+serve_error *serve_custom_model_options_add_layer(serve_custom_model_options *options,
+                                                  const char *name,
+                                                  uint64_t weight_bytes,
+                                                  uint64_t flops_per_row,
+                                                  size_t out_len);
+
+// Free custom model options (NULL is ignored). Models already added keep their description.
+void serve_custom_model_options_free(serve_custom_model_options *options);
+
+// Add a custom model to `runtime` under `name` (copied), batched as `model_options` say (NULL:
+// the defaults, timeout batching with no wait). Errors: `SERVE_CODE_INVALID_ARGUMENT` (NULL
+// arguments; layers whose last output is not the model's output; an option the policy does not
+// have), `SERVE_CODE_UNSUPPORTED` (a recurrent policy), `SERVE_CODE_SHUTDOWN`. On success
+// `*out` owns the model; its requests are `serve_submit_f32` vectors of the input length.
+//
+// Threading: the callback runs on the model's worker threads (one per worker of its policy),
+// never twice at once on one worker; with several workers, calls of different workers overlap.
+// Lifetime: the callback may be called until `serve_model_free` has returned and the model's
+// last request has completed; `free_user_data` runs after its last call.
+serve_error *serve_runtime_add_custom_model(const serve_runtime *runtime,
+                                            const char *name,
+                                            const serve_custom_model_options *options,
+                                            const serve_model_options *model_options,
+                                            serve_model **out);
 
 // The code of `error`; `SERVE_CODE_OK` when `error` is NULL (so the result of any fallible call
 // can be passed straight in).

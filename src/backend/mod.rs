@@ -9,6 +9,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub(crate) mod custom;
 pub mod fault;
 
 use std::fmt;

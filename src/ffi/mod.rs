@@ -17,6 +17,7 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 pub mod completion;
+pub mod custom;
 pub mod error;
 pub mod metrics;
 pub mod model;

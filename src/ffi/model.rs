@@ -317,6 +317,21 @@ pub extern "C" fn serve_runtime_load_model(
     }
 }
 
+/// The model options behind `options` (NULL: the defaults) with the policy resolved for `net`.
+///
+/// # Safety
+/// `options` is NULL or a live options handle.
+pub(crate) unsafe fn resolve_options(
+    options: *const serve_model_options,
+    net: &Network,
+) -> crate::Result<ModelOptions> {
+    // SAFETY: the caller's contract.
+    let (mut opts, knobs) =
+        unsafe { options.as_ref() }.map(|o| (o.opts.clone(), o.knobs.clone())).unwrap_or_default();
+    opts.policy = knobs.policy(net)?;
+    Ok(opts)
+}
+
 /// A path argument: any bytes on Unix, UTF-8 elsewhere.
 unsafe fn path_arg<'a>(p: *const c_char) -> crate::Result<&'a Path> {
     #[cfg(unix)]
@@ -367,6 +382,7 @@ pub extern "C" fn serve_model_input_len(model: *const serve_model) -> usize {
         unsafe { model.as_ref() }.map_or(0, |m| match m.model.network() {
             Network::Mlp(n) => n.input_len(),
             Network::ResNet(n) => n.input_len(),
+            Network::Custom(n) => n.input_len,
             _ => 0,
         })
     }
@@ -385,6 +401,7 @@ pub extern "C" fn serve_model_output_len(model: *const serve_model) -> usize {
             Network::TreeLstm(n) => n.cfg.hidden,
             Network::ResNet(n) => n.output_len(),
             Network::Bert(n) => n.cfg.hidden,
+            Network::Custom(n) => n.output_len,
             Network::Seq2Seq(_) => 0,
         })
     }

@@ -7,6 +7,7 @@
 //! and tensor dimension is checked against the documented [`limits`] (FORMAT naming the key).
 
 pub mod bert;
+pub mod custom;
 pub(crate) mod file;
 pub mod limits;
 pub mod lstm;
@@ -25,6 +26,7 @@ use crate::error::{Code, Error, Result};
 use crate::sched::{CellGraph, CellType};
 
 pub use bert::Bert;
+pub use custom::{CustomCall, CustomExecute, CustomModel};
 pub use lstm::Lstm;
 pub use mlp::Mlp;
 pub use resnet::ResNet;
@@ -43,16 +45,19 @@ pub enum ModelKind {
     TreeLstm,
     ResNet,
     Bert,
+    /// A model registered through the API with the caller's own computation.
+    Custom,
 }
 
 impl ModelKind {
-    pub const ALL: [ModelKind; 6] = [
+    pub const ALL: [ModelKind; 7] = [
         ModelKind::Mlp,
         ModelKind::Lstm,
         ModelKind::Seq2Seq,
         ModelKind::TreeLstm,
         ModelKind::ResNet,
         ModelKind::Bert,
+        ModelKind::Custom,
     ];
 
     pub fn name(self) -> &'static str {
@@ -68,6 +73,7 @@ impl ModelKind {
             ModelKind::TreeLstm => c"treelstm",
             ModelKind::ResNet => c"resnet",
             ModelKind::Bert => c"bert",
+            ModelKind::Custom => c"custom",
         }
     }
 
@@ -122,6 +128,7 @@ pub enum Network {
     TreeLstm(TreeLstm),
     ResNet(ResNet),
     Bert(Bert),
+    Custom(CustomModel),
 }
 
 /// One layer of a layer model (`mlp`, `resnet`, `bert`): the unit a layer-granular backend runs
@@ -177,6 +184,7 @@ impl Network {
             Network::TreeLstm(_) => ModelKind::TreeLstm,
             Network::ResNet(_) => ModelKind::ResNet,
             Network::Bert(_) => ModelKind::Bert,
+            Network::Custom(_) => ModelKind::Custom,
         }
     }
 
@@ -189,6 +197,7 @@ impl Network {
             Network::TreeLstm(m) => m.check(),
             Network::ResNet(m) => m.check(),
             Network::Bert(m) => m.check(),
+            Network::Custom(m) => m.check(),
         }
     }
 
@@ -196,7 +205,7 @@ impl Network {
     /// layer's `h` and `c` (a tree node's `h` and `c`). 0 for a fixed-shape model.
     pub fn token_word(&self) -> usize {
         match self {
-            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => 0,
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => 0,
             Network::Lstm(m) => m.cfg.layers * 2 * m.cfg.hidden,
             Network::Seq2Seq(m) => m.cfg.layers * 2 * m.cfg.hidden,
             Network::TreeLstm(m) => 2 * m.cfg.hidden,
@@ -212,7 +221,7 @@ impl Network {
     /// The cell types of a recurrent model, indexed by [`CellType`]; empty for fixed-shape models.
     pub fn cell_types(&self) -> &'static [CellTypeInfo] {
         match self {
-            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => &[],
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => &[],
             Network::Lstm(_) => &[CellTypeInfo { name: "step", priority: 0 }],
             Network::Seq2Seq(_) => &[
                 CellTypeInfo { name: "encoder", priority: 0 },
@@ -232,7 +241,7 @@ impl Network {
     /// Hidden size of a recurrent model (0 for a fixed-shape model).
     pub fn hidden(&self) -> usize {
         match self {
-            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => 0,
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => 0,
             Network::Lstm(m) => m.cfg.hidden,
             Network::Seq2Seq(m) => m.cfg.hidden,
             Network::TreeLstm(m) => m.cfg.hidden,
@@ -248,6 +257,7 @@ impl Network {
             Network::Mlp(m) => m.input_len(),
             Network::ResNet(m) => m.input_len(),
             Network::Bert(m) => m.cfg.seq_len,
+            Network::Custom(m) => m.input_len,
             Network::Lstm(m) => m.max_len(),
             Network::Seq2Seq(m) => m.max_len(),
             Network::TreeLstm(m) => m.max_nodes(),
@@ -276,6 +286,12 @@ impl Network {
                 m.input_len()
             ))),
             (Network::Bert(m), Input::Tokens(t)) => check_tokens(t, m.cfg.vocab, m.cfg.seq_len, "bert"),
+            (Network::Custom(m), Input::F32(v)) if v.len() == m.input_len => check_finite(v),
+            (Network::Custom(m), Input::F32(v)) => Err(Error::invalid(format!(
+                "input has length {}; this custom model takes an f32 vector of length {}",
+                v.len(),
+                m.input_len
+            ))),
             (Network::Lstm(m), Input::Tokens(t)) => m.validate(t),
             (Network::Seq2Seq(m), Input::Tokens(t)) => m.validate(t),
             (Network::TreeLstm(m), Input::Tree { tokens, parents }) => {
@@ -285,6 +301,7 @@ impl Network {
                 let want = match net {
                     Network::Mlp(m) => format!("an f32 vector of length {}", m.input_len()),
                     Network::ResNet(m) => format!("an f32 image of {} values", m.input_len()),
+                    Network::Custom(m) => format!("an f32 vector of length {}", m.input_len),
                     Network::Lstm(_) | Network::Seq2Seq(_) | Network::Bert(_) => {
                         "a token sequence".to_string()
                     }
@@ -316,7 +333,7 @@ impl Network {
                 let tree = m.validate(tokens, parents)?;
                 CellGraph::tree(&tree.children, LEAF, INTERNAL)?
             }
-            (Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_), _) => {
+            (Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_), _) => {
                 self.validate(input)?;
                 return Ok(None);
             }
@@ -334,6 +351,7 @@ impl Network {
             Network::Mlp(m) => m.layer_infos(),
             Network::ResNet(m) => m.layers(),
             Network::Bert(m) => m.layers(),
+            Network::Custom(m) => m.layers.clone(),
             Network::Lstm(_) | Network::Seq2Seq(_) | Network::TreeLstm(_) => Vec::new(),
         }
     }
@@ -345,6 +363,7 @@ impl Network {
             Network::Mlp(m) => (m.input_len(), m.output_len()),
             Network::ResNet(m) => (m.input_len(), m.output_len()),
             Network::Bert(m) => (m.cfg.seq_len, m.cfg.hidden),
+            Network::Custom(m) => (m.input_len, m.output_len),
             Network::Lstm(_) | Network::Seq2Seq(_) | Network::TreeLstm(_) => (0, 0),
         }
     }
@@ -370,6 +389,12 @@ impl Network {
             Network::Mlp(m) => return m.save(dir),
             Network::ResNet(m) => return m.save(dir),
             Network::Bert(m) => return m.save(dir),
+            Network::Custom(_) => {
+                return Err(Error::new(
+                    Code::Unsupported,
+                    "a custom model's computation is the caller's: it cannot be saved as a model directory",
+                ));
+            }
             Network::Lstm(m) => (m.toml(), m.tensors()),
             Network::Seq2Seq(m) => (m.toml(), m.tensors()),
             Network::TreeLstm(m) => (m.toml(), m.tensors()),
@@ -470,6 +495,13 @@ pub fn load(dir: &Path) -> Result<Network> {
             let cfg: bert::BertConfig = parse_config(table, &toml_path)?;
             cfg.check(&toml_path)?;
             Network::Bert(Bert::from_weights(&cfg, &toml_path, weights()?)?)
+        }
+        ModelKind::Custom => {
+            return Err(Error::format(format!(
+                "{}: kind `custom` is registered through the API (serve_runtime_add_custom_model), \
+                 not loaded from a directory",
+                toml_path.display()
+            )));
         }
     })
 }

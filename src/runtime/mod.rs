@@ -281,7 +281,7 @@ fn runner_size(policy: &dyn Policy) -> (usize, usize) {
 /// arena is refused at submit ("needs N state slots"); `ModelOptions::state_slots` sets more.
 pub(crate) fn default_state_slots(net: &Network, bound: usize) -> usize {
     let (per_request, most) = match net {
-        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => return 0,
+        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => return 0,
         Network::Lstm(_) | Network::Seq2Seq(_) => (1, 1),
         Network::TreeLstm(m) => (64, m.max_nodes()),
     };
@@ -447,6 +447,19 @@ impl Runtime {
             dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
         });
         self.add_network(net, name, opts)
+    }
+
+    /// Serve a custom model (ARCHITECTURE.md §6): the caller's own computation, batched by
+    /// libserve under any fixed-shape policy (timeout batching by default) and called once per
+    /// batched task on the model's worker threads. `INVALID_ARGUMENT` for zero or oversized
+    /// sizes or inconsistent layers.
+    pub fn add_custom(
+        &self,
+        model: crate::model::CustomModel,
+        name: &str,
+        opts: ModelOptions,
+    ) -> Result<Model> {
+        self.add_network(Arc::new(Network::Custom(model)), name.to_string(), opts)
     }
 
     /// Serve an already-built network (e.g. one made in code rather than loaded from disk).

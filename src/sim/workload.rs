@@ -31,7 +31,7 @@ pub fn requests(net: &Network, lengths: Lengths, n: usize, seed: u64) -> Result<
     };
     let mut out = Vec::with_capacity(n);
     match net {
-        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => {
+        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => {
             out.resize(n, SimRequest { graph: None, ends_at: None })
         }
         Network::Lstm(_) => {

@@ -83,6 +83,16 @@ impl Backend for CpuBackend {
     }
 
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
+        if let Network::Custom(_) = &*net {
+            let r = crate::backend::custom::CustomRunner::new(
+                &net,
+                shape.workers,
+                shape.max_batch,
+                self.threads,
+                notify,
+            )?;
+            return Ok(Box::new(r));
+        }
         if net.is_recurrent() {
             let r = recurrent::RecurrentRunner::new(net, shape, self.pool.clone(), self.threads, notify)?;
             return Ok(Box::new(r));

@@ -125,7 +125,7 @@ impl RecurrentRunner {
         notify: Notify,
     ) -> Result<RecurrentRunner> {
         let (cells, embed, hidden, layers, vocab) = match &*net {
-            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => {
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => {
                 return Err(Error::internal(format!("a recurrent runner cannot run a {} model", net.kind())));
             }
             Network::Lstm(m) => {

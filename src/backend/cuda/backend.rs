@@ -75,6 +75,13 @@ impl Backend for CudaBackend {
                 let model = Dense::new(&stream, &net, shape.max_batch)?;
                 Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
             }
+            Network::Custom(_) => Ok(Box::new(crate::backend::custom::CustomRunner::new(
+                &net,
+                shape.workers,
+                shape.max_batch,
+                1,
+                _notify,
+            )?)),
             Network::Lstm(_) | Network::Seq2Seq(_) | Network::TreeLstm(_) => {
                 let model = Recurrent::new(&self.device, &stream, &net, shape)?;
                 Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))

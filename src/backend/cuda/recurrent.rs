@@ -266,7 +266,7 @@ impl Recurrent {
         shape: RunnerShape,
     ) -> Result<Recurrent> {
         let (cells, embed, hidden, vocab) = match net {
-            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => {
+            Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => {
                 return Err(Error::internal(format!("a recurrent runner cannot run a {} model", net.kind())));
             }
             Network::Lstm(m) => (

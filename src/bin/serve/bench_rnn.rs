@@ -106,7 +106,7 @@ fn sizes_of(net: &Network) -> Sizes {
         Network::TreeLstm(m) => {
             Sizes { vocab: m.cfg.vocab, embed: m.cfg.embed, hidden: m.cfg.hidden, layers: 0 }
         }
-        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => {
+        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => {
             Sizes { vocab: 0, embed: 0, hidden: 0, layers: 0 }
         }
     }
@@ -242,7 +242,7 @@ fn make_inputs(net: &Network, seed: u64) -> CliResult<Vec<Input>> {
                 Input::Tree { tokens, parents }
             })
             .collect(),
-        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => Vec::new(),
+        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => Vec::new(),
     };
     if inputs.is_empty() {
         return Err(fatal("no request of the workload fits the model (its max_nodes is too small)"));

@@ -104,7 +104,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         Network::Lstm(m) => m.cfg.vocab,
         Network::Seq2Seq(m) => m.cfg.vocab,
         Network::TreeLstm(m) => m.cfg.vocab,
-        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => 4,
+        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => 4,
     }
     .max(4);
     let mut cells = Vec::new();
@@ -307,7 +307,7 @@ fn model_json(net: &Network) -> serde_json::Value {
                    "vocab": m.cfg.vocab, "max_decode": m.cfg.max_decode})
         }
         Network::TreeLstm(m) => json!({"kind": kind, "hidden": m.cfg.hidden, "embed": m.cfg.embed}),
-        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) => json!({"kind": kind}),
+        Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => json!({"kind": kind}),
     }
 }
 

@@ -1,0 +1,105 @@
+//! The runner of a custom model (`model::custom`, ARCHITECTURE.md §5.4), on every backend: one
+//! ordered stream thread per worker (as the CPU backend's), each task one call of the model's
+//! [`CustomExecute`] on that thread with the task's rows, its core bound and its layer range.
+//! A call that returns an error, or panics (a Rust implementation), fails the task's requests
+//! with `BACKEND` naming the model; the next task runs as usual.
+
+use std::sync::{Arc, Mutex};
+
+use crate::backend::cpu::stream::{CpuStream, launch_task, task_threads};
+use crate::backend::{CompletionSignal, Notify, Runner, TaskData, Work};
+use crate::error::{Code, Error, Result};
+use crate::model::{CustomCall, CustomModel, Network};
+
+pub(crate) struct CustomRunner {
+    model: Arc<CustomModel>,
+    streams: Vec<Mutex<CpuStream<()>>>,
+    max_batch: usize,
+    threads: usize,
+}
+
+impl CustomRunner {
+    /// `threads`: the cores a task without its own bound may use (the backend's thread count).
+    pub(crate) fn new(
+        net: &Network,
+        workers: usize,
+        max_batch: usize,
+        threads: usize,
+        notify: Notify,
+    ) -> Result<CustomRunner> {
+        let Network::Custom(m) = net else {
+            return Err(Error::internal(format!("a custom runner cannot run a {} model", net.kind())));
+        };
+        let streams = (0..workers)
+            .map(|w| CpuStream::new(format!("serve-custom-{w}"), (), notify.clone()).map(Mutex::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CustomRunner { model: Arc::new(m.clone()), streams, max_batch, threads: threads.max(1) })
+    }
+}
+
+impl Runner for CustomRunner {
+    fn workers(&self) -> usize {
+        self.streams.len()
+    }
+
+    fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal> {
+        self.streams[worker].lock().unwrap_or_else(|p| p.into_inner()).signal()
+    }
+
+    fn io_lens(&self) -> (usize, usize) {
+        (self.model.input_len, self.model.output_len)
+    }
+
+    fn state_slots(&self) -> usize {
+        0
+    }
+
+    fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
+        let stream =
+            self.streams.get(worker).ok_or_else(|| Error::internal(format!("no worker {worker}")))?;
+        let model = self.model.clone();
+        let cores = task_threads(&task, self.threads);
+        launch_task(stream, self.max_batch, task, move |_: &mut (), io, rows| {
+            let n = model.layers.len();
+            let (layers, input) = match &io.work {
+                Work::Dense(x) => ((0, n), x),
+                Work::Layers { .. } if n == 0 => {
+                    io.error = Some(Error::new(
+                        Code::Unsupported,
+                        "the custom model declared no layers: it runs whole-model tasks only",
+                    ));
+                    return;
+                }
+                Work::Layers { first, last, input } if first < last && *last <= n => ((*first, *last), input),
+                Work::Layers { first, last, .. } => {
+                    io.error =
+                        Some(Error::invalid(format!("layers {first}..{last} of a model of {n} layers")));
+                    return;
+                }
+                Work::Cells(_) => {
+                    io.error = Some(Error::internal("a custom model's task must carry rows, not cells"));
+                    return;
+                }
+            };
+            let (inl, outl) = model.io_lens(layers);
+            if input.len() != rows * inl {
+                io.error = Some(Error::internal(format!(
+                    "a task of {rows} rows entering layer {} carries {} values, not {rows} × {inl}",
+                    layers.0,
+                    input.len()
+                )));
+                return;
+            }
+            let mut output = std::mem::take(&mut io.output);
+            output.clear();
+            output.resize(rows * outl, 0.0);
+            let mut call = CustomCall { worker, cores, batch: rows, layers, input, output: &mut output };
+            match model.exec.execute(&mut call) {
+                Ok(()) => io.output = output,
+                Err(msg) => {
+                    io.error = Some(Error::new(Code::Backend, format!("the custom model failed: {msg}")))
+                }
+            }
+        })
+    }
+}
