@@ -173,6 +173,8 @@ PY
     --json "$out/bench-step-cuda.json"
   step profile-cuda 90 "$bin/serve" profile --random lstm --hidden 1024 --backend cuda \
     --json "$out/profile-cuda-lstm.json"
+  step profile-cuda-layers 90 "$bin/serve" profile ffi_examples/testdata/resnet_small --backend cuda \
+    --batches 1,8 --json "$out/profile-cuda-resnet.json"
   step bench-lstm-cuda 120 "$bin/serve" bench lstm --backend cuda --fractions 0.25,0.5,0.9 \
     --capacity-s 2 --duration-s 1.5 --json "$out/bench-cuda-lstm.json"
   step bench-resnet50-cuda 150 "$bin/serve" bench layers resnet50 --backend cuda --batches 1,8,32 \

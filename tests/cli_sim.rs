@@ -158,3 +158,38 @@ fn bad_sim_arguments_are_refused_precisely() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("no time for cell type `encoder`"));
 }
+
+/// `serve profile` of a layer model: one entry per layer (stem, blocks, head) with a point per
+/// batch size and core count, every time positive; `--cores` on a recurrent model is refused.
+#[test]
+fn a_layer_model_is_profiled_layer_by_layer() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata/resnet_small");
+    let out = temp("layers.json");
+    let o = out.to_str().unwrap();
+    ok(&serve(&["profile", dir.to_str().unwrap(), "--batches", "2,1", "--cores", "1,2", "--json", o]));
+    let v = json(&out);
+    assert_eq!(v["kind"], "resnet");
+    let net = serve::model::load(&dir).unwrap();
+    let layers = v["layers"].as_array().unwrap();
+    let names: Vec<&str> = layers.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    let want: Vec<String> = net.layers().iter().map(|l| l.name.clone()).collect();
+    assert_eq!(names, want, "one entry per layer, in order");
+    assert_eq!(names.first(), Some(&"stem"));
+    for l in layers {
+        let points: Vec<(u64, u64)> = l["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["batch"].as_u64().unwrap(), p["cores"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(points, [(1, 1), (1, 2), (2, 1), (2, 2)], "{}", l["name"]);
+        assert!(l["points"].as_array().unwrap().iter().all(|p| p["us"].as_f64().unwrap() > 0.0));
+        assert!(l["bytes"].as_u64().unwrap() > 0 && l["flops_per_row"].as_u64().unwrap() > 0);
+        assert!(l["load_ms"].is_null(), "no load time on the CPU");
+    }
+    let _ = std::fs::remove_file(&out);
+    let lstm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata/lstm_small");
+    let e = serve(&["profile", lstm.to_str().unwrap(), "--cores", "1", "--json", o]);
+    assert!(!e.status.success());
+    assert!(String::from_utf8_lossy(&e.stderr).contains("--cores applies to layer models"));
+}

@@ -20,6 +20,7 @@ mod infer;
 mod info;
 mod plot;
 mod profile;
+mod profile_layers;
 mod request;
 mod sim;
 
@@ -397,7 +398,8 @@ struct BenchRnnArgs {
 
 #[derive(Args, Debug)]
 struct ProfileArgs {
-    /// Model directory of the recurrent model to profile.
+    /// Model directory of the model to profile (recurrent: per cell type; mlp, resnet, bert: per
+    /// layer).
     #[arg(required_unless_present = "random_kind", conflicts_with = "random_kind")]
     model_dir: Option<PathBuf>,
     /// Profile the benchmarks' random model of this kind instead (`serve bench`'s defaults).
@@ -411,10 +413,13 @@ struct ProfileArgs {
     /// Seed of the random model.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Batch sizes to time (at most 65536 each).
-    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT),
-          default_values_t = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])]
+    /// Batch sizes to time (at most 65536 each; default: 1, 2, 4, … 512 for a recurrent model,
+    /// 1 and 8 for a layer model).
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
     batches: Vec<usize>,
+    /// Layer models on the CPU: the core counts to time each layer with (default: 1 and all).
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_CPU_THREADS))]
+    cores: Vec<usize>,
     #[command(flatten)]
     rt: RuntimeArgs,
     /// Where to write the cost file.

@@ -80,13 +80,14 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         _ => return Err(fatal("give a MODEL_DIR or --random KIND (one of them)")),
     };
     if !net.is_recurrent() {
-        return Err(fatal(format!(
-            "`serve profile` measures recurrent cell types; `{}` is not recurrent",
-            net.kind()
-        )));
+        return crate::profile_layers::profile_layers(net, &name, &source, &a);
+    }
+    if !a.cores.is_empty() {
+        return Err(fatal("--cores applies to layer models; a recurrent model is profiled per cell type"));
     }
     let backend = serve::backend::create(a.rt.backend.into(), a.rt.threads)?;
-    let mut batches = a.batches.clone();
+    let mut batches =
+        if a.batches.is_empty() { vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512] } else { a.batches.clone() };
     batches.sort_unstable();
     batches.dedup();
     let max_batch = batches.last().copied().unwrap_or(1);
