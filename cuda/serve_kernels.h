@@ -489,7 +489,7 @@ typedef struct serve_bert_embed_params {
     serve_dptr ids;
     /* const uint32_t[tokens]. */
     serve_dptr positions;
-    /* const float[vocab, hidden]. */
+    /* const float[vocab, hidden]: device memory or pinned, mapped host memory (zero-copy). */
     serve_dptr word;
     /* const float[max_position, hidden]. */
     serve_dptr position;

@@ -927,7 +927,7 @@ pub struct BertEmbedParams {
     pub ids: DevicePtr,
     /// const uint32_t[tokens].
     pub positions: DevicePtr,
-    /// const float[vocab, hidden].
+    /// const float[vocab, hidden]: device memory or pinned, mapped host memory (zero-copy).
     pub word: DevicePtr,
     /// const float[max_position, hidden].
     pub position: DevicePtr,

@@ -68,7 +68,7 @@ impl Backend for CudaBackend {
                 Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
             }
             Network::Bert(_) => {
-                let model = BertGpu::new(&stream, &net, shape.max_batch)?;
+                let model = BertGpu::new(&self.device, &stream, &net, shape.max_batch)?;
                 Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
             }
             Network::Mlp(_) => {

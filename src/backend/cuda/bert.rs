@@ -1,7 +1,8 @@
 //! `bert` on CUDA (ARCHITECTURE.md §5.3), as the CPU's `transformer.rs` runs it: every request's
 //! real tokens packed back to back (`[tokens, hidden]`), the host writing each token's id,
 //! position and request span (and each request's first token) into the staging's descriptor;
-//! `serve_bert_embed` + `serve_layer_norm`; per encoder layer one cuBLAS GEMM for Q, K, V,
+//! `serve_bert_embed` (the word table read zero-copy from pinned, mapped host memory) +
+//! `serve_layer_norm`; per encoder layer one cuBLAS GEMM for Q, K, V,
 //! `serve_attention` (a block per token and head over its own request), the output projection,
 //! `serve_layer_norm` with the residual, the intermediate GEMM with `serve_bias_act`'s GELU, the
 //! output GEMM and `serve_layer_norm`; the pooler gathers each request's first token
@@ -11,7 +12,7 @@
 
 use super::abi;
 use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, dim, host_slice};
-use super::{CudaDevice, DeviceBuffer, Stream};
+use super::{CudaDevice, DeviceBuffer, PinnedMapped, Stream};
 use crate::backend::Work;
 use crate::error::{Error, Result};
 use crate::model::Network;
@@ -86,7 +87,10 @@ pub(super) struct BertGpu {
     vocab: usize,
     max_position: usize,
     eps: f32,
-    word: DeviceBuffer<f32>,
+    /// The word embeddings stay in pinned, mapped host memory (zero-copy, as `serve_embedding_gather`
+    /// reads tables): a request reads its tokens' rows only, and the table (94 MB for BERT-base)
+    /// takes no device memory.
+    word: PinnedMapped<f32>,
     position: DeviceBuffer<f32>,
     type0: DeviceBuffer<f32>,
     embed_norm: NormGpu,
@@ -111,7 +115,12 @@ pub(super) struct BertBuffers {
 }
 
 impl BertGpu {
-    pub(super) fn new(stream: &Stream, net: &Network, max_batch: usize) -> Result<BertGpu> {
+    pub(super) fn new(
+        device: &CudaDevice,
+        stream: &Stream,
+        net: &Network,
+        max_batch: usize,
+    ) -> Result<BertGpu> {
         let Network::Bert(m) = net else {
             return Err(Error::internal(format!("a bert runner cannot run a {} model", net.kind())));
         };
@@ -127,7 +136,11 @@ impl BertGpu {
             vocab: c.vocab,
             max_position: c.max_position,
             eps: c.eps(),
-            word: stream.upload(&m.word)?,
+            word: {
+                let mut w = device.pinned_mapped(m.word.len())?;
+                w.write(0, &m.word)?;
+                w
+            },
             position: stream.upload(&m.position)?,
             type0: stream.upload(&m.token_type[..c.hidden])?,
             embed_norm: norm(&m.embed_norm)?,
