@@ -36,25 +36,6 @@ use serve::backend::cuda::{LaunchConfig, PinnedMapped, Stream};
 use serve::model::NO_TOKEN;
 use serve::workload::values;
 
-/// A kernel check on both targets: `$gpu` on device 0 (a skip without one) and `$host` on the
-/// kernels built for the CPU (common::kernels_on_host), each against the CPU backend.
-macro_rules! on_gpu_and_host {
-    ($check:ident($blas:expr): $gpu:ident, $host:ident) => {
-        #[test]
-        fn $gpu() {
-            if let Some(g) = gpu($blas) {
-                $check(g)
-            }
-        }
-        #[test]
-        fn $host() {
-            if let Some(g) = host() {
-                $check(g)
-            }
-        }
-    };
-}
-
 // ---------------------------------------------------------------------------------------------
 // Embedding gather.
 

@@ -28,24 +28,6 @@ use serve::model::bert::{Bert, BertConfig, Norm};
 use serve::model::resnet::{BatchNorm, Conv};
 use serve::workload::values;
 
-/// A kernel check on both targets (see tests/cuda_kernels.rs).
-macro_rules! on_gpu_and_host {
-    ($check:ident($blas:expr): $gpu:ident, $host:ident) => {
-        #[test]
-        fn $gpu() {
-            if let Some(g) = gpu($blas) {
-                $check(g)
-            }
-        }
-        #[test]
-        fn $host() {
-            if let Some(g) = host() {
-                $check(g)
-            }
-        }
-    };
-}
-
 /// `got` ≈ `want`: |got − want| ≤ tol · (1 + |want|), NaN where NaN.
 fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::layer_fixtures::{FIXTURES, assert_close, fixture, requests};
+use common::layer_fixtures::{assert_close, serve_layer_fixtures};
 use common::recurrent::{
     Stress, assert_near, cancel_and_deadline_at_cell_boundaries, check_near_greedy, policies, serve_fixtures,
     stress,
@@ -287,38 +287,7 @@ fn models_freed_and_loaded_again_keep_serving_on_cuda() {
 #[test]
 fn layer_model_fixtures_match_pytorch_on_cuda() {
     let Some(rt) = cuda_runtime() else { return };
-    for name in FIXTURES {
-        let dir = fixture(name);
-        let reqs = requests(&dir);
-        for max_batch in [4, 1] {
-            let opts = ModelOptions {
-                policy: PolicyConfig::Timeout(TimeoutConfig {
-                    max_batch,
-                    max_wait: Duration::from_millis(2),
-                    ..TimeoutConfig::default()
-                }),
-                ..ModelOptions::default()
-            };
-            let model = rt.load_model(&dir, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let tickets: Vec<_> = reqs
-                .iter()
-                .map(|(x, _)| model.submit(x.clone(), SubmitOptions::default()).unwrap())
-                .collect();
-            let mut worst = 0.0f32;
-            for (k, (t, (_, want))) in tickets.into_iter().zip(&reqs).enumerate() {
-                let Output::F32(got) = t.wait().unwrap_or_else(|e| panic!("{name} request {k}: {e}")) else {
-                    panic!("{name}: an f32 output")
-                };
-                worst = worst.max(assert_close(
-                    &got,
-                    want,
-                    1e-4,
-                    &format!("{name} on CUDA (≤ {max_batch}), request {k}"),
-                ));
-            }
-            println!("{name} on CUDA, batches of ≤ {max_batch}: worst relative error {worst:.2e}");
-        }
-    }
+    serve_layer_fixtures(&rt, "CUDA");
 }
 
 /// Run `work` as one task of `rows` rows on worker 0 of `runner` and return its output.

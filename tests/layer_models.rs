@@ -11,11 +11,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::layer_fixtures::{FIXTURES, assert_close, fixture, requests};
+use common::layer_fixtures::{assert_close, fixture, requests, serve_layer_fixtures};
 use serve::model::weights::{Tensor, Weights, write_safetensors};
-use serve::{
-    BackendChoice, Code, Input, ModelOptions, Output, PolicyConfig, Runtime, SubmitOptions, TimeoutConfig,
-};
+use serve::{BackendChoice, Code, Input, ModelOptions, Output, Runtime, SubmitOptions};
 
 fn runtime() -> Runtime {
     Runtime::builder().backend(BackendChoice::Cpu).cpu_threads(2).build().unwrap()
@@ -24,39 +22,7 @@ fn runtime() -> Runtime {
 /// Every request of every fixture, served in batches of up to 4 and alone, matches PyTorch.
 #[test]
 fn resnet_and_bert_fixtures_match_pytorch() {
-    let rt = runtime();
-    for name in FIXTURES {
-        let dir = fixture(name);
-        let reqs = requests(&dir);
-        for max_batch in [4, 1] {
-            let opts = ModelOptions {
-                policy: PolicyConfig::Timeout(TimeoutConfig {
-                    max_batch,
-                    max_wait: std::time::Duration::from_millis(2),
-                    ..TimeoutConfig::default()
-                }),
-                ..ModelOptions::default()
-            };
-            let model = rt.load_model(&dir, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let tickets: Vec<_> = reqs
-                .iter()
-                .map(|(x, _)| model.submit(x.clone(), SubmitOptions::default()).unwrap())
-                .collect();
-            let mut worst = 0.0f32;
-            for (k, (t, (_, want))) in tickets.into_iter().zip(&reqs).enumerate() {
-                let Output::F32(got) = t.wait().unwrap_or_else(|e| panic!("{name} request {k}: {e}")) else {
-                    panic!("{name}: an f32 output")
-                };
-                worst = worst.max(assert_close(
-                    &got,
-                    want,
-                    1e-4,
-                    &format!("{name} (batch ≤ {max_batch}) request {k}"),
-                ));
-            }
-            println!("{name}, batches of ≤ {max_batch}: worst relative error {worst:.2e}");
-        }
-    }
+    serve_layer_fixtures(&runtime(), "the CPU");
 }
 
 /// A copy of fixture `name` in a fresh directory, for the bad-model cases to edit.
@@ -249,5 +215,55 @@ fn bad_requests_are_refused_naming_the_problem_and_the_model_keeps_serving() {
             panic!()
         };
         assert_close(&got, &want, 1e-4, name);
+    }
+}
+
+/// Random resnets (both block kinds, a non-default width) and a random bert saved as model
+/// directories load back identical, their layers listed as the models define them.
+#[test]
+fn saved_layer_models_load_back_identically() {
+    use serve::model::Network;
+    use serve::model::bert::{Bert, BertConfig};
+    use serve::model::resnet::{ResNet, ResNetConfig};
+    let resnet = |block: &str, layers| {
+        Network::ResNet(ResNet::random(
+            &ResNetConfig {
+                name: None,
+                block: block.into(),
+                layers,
+                num_classes: 3,
+                image: [2, 9, 11],
+                width: Some(4),
+            },
+            9,
+        ))
+    };
+    let bert = Network::Bert(Bert::random(
+        &BertConfig {
+            name: None,
+            vocab: 30,
+            hidden: 8,
+            layers: 2,
+            heads: 2,
+            intermediate: 12,
+            max_position: 10,
+            type_vocab: 2,
+            seq_len: 6,
+            layer_norm_eps: Some(1e-5),
+        },
+        3,
+    ));
+    for (k, net) in
+        [resnet("basic", [2, 1, 1, 1]), resnet("bottleneck", [1, 1, 2, 1]), bert].into_iter().enumerate()
+    {
+        let dir = common::tempdir(&format!("layer-save-{k}"));
+        net.save(&dir).unwrap();
+        let back = serve::model::load(&dir).unwrap_or_else(|e| panic!("{}: {e}", net.kind()));
+        assert_eq!(back, net, "{} round trip", net.kind());
+        let names: Vec<String> = back.layers().iter().map(|l| l.name.clone()).collect();
+        match &net {
+            Network::ResNet(_) => assert_eq!(names.first().map(String::as_str), Some("stem")),
+            _ => assert_eq!(names.first().map(String::as_str), Some("embeddings")),
+        }
     }
 }

@@ -61,23 +61,17 @@ impl Runner for CustomRunner {
         let cores = task_threads(&task, self.threads);
         launch_task(stream, self.max_batch, task, move |_: &mut (), io, rows| {
             let n = model.layers.len();
-            let (layers, input) = match &io.work {
-                Work::Dense(x) => ((0, n), x),
-                Work::Layers { .. } if n == 0 => {
-                    io.error = Some(Error::new(
-                        Code::Unsupported,
-                        "the custom model declared no layers: it runs whole-model tasks only",
-                    ));
-                    return;
-                }
-                Work::Layers { first, last, input } if first < last && *last <= n => ((*first, *last), input),
-                Work::Layers { first, last, .. } => {
-                    io.error =
-                        Some(Error::invalid(format!("layers {first}..{last} of a model of {n} layers")));
-                    return;
-                }
-                Work::Cells(_) => {
-                    io.error = Some(Error::internal("a custom model's task must carry rows, not cells"));
+            if n == 0 && matches!(io.work, Work::Layers { .. }) {
+                io.error = Some(Error::new(
+                    Code::Unsupported,
+                    "the custom model declared no layers: it runs whole-model tasks only",
+                ));
+                return;
+            }
+            let (layers, input) = match io.work.layer_range(n) {
+                Ok(r) => r,
+                Err(e) => {
+                    io.error = Some(e);
                     return;
                 }
             };

@@ -166,6 +166,24 @@ pub struct StageTimes {
     pub download: Option<std::time::Duration>,
 }
 
+impl Work {
+    /// The layers `[first, last)` a layer-model task runs and the rows entering `first`: a
+    /// `Dense` task is the whole model, `(0, layers)`. A range outside the model's `layers` is
+    /// `INVALID_ARGUMENT`; a cell task is `INTERNAL` (no layer model receives one).
+    pub fn layer_range(&self, layers: usize) -> Result<((usize, usize), &[f32])> {
+        match self {
+            Work::Dense(x) => Ok(((0, layers), x)),
+            Work::Layers { first, last, input } if first < last && *last <= layers => {
+                Ok(((*first, *last), input))
+            }
+            Work::Layers { first, last, .. } => {
+                Err(Error::invalid(format!("layers {first}..{last} of a model of {layers} layers")))
+            }
+            Work::Cells(_) => Err(Error::internal("a layer model's task must carry rows, not cells")),
+        }
+    }
+}
+
 impl TaskData {
     pub fn new(rows: usize, work: Work) -> Arc<TaskData> {
         TaskData::with_cores(rows, 0, work)

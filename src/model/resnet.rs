@@ -306,91 +306,8 @@ impl ResNet {
     /// model.toml and the [limits](crate::model::limits).
     pub fn from_weights(cfg: &ResNetConfig, toml_path: &Path, mut w: Weights) -> Result<ResNet> {
         let kind = cfg.check(toml_path)?;
-        let width = cfg.width.unwrap_or(64);
-
-        let stem = take_conv(&mut w, "conv1", "bn1", cfg.image[0], width, 7, 2, 3)?;
-        let mut blocks = Vec::new();
-        let mut inplanes = width;
-        for (stage, &n) in cfg.layers.iter().enumerate() {
-            let planes = width << stage;
-            for i in 0..n {
-                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
-                let p = format!("layer{}.{i}", stage + 1);
-                let out_c = planes * kind.expansion();
-                let convs = match kind {
-                    BlockKind::Basic => vec![
-                        take_conv(
-                            &mut w,
-                            &format!("{p}.conv1"),
-                            &format!("{p}.bn1"),
-                            inplanes,
-                            planes,
-                            3,
-                            stride,
-                            1,
-                        )?,
-                        take_conv(
-                            &mut w,
-                            &format!("{p}.conv2"),
-                            &format!("{p}.bn2"),
-                            planes,
-                            planes,
-                            3,
-                            1,
-                            1,
-                        )?,
-                    ],
-                    BlockKind::Bottleneck => vec![
-                        take_conv(
-                            &mut w,
-                            &format!("{p}.conv1"),
-                            &format!("{p}.bn1"),
-                            inplanes,
-                            planes,
-                            1,
-                            1,
-                            0,
-                        )?,
-                        take_conv(
-                            &mut w,
-                            &format!("{p}.conv2"),
-                            &format!("{p}.bn2"),
-                            planes,
-                            planes,
-                            3,
-                            stride,
-                            1,
-                        )?,
-                        take_conv(
-                            &mut w,
-                            &format!("{p}.conv3"),
-                            &format!("{p}.bn3"),
-                            planes,
-                            out_c,
-                            1,
-                            1,
-                            0,
-                        )?,
-                    ],
-                };
-                let downsample = if stride != 1 || inplanes != out_c {
-                    Some(take_conv(
-                        &mut w,
-                        &format!("{p}.downsample.0"),
-                        &format!("{p}.downsample.1"),
-                        inplanes,
-                        out_c,
-                        1,
-                        stride,
-                        0,
-                    )?)
-                } else {
-                    None
-                };
-                blocks.push(Block { convs, downsample });
-                inplanes = out_c;
-            }
-        }
+        let (stem, blocks, inplanes) =
+            structure(cfg, kind, |conv: &ConvSpec| take_conv(&mut w, &conv.conv, &conv.bn, conv.geometry()))?;
         let fc_weight = w.take("fc.weight", &[cfg.num_classes, inplanes])?.data;
         let fc_bias = w.take("fc.bias", &[cfg.num_classes])?.data;
         w.finish()?;
@@ -403,52 +320,25 @@ impl ResNet {
     pub fn random(cfg: &ResNetConfig, seed: u64) -> ResNet {
         let mut rng = StdRng::seed_from_u64(seed);
         let kind = if cfg.block == "bottleneck" { BlockKind::Bottleneck } else { BlockKind::Basic };
-        let width = cfg.width.unwrap_or(64);
-        let conv = |rng: &mut StdRng, in_c: usize, out_c: usize, k: usize, stride: usize, pad: usize| {
+        let (stem, blocks, inplanes) = structure(cfg, kind, |c: &ConvSpec| {
+            let (in_c, out_c, k, stride, pad) = c.geometry();
             let std = (2.0 / (in_c * k * k) as f64).sqrt() as f32;
-            let n = out_c * in_c * k * k;
-            Conv {
+            Ok(Conv {
                 in_c,
                 out_c,
                 k,
                 stride,
                 pad,
-                weight: (0..n).map(|_| normal(rng) * std).collect(),
+                weight: (0..out_c * in_c * k * k).map(|_| normal(&mut rng) * std).collect(),
                 bn: BatchNorm {
                     weight: (0..out_c).map(|_| rng.random_range(0.5..1.0)).collect(),
                     bias: (0..out_c).map(|_| rng.random_range(-0.1..0.1)).collect(),
                     mean: (0..out_c).map(|_| rng.random_range(-0.1..0.1)).collect(),
                     var: (0..out_c).map(|_| rng.random_range(0.8..1.2)).collect(),
                 },
-            }
-        };
-        let stem = conv(&mut rng, cfg.image[0], width, 7, 2, 3);
-        let mut blocks = Vec::new();
-        let mut inplanes = width;
-        for (stage, &n) in cfg.layers.iter().enumerate() {
-            let planes = width << stage;
-            for i in 0..n {
-                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
-                let out_c = planes * kind.expansion();
-                let convs = match kind {
-                    BlockKind::Basic => {
-                        vec![
-                            conv(&mut rng, inplanes, planes, 3, stride, 1),
-                            conv(&mut rng, planes, planes, 3, 1, 1),
-                        ]
-                    }
-                    BlockKind::Bottleneck => vec![
-                        conv(&mut rng, inplanes, planes, 1, 1, 0),
-                        conv(&mut rng, planes, planes, 3, stride, 1),
-                        conv(&mut rng, planes, out_c, 1, 1, 0),
-                    ],
-                };
-                let downsample =
-                    (stride != 1 || inplanes != out_c).then(|| conv(&mut rng, inplanes, out_c, 1, stride, 0));
-                blocks.push(Block { convs, downsample });
-                inplanes = out_c;
-            }
-        }
+            })
+        })
+        .expect("a random convolution never fails");
         let s = 1.0 / (inplanes as f32).sqrt();
         let fc_weight = (0..cfg.num_classes * inplanes).map(|_| rng.random_range(-s..s)).collect();
         let fc_bias = (0..cfg.num_classes).map(|_| rng.random_range(-s..s)).collect();
@@ -493,20 +383,18 @@ impl ResNet {
                 tensors.push((format!("{bn}.{n}"), Tensor::new(vec![cv.out_c], v.clone())));
             }
         };
-        push_conv("conv1", "bn1", &self.stem);
-        let mut i = 0;
-        for (stage, &n) in c.layers.iter().enumerate() {
-            for j in 0..n {
-                let p = format!("layer{}.{j}", stage + 1);
-                let b = &self.blocks[i];
-                for (k, cv) in b.convs.iter().enumerate() {
-                    push_conv(&format!("{p}.conv{}", k + 1), &format!("{p}.bn{}", k + 1), cv);
-                }
-                if let Some(d) = &b.downsample {
-                    push_conv(&format!("{p}.downsample.0"), &format!("{p}.downsample.1"), d);
-                }
-                i += 1;
-            }
+        // The names in torchvision's order, the convolutions in the same order.
+        let mut names = Vec::new();
+        structure(c, self.kind, |spec| {
+            names.push((spec.conv.clone(), spec.bn.clone()));
+            let (in_c, out_c, k, stride, pad) = spec.geometry();
+            let none = BatchNorm { weight: Vec::new(), bias: Vec::new(), mean: Vec::new(), var: Vec::new() };
+            Ok(Conv { in_c, out_c, k, stride, pad, weight: Vec::new(), bn: none })
+        })?;
+        let convs = std::iter::once(&self.stem)
+            .chain(self.blocks.iter().flat_map(|b| b.convs.iter().chain(&b.downsample)));
+        for ((conv, bn), cv) in names.iter().zip(convs) {
+            push_conv(conv, bn, cv);
         }
         let feats = self.features();
         tensors.push(("fc.weight".into(), Tensor::new(vec![c.num_classes, feats], self.fc_weight.clone())));
@@ -514,6 +402,84 @@ impl ResNet {
         let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         write_safetensors(&dir.join(crate::model::WEIGHTS_FILE), &refs)
     }
+}
+
+/// One convolution of a ResNet as torchvision lays it out: its `state_dict` prefixes and shape.
+struct ConvSpec {
+    conv: String,
+    bn: String,
+    in_c: usize,
+    out_c: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+}
+
+impl ConvSpec {
+    fn new(
+        conv: String,
+        bn: String,
+        (in_c, out_c, k, stride, pad): (usize, usize, usize, usize, usize),
+    ) -> ConvSpec {
+        ConvSpec { conv, bn, in_c, out_c, k, stride, pad }
+    }
+
+    fn geometry(&self) -> (usize, usize, usize, usize, usize) {
+        (self.in_c, self.out_c, self.k, self.stride, self.pad)
+    }
+}
+
+/// Walk torchvision's ResNet structure for `cfg` (the stem, then each stage's blocks: stride 2
+/// on the first block of every stage but the first, a downsample where the stride or the channel
+/// count changes), making each convolution with `make`; the stem, the blocks and the features
+/// the fc takes.
+fn structure(
+    cfg: &ResNetConfig,
+    kind: BlockKind,
+    mut make: impl FnMut(&ConvSpec) -> Result<Conv>,
+) -> Result<(Conv, Vec<Block>, usize)> {
+    let width = cfg.width.unwrap_or(64);
+    let stem = make(&ConvSpec::new("conv1".into(), "bn1".into(), (cfg.image[0], width, 7, 2, 3)))?;
+    let mut blocks = Vec::new();
+    let mut inplanes = width;
+    for (stage, &n) in cfg.layers.iter().enumerate() {
+        let planes = width << stage;
+        for i in 0..n {
+            let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+            let p = format!("layer{}.{i}", stage + 1);
+            let out_c = planes * kind.expansion();
+            let geometries = match kind {
+                BlockKind::Basic => vec![(inplanes, planes, 3, stride, 1), (planes, planes, 3, 1, 1)],
+                BlockKind::Bottleneck => {
+                    vec![
+                        (inplanes, planes, 1, 1, 0),
+                        (planes, planes, 3, stride, 1),
+                        (planes, out_c, 1, 1, 0),
+                    ]
+                }
+            };
+            let convs = geometries
+                .into_iter()
+                .enumerate()
+                .map(|(j, g)| {
+                    make(&ConvSpec::new(format!("{p}.conv{}", j + 1), format!("{p}.bn{}", j + 1), g))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let downsample = if stride != 1 || inplanes != out_c {
+                let spec = ConvSpec::new(
+                    format!("{p}.downsample.0"),
+                    format!("{p}.downsample.1"),
+                    (inplanes, out_c, 1, stride, 0),
+                );
+                Some(make(&spec)?)
+            } else {
+                None
+            };
+            blocks.push(Block { convs, downsample });
+            inplanes = out_c;
+        }
+    }
+    Ok((stem, blocks, inplanes))
 }
 
 /// A standard normal sample (Box–Muller).
@@ -524,16 +490,11 @@ fn normal(rng: &mut StdRng) -> f32 {
 }
 
 /// `conv` (weight `[out_c, in_c, k, k]`) and its BatchNorm `bn`, checked.
-#[allow(clippy::too_many_arguments)]
 fn take_conv(
     w: &mut Weights,
     conv: &str,
     bn: &str,
-    in_c: usize,
-    out_c: usize,
-    k: usize,
-    stride: usize,
-    pad: usize,
+    (in_c, out_c, k, stride, pad): (usize, usize, usize, usize, usize),
 ) -> Result<Conv> {
     let weight = w.take(&format!("{conv}.weight"), &[out_c, in_c, k, k])?.data;
     let mut v = |n: &str| w.take(&format!("{bn}.{n}"), &[out_c]).map(|t| t.data);

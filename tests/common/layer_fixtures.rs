@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use serve::Input;
+use serve::{Input, ModelOptions, Output, PolicyConfig, Runtime, SubmitOptions, TimeoutConfig};
 
 pub const FIXTURES: [&str; 3] = ["resnet_small", "resnet_bottleneck_small", "bert_small"];
 
@@ -52,4 +52,37 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) -> f32 {
         worst = worst.max(err);
     }
     worst
+}
+
+/// Serve every fixture on `rt` in batches of up to 4 and alone, each output within 1e-4 of
+/// PyTorch's (relative to its scale); prints the worst relative error per fixture and batching.
+pub fn serve_layer_fixtures(rt: &Runtime, label: &str) {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let reqs = requests(&dir);
+        for max_batch in [4, 1] {
+            let opts = ModelOptions {
+                policy: PolicyConfig::Timeout(TimeoutConfig {
+                    max_batch,
+                    max_wait: std::time::Duration::from_millis(2),
+                    ..TimeoutConfig::default()
+                }),
+                ..ModelOptions::default()
+            };
+            let model = rt.load_model(&dir, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let tickets: Vec<_> = reqs
+                .iter()
+                .map(|(x, _)| model.submit(x.clone(), SubmitOptions::default()).unwrap())
+                .collect();
+            let mut worst = 0.0f32;
+            for (k, (t, (_, want))) in tickets.into_iter().zip(&reqs).enumerate() {
+                let Output::F32(got) = t.wait().unwrap_or_else(|e| panic!("{name} request {k}: {e}")) else {
+                    panic!("{name}: an f32 output")
+                };
+                let what = format!("{name} on {label} (batches of ≤ {max_batch}), request {k}");
+                worst = worst.max(assert_close(&got, want, 1e-4, &what));
+            }
+            println!("{name} on {label}, batches of ≤ {max_batch}: worst relative error {worst:.2e}");
+        }
+    }
 }

@@ -12,6 +12,27 @@ use rand::Rng;
 use serve::model::Mlp;
 use serve::{Code, Completion, CompletionQueue, Input, Model, Runtime, StatsSnapshot, SubmitOptions};
 
+/// A kernel check on both targets (`common::cuda_kernels`): `$gpu` on device 0 (a skip without
+/// one) and `$host` on the kernels built for the CPU (`common::kernels_on_host`), each running
+/// `$check(dev)` against the CPU backend. The test file imports `gpu` and `host`.
+#[macro_export]
+macro_rules! on_gpu_and_host {
+    ($check:ident($blas:expr): $gpu:ident, $host:ident) => {
+        #[test]
+        fn $gpu() {
+            if let Some(g) = gpu($blas) {
+                $check(g)
+            }
+        }
+        #[test]
+        fn $host() {
+            if let Some(g) = host() {
+                $check(g)
+            }
+        }
+    };
+}
+
 pub mod cuda_kernels;
 pub mod gpu;
 pub mod kernels_on_host;

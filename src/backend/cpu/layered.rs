@@ -16,7 +16,7 @@ use super::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, PackedWeight, Threa
 use super::pool::ComputePool;
 use super::stream::{CpuStream, launch_task, task_threads};
 use super::transformer::{BertCpu, BertScratch};
-use crate::backend::{CompletionSignal, Notify, Runner, TaskData, Work};
+use crate::backend::{CompletionSignal, Notify, Runner, TaskData};
 use crate::error::{Code, Error, Result};
 use crate::model::resnet::ResNet;
 use crate::model::{Mlp, Network};
@@ -429,18 +429,10 @@ impl Runner for LayerRunner {
         let (chunk, macs_per_row) = (self.chunk, self.macs_per_row);
         launch_task(&w.stream, self.max_batch, task, move |scratch: &mut Scratch, io, rows| {
             let layers = stack.num_layers();
-            let (range, input) = match &io.work {
-                Work::Dense(x) => ((0, layers), x),
-                Work::Layers { first, last, input } if first < last && *last <= layers => {
-                    ((*first, *last), input)
-                }
-                Work::Layers { first, last, .. } => {
-                    io.error =
-                        Some(Error::invalid(format!("layers {first}..{last} of a model of {layers} layers")));
-                    return;
-                }
-                Work::Cells(_) => {
-                    io.error = Some(Error::internal("a layer model's task must carry rows, not cells"));
+            let (range, input) = match io.work.layer_range(layers) {
+                Ok(r) => r,
+                Err(e) => {
+                    io.error = Some(e);
                     return;
                 }
             };

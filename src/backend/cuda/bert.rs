@@ -265,14 +265,7 @@ impl DeviceModel for BertGpu {
 
     fn plan(&self, padded: usize, work: &Work) -> Result<Plan> {
         let n = self.layer_count();
-        let (range, input) = match work {
-            Work::Dense(x) => ((0, n), x),
-            Work::Layers { first, last, input } if first < last && *last <= n => ((*first, *last), input),
-            Work::Layers { first, last, .. } => {
-                return Err(Error::invalid(format!("layers {first}..{last} of a model of {n} layers")));
-            }
-            Work::Cells(_) => return Err(Error::internal("a bert task must carry rows, not cells")),
-        };
+        let (range, input) = work.layer_range(n)?;
         let inl = self.in_len(range.0);
         if input.len() != padded * inl || padded > self.max_batch {
             return Err(Error::internal(format!(

@@ -16,7 +16,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -27,6 +27,7 @@ use serve::workload::values;
 use serve::{BackendChoice, Network};
 
 use crate::bench::{open_report, write_report};
+use crate::profile::run_round;
 use crate::{BackendArg, BenchLayersArgs, CliResult, LayerModelArg, fatal};
 
 /// PyTorch's side, run by `PYTHON -`.
@@ -103,26 +104,10 @@ fn time_libserve(
     let max_batch = batches.iter().copied().max().unwrap_or(1);
     let runner =
         backend.prepare(net.clone(), RunnerShape { workers: 1, max_batch, state_slots: 0 }, notify)?;
-    let signal = runner.signal(0);
     let run = |rows: usize, n: usize| -> CliResult<Duration> {
         let tasks: Vec<_> =
             (0..n).map(|_| TaskData::new(rows, Work::Dense(batch_input(net, rows)))).collect();
-        let start = Instant::now();
-        let mut target = 0;
-        for t in &tasks {
-            target = runner.launch(0, t.clone())?;
-        }
-        while signal.completed() < target {
-            std::thread::park_timeout(Duration::from_millis(1));
-        }
-        let took = start.elapsed();
-        for t in &tasks {
-            runner.collect(0, t);
-            if let Some(e) = t.io.lock().map_err(|_| fatal("poisoned task"))?.error.clone() {
-                return Err(fatal(format!("a benchmark task failed: {e}")));
-            }
-        }
-        Ok(took)
+        run_round(&*runner, &tasks)
     };
     let mut out = Vec::new();
     for &b in batches {

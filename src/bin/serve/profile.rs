@@ -99,7 +99,6 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     let slots = (3 * max_batch).max(serve::runtime::DEFAULT_ADMISSION_BOUND);
     let shape = RunnerShape { workers: 1, max_batch, state_slots: slots };
     let runner = backend.prepare(net.clone(), shape, notify)?;
-    let signal = runner.signal(0);
     println!("# serve profile `{name}` ({}) on {}", net.kind(), backend.describe());
     let vocab = match &*net {
         Network::Lstm(m) => m.cfg.vocab,
@@ -140,7 +139,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             // The warm-up starts every slot's state (first steps), the timed tasks continue it.
             let warmup = if points.is_empty() && cells.is_empty() { WARMUP_TASKS } else { 2 };
             let tasks: Vec<_> = (0..warmup).map(|_| task(true)).collect();
-            run_round(&*runner, &*signal, &tasks)?;
+            run_round(&*runner, &tasks)?;
             // Rounds keep the stream fed, as a backlogged worker is (the engine launches ahead of
             // it, up to the lookahead): a round's tasks are all launched before the one wait for
             // the last, so waking this thread is paid once per round, not once per few tasks. The
@@ -150,7 +149,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             for round in 0..=ROUNDS {
                 let tasks: Vec<_> = (0..count).map(|_| task(false)).collect();
                 let start = Instant::now();
-                run_round(&*runner, &*signal, &tasks)?;
+                run_round(&*runner, &tasks)?;
                 let per_task = start.elapsed().as_secs_f64() * 1e6 / count as f64;
                 if round > 0 {
                     rounds.push(per_task);
@@ -183,7 +182,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
                 })
                 .collect();
             let t = TaskData::new(rows, Work::Cells(CellTask { cell: 0, rows: cells, children: Vec::new() }));
-            run_round(&*runner, &*signal, std::slice::from_ref(&t))?;
+            run_round(&*runner, std::slice::from_ref(&t))?;
             if !pause.is_zero() {
                 std::thread::sleep(pause);
             }
@@ -313,33 +312,29 @@ fn model_json(net: &Network) -> serde_json::Value {
 }
 
 /// Launch `tasks` on worker 0 back to back, wait until the stream has run them all, and
-/// collect each, as the engine does: the timed span includes the collection (a CUDA task's
-/// outputs copied out of its staging), and a collected task's buffers are reused by the next
-/// ones (an uncollected CUDA task keeps its pinned staging, and every later launch would
-/// allocate new, costing about a millisecond each).
-fn run_round(
-    runner: &dyn serve::backend::Runner,
-    signal: &dyn serve::backend::CompletionSignal,
-    tasks: &[Arc<TaskData>],
-) -> CliResult<()> {
+/// collect each, as the engine does; the time from the first launch until the last task is
+/// counted (the benchmarks and profiles time rounds with it). Collection matters beyond the
+/// outputs: a collected task's buffers are reused by the next ones (an uncollected CUDA task
+/// keeps its pinned staging, and every later launch would allocate new, about a millisecond
+/// each). A task that failed fails the round, naming the error.
+pub(crate) fn run_round(runner: &dyn serve::backend::Runner, tasks: &[Arc<TaskData>]) -> CliResult<Duration> {
+    let start = Instant::now();
     let mut target = 0;
     for t in tasks {
         target = runner.launch(0, t.clone())?;
     }
-    wait_for(signal, target);
+    // A CPU stream unparks this thread after each task; a CUDA stream does not notify, so the
+    // sleep is short (no spinning, which would take a core from the stream on a small machine).
+    let signal = runner.signal(0);
+    while signal.completed() < target {
+        std::thread::park_timeout(Duration::from_micros(100));
+    }
+    let took = start.elapsed();
     for t in tasks {
         runner.collect(0, t);
     }
     if let Some(e) = tasks.iter().find_map(|t| t.io.lock().ok().and_then(|io| io.error.clone())) {
-        return Err(fatal(format!("a profiled task failed: {e}")));
+        return Err(fatal(format!("a benchmarked task failed: {e}")));
     }
-    Ok(())
-}
-
-/// Sleep until the stream has counted `target` tasks (it unparks this thread after each task:
-/// no spinning, which would take a core from the stream on a small machine).
-fn wait_for(signal: &dyn serve::backend::CompletionSignal, target: u64) {
-    while signal.completed() < target {
-        std::thread::park_timeout(Duration::from_millis(1));
-    }
+    Ok(took)
 }

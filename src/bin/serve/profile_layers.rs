@@ -24,6 +24,7 @@ use serde_json::json;
 use serve::backend::{Runner, RunnerShape, TaskData, Work};
 use serve::{BackendKind, Network};
 
+use crate::profile::run_round;
 use crate::{CliResult, ProfileArgs, fatal};
 
 const ROUNDS: usize = 5;
@@ -39,45 +40,21 @@ fn inputs(net: &Network, rows: usize) -> Vec<f32> {
 
 /// Run one task and wait for it; its output.
 fn run(runner: &dyn Runner, task: Arc<TaskData>) -> CliResult<Vec<f32>> {
-    let target = runner.launch(0, task.clone())?;
-    let signal = runner.signal(0);
-    while signal.completed() < target {
-        std::thread::park_timeout(Duration::from_micros(200));
-    }
-    runner.collect(0, &task);
+    run_round(runner, std::slice::from_ref(&task))?;
     let mut io = task.io.lock().map_err(|_| fatal("a task's data was poisoned"))?;
-    if let Some(e) = io.error.take() {
-        return Err(fatal(format!("a profiled task failed: {e}")));
-    }
     Ok(std::mem::take(&mut io.output))
 }
 
-/// Median microseconds per task of `make()` tasks, launched `n` at a time.
+/// Median microseconds per task of `make()` tasks, launched `n` at a time (rounds of at least
+/// `MIN_ROUND`).
 fn time(runner: &dyn Runner, make: &dyn Fn() -> Arc<TaskData>) -> CliResult<f64> {
     run(runner, make())?; // warm-up
-    let once = {
-        let t = Instant::now();
-        run(runner, make())?;
-        t.elapsed()
-    };
+    let once = run_round(runner, &[make()])?;
     let n = (MIN_ROUND.as_secs_f64() / once.as_secs_f64().max(1e-6)).ceil().clamp(1.0, 1000.0) as usize;
-    let signal = runner.signal(0);
     let mut rounds = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
         let tasks: Vec<_> = (0..n).map(|_| make()).collect();
-        let start = Instant::now();
-        let mut target = 0;
-        for t in &tasks {
-            target = runner.launch(0, t.clone())?;
-        }
-        while signal.completed() < target {
-            std::thread::park_timeout(Duration::from_micros(200));
-        }
-        let took = start.elapsed();
-        for t in &tasks {
-            runner.collect(0, t);
-        }
-        rounds.push(took.as_secs_f64() * 1e6 / n as f64);
+        rounds.push(run_round(runner, &tasks)?.as_secs_f64() * 1e6 / n as f64);
     }
     rounds.sort_by(f64::total_cmp);
     Ok(rounds[ROUNDS / 2])
