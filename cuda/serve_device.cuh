@@ -30,6 +30,9 @@ static_assert(sizeof(serve_layer_norm_params) == 56, "serve_layer_norm_params la
 static_assert(sizeof(serve_attention_params) == 56, "serve_attention_params layout");
 static_assert(sizeof(serve_bert_embed_params) == 64, "serve_bert_embed_params layout");
 
+/* Block reductions (argmax, LayerNorm, attention) assume whole warps. */
+static_assert(SERVE_BLOCK % 32u == 0, "SERVE_BLOCK is a whole number of warps");
+
 #define SERVE_KERNEL extern "C" __global__ void __launch_bounds__(SERVE_BLOCK)
 
 /* A typed view of a device address. */

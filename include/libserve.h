@@ -378,16 +378,17 @@ serve_error *serve_runtime_load_model(const serve_runtime *runtime,
 // model's requests. NULL is allowed.
 void serve_model_free(serve_model *model);
 
-// The model's kind: "mlp", "lstm", "seq2seq" or "treelstm" (static storage); "" if NULL.
+// The model's kind: "mlp", "lstm", "seq2seq", "treelstm", "resnet", "bert" or "custom" (static
+// storage); "" if NULL.
 const char *serve_model_kind(const serve_model *model);
 
-// Values in one request's input for models with a fixed input size (`mlp`, `resnet`: its
-// f32 input); 0 for sequence and tree models (`bert` included: tokens) and for NULL.
+// Values in one request's input for models with a fixed input size (`mlp`, `resnet`, `custom`:
+// its f32 input); 0 for sequence and tree models (`bert` included: tokens) and for NULL.
 size_t serve_model_input_len(const serve_model *model);
 
 // Values in one request's output for models with a fixed output size (`mlp`: its output;
-// `resnet`: its classes; `lstm`, `treelstm`, `bert`: the hidden size); 0 for `seq2seq` (token
-// outputs) and for NULL.
+// `resnet`: its classes; `lstm`, `treelstm`, `bert`: the hidden size; `custom`: its output
+// length); 0 for `seq2seq` (token outputs) and for NULL.
 size_t serve_model_output_len(const serve_model *model);
 
 // Create a completion queue drained with `serve_queue_next` (and, on Linux, watchable through

@@ -254,7 +254,7 @@ fn check_bert_embedding(g: Dev) {
     }
     let row_len = cfg.seq_len * cfg.hidden + 1;
     let mut want = vec![0.0; lens.len() * row_len];
-    cpu.run((0, 1), lens.len(), &rows, &mut want, &mut BertScratch::default(), Threads(1));
+    cpu.run((0, 1), lens.len(), &rows, &mut want, &mut BertScratch::default(), Threads(1)).unwrap();
     let tokens = ids.len();
     let h = cfg.hidden;
     let x = g.alloc::<f32>(tokens * h).unwrap();

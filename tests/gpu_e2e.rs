@@ -342,8 +342,20 @@ fn layer_ranges_on_cuda_match_the_cpu_backend() {
         },
         6,
     ));
+    // Logits outnumbering every activation (a tiny image, many classes).
+    let wide = Network::ResNet(ResNet::random(
+        &ResNetConfig {
+            name: None,
+            block: "basic".into(),
+            layers: [1, 1, 1, 1],
+            num_classes: 3000,
+            image: [3, 6, 5],
+            width: Some(4),
+        },
+        8,
+    ));
     let rows = 3;
-    for net in [resnet, bert] {
+    for net in [resnet, bert, wide] {
         let net = Arc::new(net);
         let kind = net.kind();
         let input: Vec<f32> = match &*net {

@@ -267,3 +267,35 @@ fn saved_layer_models_load_back_identically() {
         }
     }
 }
+
+/// A resnet whose logits outnumber every activation (a tiny image, many classes) serves whole
+/// batches: the buffers hold the head's output too.
+#[test]
+fn a_resnet_with_more_classes_than_activations_serves() {
+    use serve::model::Network;
+    use serve::model::resnet::{ResNet, ResNetConfig};
+    let cfg = ResNetConfig {
+        name: None,
+        block: "basic".into(),
+        layers: [1, 1, 1, 1],
+        num_classes: 5000,
+        image: [3, 6, 5],
+        width: Some(4),
+    };
+    let rt = runtime();
+    let model = rt
+        .add_network(
+            std::sync::Arc::new(Network::ResNet(ResNet::random(&cfg, 4))),
+            "wide".into(),
+            Default::default(),
+        )
+        .unwrap();
+    let tickets: Vec<_> = (0..6)
+        .map(|k| model.submit(Input::F32(vec![k as f32 * 0.1; 90]), SubmitOptions::default()).unwrap())
+        .collect();
+    for t in tickets {
+        let Output::F32(y) = t.wait().unwrap() else { panic!("logits") };
+        assert_eq!(y.len(), 5000);
+        assert!(y.iter().all(|v| v.is_finite()));
+    }
+}

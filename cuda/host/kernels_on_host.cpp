@@ -44,6 +44,12 @@ void run(void (*k)(P), bool cooperative, uint32_t grid, uint32_t block, const vo
         }
         return;
     }
+    /* The kernels' block reductions assume whole warps (SERVE_BLOCK is one): a launch with a
+     * partial warp would give a wrong answer on a GPU too. */
+    if (block % 32 != 0) {
+        std::fprintf(stderr, "kernels_on_host: a cooperative launch of %u threads per block (not whole warps)\n", block);
+        std::abort();
+    }
     /* __shared__ variables are statics: one cooperative launch at a time in the process, as
      * test threads may launch concurrently. */
     static std::mutex one_at_a_time;

@@ -1,8 +1,9 @@
 //! The runner of a custom model (`model::custom`, ARCHITECTURE.md §5.4), on every backend: one
 //! ordered stream thread per worker (as the CPU backend's), each task one call of the model's
 //! [`CustomExecute`] on that thread with the task's rows, its core bound and its layer range.
-//! A call that returns an error, or panics (a Rust implementation), fails the task's requests
-//! with `BACKEND` naming the model; the next task runs as usual.
+//! A call that returns an error fails the task's requests with `BACKEND` and `the custom model
+//! failed: <its message>`; a panic (a Rust implementation) fails them with `BACKEND` and the
+//! panic's message. The next task runs as usual.
 
 use std::sync::{Arc, Mutex};
 

@@ -364,7 +364,8 @@ pub extern "C" fn serve_model_free(model: *mut serve_model) {
     }
 }
 
-/// The model's kind: "mlp", "lstm", "seq2seq" or "treelstm" (static storage); "" if NULL.
+/// The model's kind: "mlp", "lstm", "seq2seq", "treelstm", "resnet", "bert" or "custom" (static
+/// storage); "" if NULL.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_kind(model: *const serve_model) -> *const c_char {
     ffi_boundary! {
@@ -373,8 +374,8 @@ pub extern "C" fn serve_model_kind(model: *const serve_model) -> *const c_char {
     }
 }
 
-/// Values in one request's input for models with a fixed input size (`mlp`, `resnet`: its
-/// f32 input); 0 for sequence and tree models (`bert` included: tokens) and for NULL.
+/// Values in one request's input for models with a fixed input size (`mlp`, `resnet`, `custom`:
+/// its f32 input); 0 for sequence and tree models (`bert` included: tokens) and for NULL.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_input_len(model: *const serve_model) -> usize {
     ffi_boundary! {
@@ -389,8 +390,8 @@ pub extern "C" fn serve_model_input_len(model: *const serve_model) -> usize {
 }
 
 /// Values in one request's output for models with a fixed output size (`mlp`: its output;
-/// `resnet`: its classes; `lstm`, `treelstm`, `bert`: the hidden size); 0 for `seq2seq` (token
-/// outputs) and for NULL.
+/// `resnet`: its classes; `lstm`, `treelstm`, `bert`: the hidden size; `custom`: its output
+/// length); 0 for `seq2seq` (token outputs) and for NULL.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_output_len(model: *const serve_model) -> usize {
     ffi_boundary! {

@@ -320,6 +320,46 @@ impl Bert {
     }
 }
 
+/// Each row's length in a task of `rows` rows entering layer `first` (`input`: token ids as f32,
+/// −1 past the end, for layer 0; else `seq_len × hidden` values and the length), checked as every
+/// backend must before computing: ids are whole numbers below `vocab`, lengths whole numbers up
+/// to `seq_len`; `INVALID_ARGUMENT` naming the row otherwise. (Requests are validated at submit;
+/// this guards tasks handed to a runner directly.)
+pub fn task_lens(cfg: &BertConfig, first: usize, rows: usize, input: &[f32]) -> Result<Vec<usize>> {
+    let row_len = if first == 0 { cfg.seq_len } else { cfg.seq_len * cfg.hidden + 1 };
+    if input.len() < rows * row_len {
+        return Err(Error::invalid(format!(
+            "a bert task of {rows} rows entering layer {first} carries {} values, not {rows} × {row_len}",
+            input.len()
+        )));
+    }
+    (0..rows)
+        .map(|r| {
+            let row = &input[r * row_len..(r + 1) * row_len];
+            if first == 0 {
+                let len = row.iter().position(|&t| t < 0.0).unwrap_or(cfg.seq_len);
+                match row[..len].iter().position(|&t| t >= cfg.vocab as f32 || t.fract() != 0.0) {
+                    Some(p) => Err(Error::invalid(format!(
+                        "row {r} of a bert task: token {} at position {p} is not an id below {}",
+                        row[p], cfg.vocab
+                    ))),
+                    None => Ok(len),
+                }
+            } else {
+                let l = row[row_len - 1];
+                if (0.0..=cfg.seq_len as f32).contains(&l) && l.fract() == 0.0 {
+                    Ok(l as usize)
+                } else {
+                    Err(Error::invalid(format!(
+                        "row {r} of a bert task: length {l} is not in 0..={}",
+                        cfg.seq_len
+                    )))
+                }
+            }
+        })
+        .collect()
+}
+
 fn take_linear(w: &mut Weights, name: &str, inp: usize, out: usize) -> Result<Linear> {
     let weight = w.take(&format!("{name}.weight"), &[out, inp])?.data;
     let bias = w.take(&format!("{name}.bias"), &[out])?.data;

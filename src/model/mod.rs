@@ -368,6 +368,12 @@ impl Network {
         }
     }
 
+    /// The value of every element of a padding row of a fixed-shape task (a row no request
+    /// occupies): 0, or for `bert` −1 (no tokens, so the row costs nothing).
+    pub fn dense_padding(&self) -> f32 {
+        if let Network::Bert(_) = self { -1.0 } else { 0.0 }
+    }
+
     /// Write a validated request's input into its row of a fixed-shape task (`dense_lens().0`
     /// values): the f32 vector itself, or for `bert` the token ids as f32 (exact: ids are below
     /// 2^22) followed by −1 for every position past the request's length.

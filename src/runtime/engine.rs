@@ -500,7 +500,7 @@ impl Engine {
         let layers = matches!(t.shape, TaskShape::Layers { .. });
         let work = if t.nodes().is_empty() {
             let in_len = state.io.0;
-            let mut input = vec![0.0f32; t.batch * in_len];
+            let mut input = vec![state.net.dense_padding(); t.batch * in_len];
             for (row, id) in t.requests.iter().enumerate() {
                 if let Some(r) = self.core.request(*id) {
                     state.net.dense_row(&r.data.input, &mut input[row * in_len..(row + 1) * in_len]);

@@ -830,6 +830,12 @@ impl Dev {
     ) {
         fits("qkv", tokens * 3 * heads * head_dim, qkv.len());
         fits("spans", 2 * tokens, spans.len());
+        // Every span names rows of this task, no longer than the scores rows.
+        let host = self.download(spans).unwrap();
+        for t in 0..tokens {
+            let (start, len) = (host[2 * t] as usize, host[2 * t + 1] as usize);
+            assert!(start + len <= tokens && len <= max_len, "token {t}: span {start}+{len}");
+        }
         fits("scores", tokens * heads * max_len, scores.len());
         fits("ctx", tokens * heads * head_dim, ctx.len());
         let p = abi::AttentionParams {
@@ -844,9 +850,9 @@ impl Dev {
             scale: 1.0 / (head_dim as f32).sqrt(),
             _pad0: 0,
         };
-        // SAFETY: the caller's spans name rows start..start+len ≤ tokens with len ≤ max_len (the
-        // tests build them so); the kernel reads those qkv rows, writes each (token, head)'s
-        // scores row and the token's ctx row (sizes checked). See `impl Dev`.
+        // SAFETY: the spans name rows start..start+len ≤ tokens with len ≤ max_len (checked above);
+        // the kernel reads those qkv rows, writes each (token, head)'s scores row and the token's
+        // ctx row (sizes checked). See `impl Dev`.
         unsafe {
             self.launch(kernels::ATTENTION, LaunchConfig::linear(u32_of((tokens * heads).max(1)), BLOCK), &p)
         };

@@ -54,17 +54,19 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) -> f32 {
     worst
 }
 
-/// Serve every fixture on `rt` in batches of up to 4 and alone, each output within 1e-4 of
-/// PyTorch's (relative to its scale); prints the worst relative error per fixture and batching.
+/// Serve every fixture on `rt` in batches of up to 4, alone, and padded to 8 (padding rows are
+/// computed and dropped: a bert padding row has no tokens), each output within 1e-4 of PyTorch's
+/// (relative to its scale); prints the worst relative error per fixture and batching.
 pub fn serve_layer_fixtures(rt: &Runtime, label: &str) {
     for name in FIXTURES {
         let dir = fixture(name);
         let reqs = requests(&dir);
-        for max_batch in [4, 1] {
+        for (max_batch, pad_to_max) in [(4, false), (1, false), (8, true)] {
             let opts = ModelOptions {
                 policy: PolicyConfig::Timeout(TimeoutConfig {
                     max_batch,
                     max_wait: std::time::Duration::from_millis(2),
+                    pad_to_max,
                     ..TimeoutConfig::default()
                 }),
                 ..ModelOptions::default()

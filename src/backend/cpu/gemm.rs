@@ -23,7 +23,9 @@ pub const PARALLEL_TASK_MIN_MACS: usize = 1 << 24;
 
 /// A task of fewer rows runs on its stream's thread whatever its size: a one-row product is a
 /// matrix-vector product, and waking the pool for it costs more than the second core gives (an
-/// h = 256 LSTM step of one row: 54 µs on two threads against 34 µs on one).
+/// h = 256 LSTM step of one row: 54 µs on two threads against 34 µs on one). This holds for
+/// recurrent cell tasks and mlp rows; a ResNet image or a BERT sequence is a matrix product of
+/// its own (its positions or tokens are the rows) and goes to the pool alone.
 pub const PARALLEL_MIN_ROWS: usize = 2;
 
 /// How many threads a product may use.
@@ -136,7 +138,7 @@ pub fn linear(
 /// A strided view of a row-major-or-not matrix in a slice: element `(i, j)` is
 /// `data[offset + i·rs + j·cs]`.
 #[derive(Clone, Copy, Debug)]
-pub struct View {
+pub(crate) struct View {
     pub offset: usize,
     pub rows: usize,
     pub cols: usize,
@@ -145,19 +147,38 @@ pub struct View {
 }
 
 impl View {
-    /// One past the last element it touches (`offset` for an empty view).
-    fn end(&self) -> usize {
-        if self.rows == 0 || self.cols == 0 {
-            self.offset
-        } else {
-            self.offset + (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1
+    /// One past the last element it touches (`offset` for an empty view), if that fits a usize
+    /// and each stride fits an isize (what gemm takes).
+    fn end(&self) -> Option<usize> {
+        if self.rs > isize::MAX as usize || self.cs > isize::MAX as usize {
+            return None;
         }
+        if self.rows == 0 || self.cols == 0 {
+            return Some(self.offset);
+        }
+        let last_row = (self.rows - 1).checked_mul(self.rs)?;
+        let last_col = (self.cols - 1).checked_mul(self.cs)?;
+        self.offset.checked_add(last_row)?.checked_add(last_col)?.checked_add(1)
+    }
+
+    /// No two of its elements are the same: one stride steps over a whole line of the other
+    /// (row-major: `rs ≥ cols · cs`, column-major: `cs ≥ rows · rs`), both non-zero.
+    fn distinct(&self) -> bool {
+        if self.rows <= 1 && self.cols <= 1 {
+            return true;
+        }
+        let rows_apart = self.rows <= 1 || self.rs >= self.cols.saturating_mul(self.cs).max(1);
+        let cols_apart = self.cols <= 1 || self.cs >= 1;
+        let cols_apart_t = self.cols <= 1 || self.cs >= self.rows.saturating_mul(self.rs).max(1);
+        let rows_apart_t = self.rows <= 1 || self.rs >= 1;
+        (rows_apart && cols_apart) || (cols_apart_t && rows_apart_t)
     }
 }
 
 /// `c = scale · a · b` over strided views (`a` is m × k, `b` k × n, `c` m × n), overwriting `c`.
-/// Panics when a view leaves its slice or the shapes disagree.
-pub fn matmul_strided(
+/// Panics when the shapes disagree, a view leaves its slice (checked arithmetic), a stride is
+/// over `isize::MAX`, or `c`'s view names an element twice (gemm's threads would race on it).
+pub(crate) fn matmul_strided(
     a: (&[f32], View),
     b: (&[f32], View),
     c: (&mut [f32], View),
@@ -166,7 +187,9 @@ pub fn matmul_strided(
 ) {
     let ((a, av), (b, bv), (c, cv)) = (a, b, c);
     assert_eq!((av.cols, av.rows, bv.cols), (bv.rows, cv.rows, cv.cols), "matmul_strided shapes");
-    assert!(av.end() <= a.len() && bv.end() <= b.len() && cv.end() <= c.len(), "a view leaves its slice");
+    let inside = |v: &View, len: usize| v.end().is_some_and(|end| end <= len);
+    assert!(inside(&av, a.len()) && inside(&bv, b.len()) && inside(&cv, c.len()), "a view leaves its slice");
+    assert!(cv.distinct(), "the output view names an element twice");
     let (m, n, k) = (cv.rows, cv.cols, av.cols);
     if m == 0 || n == 0 {
         return;
@@ -180,8 +203,10 @@ pub fn matmul_strided(
         return;
     }
     // SAFETY: every element gemm reads or writes is (i, j) of a view, inside its slice (checked
-    // above: the view's last element is in bounds and strides are non-negative); `c` is borrowed
-    // mutably and does not alias `a` or `b` (distinct borrows).
+    // above with checked arithmetic: the view's last element is in bounds, the strides are
+    // non-negative and fit an isize, so (i, j) ≤ that last element); `c` is borrowed mutably and
+    // does not alias `a` or `b` (distinct borrows), and its view names each element once, so
+    // gemm's threads write disjoint elements.
     unsafe {
         gemm::gemm(
             m,
@@ -245,6 +270,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Strided views (a transposed operand, row offsets, a column block of the output) against
+    /// the naive product; views that leave their slice, wrap, or name an output twice panic.
+    #[test]
+    fn strided_products_match_and_bad_views_are_refused() {
+        // a: 3 × 4 row-major at offset 2; b: the transpose of a 5 × 4 row-major matrix; c: a 3 × 5
+        // block at columns 1.. of a 3 × 7 matrix.
+        let a: Vec<f32> = (0..14).map(|i| i as f32 * 0.5 - 2.0).collect();
+        let bt: Vec<f32> = (0..20).map(|i| (i % 7) as f32 - 3.0).collect();
+        let av = View { offset: 2, rows: 3, cols: 4, rs: 4, cs: 1 };
+        let bv = View { offset: 0, rows: 4, cols: 5, rs: 1, cs: 4 };
+        let cv = View { offset: 1, rows: 3, cols: 5, rs: 7, cs: 1 };
+        let mut c = vec![f32::NAN; 21];
+        matmul_strided((&a, av), (&bt, bv), (&mut c, cv), 0.5, Threads(1));
+        for i in 0..3 {
+            for j in 0..5 {
+                let want: f32 = (0..4).map(|p| a[2 + i * 4 + p] * bt[j * 4 + p]).sum::<f32>() * 0.5;
+                assert_eq!(c[1 + i * 7 + j], want, "({i}, {j})");
+            }
+            assert!(c[i * 7].is_nan() && c[i * 7 + 6].is_nan(), "columns outside the block untouched");
+        }
+        let refused = |cv: View, len: usize| {
+            std::panic::catch_unwind(|| {
+                let mut c = vec![0.0; len];
+                matmul_strided((&a, av), (&bt, bv), (&mut c, cv), 1.0, Threads(1));
+            })
+            .is_err()
+        };
+        assert!(!refused(View { offset: 1, rows: 3, cols: 5, rs: 7, cs: 1 }, 20), "ends at the last element");
+        assert!(refused(View { offset: 1, rows: 3, cols: 5, rs: 7, cs: 1 }, 19), "one past the end");
+        assert!(
+            refused(View { offset: 100, rows: 3, cols: 5, rs: 0usize.wrapping_sub(100), cs: 1 }, 21),
+            "a wrapped stride"
+        );
+        assert!(refused(View { offset: 0, rows: 3, cols: 5, rs: 0, cs: 1 }, 21), "rows on top of each other");
+        assert!(refused(View { offset: 0, rows: 3, cols: 5, rs: 2, cs: 1 }, 21), "overlapping rows");
     }
 
     #[test]

@@ -105,7 +105,7 @@ impl Stack {
         s: &mut Scratch,
         chunk: usize,
         threads: Threads,
-    ) {
+    ) -> Result<()> {
         match (self, s) {
             (Stack::Mlp(m), Scratch::Mlp { a, b }) => m.run(range, rows, input, out, (a, b), threads),
             (Stack::ResNet(m), Scratch::ResNet(s)) => {
@@ -117,9 +117,10 @@ impl Stack {
                     m.run(range, n, i, o, s, threads);
                 }
             }
-            (Stack::Bert(m), Scratch::Bert(s)) => m.run(range, rows, input, out, s, threads),
-            _ => unreachable!("a stream's scratch is made for its runner's model"),
+            (Stack::Bert(m), Scratch::Bert(s)) => return m.run(range, rows, input, out, s, threads),
+            _ => return Err(Error::internal("a stream's scratch is made for another model")),
         }
+        Ok(())
     }
 }
 
@@ -265,7 +266,9 @@ impl ResNetCpu {
                 act = act.max(d.out_c * d.out_side(h0) * d.out_side(w0));
             }
         }
-        (act, col)
+        // The head writes the logits (more than any activation when the image is tiny and the
+        // classes many).
+        (act.max(self.fc.n()), col)
     }
 
     fn values_per_image(&self) -> usize {
@@ -363,8 +366,8 @@ pub(super) struct LayerRunner {
     threads: usize,
     max_batch: usize,
     chunk: usize,
-    /// Multiply-adds of one row through every layer (the threshold for parallel work).
-    macs_per_row: usize,
+    /// Multiply-adds of one row through each layer (for the threshold of parallel work).
+    layer_macs: Arc<[usize]>,
 }
 
 impl LayerRunner {
@@ -384,8 +387,8 @@ impl LayerRunner {
                 Ok(Worker { stream: Mutex::new(stream), leases: Mutex::new(HashMap::new()) })
             })
             .collect::<Result<Vec<_>>>()?;
-        let macs_per_row = net.layers().iter().map(|l| l.flops_per_row as usize / 2).sum();
-        Ok(LayerRunner { stack: Arc::new(stack), workers, pool, threads, max_batch, chunk, macs_per_row })
+        let layer_macs = net.layers().iter().map(|l| l.flops_per_row as usize / 2).collect();
+        Ok(LayerRunner { stack: Arc::new(stack), workers, pool, threads, max_batch, chunk, layer_macs })
     }
 
     /// The pool a task bound to `cores` cores runs on: the worker's own pool of that many
@@ -426,7 +429,7 @@ impl Runner for LayerRunner {
         let stack = self.stack.clone();
         let threads = task_threads(&task, self.threads);
         let pool = self.pool_for(worker, task.cores)?;
-        let (chunk, macs_per_row) = (self.chunk, self.macs_per_row);
+        let (chunk, layer_macs) = (self.chunk, self.layer_macs.clone());
         launch_task(&w.stream, self.max_batch, task, move |scratch: &mut Scratch, io, rows| {
             let layers = stack.num_layers();
             let (range, input) = match io.work.layer_range(layers) {
@@ -449,14 +452,23 @@ impl Runner for LayerRunner {
             let mut output = std::mem::take(&mut io.output);
             output.clear();
             output.resize(rows * outl, 0.0);
-            let parallel = threads > 1 && rows * macs_per_row >= PARALLEL_TASK_MIN_MACS
-                || threads > 1 && rows >= PARALLEL_MIN_ROWS && macs_per_row >= PARALLEL_TASK_MIN_MACS;
-            if parallel {
-                pool.install(|| stack.run(range, rows, input, &mut output, scratch, chunk, Threads(threads)));
+            // The pool is woken for tasks of at least PARALLEL_TASK_MIN_MACS multiply-adds over
+            // the layers they run. An mlp row is a matrix-vector product, so a one-row mlp task
+            // stays on the stream's thread (PARALLEL_MIN_ROWS); one image or one sequence is a
+            // matrix product of its own (positions or tokens are its rows) and uses the pool.
+            let task_macs = rows.saturating_mul(layer_macs[range.0..range.1].iter().sum::<usize>());
+            let parallel = threads > 1
+                && task_macs >= PARALLEL_TASK_MIN_MACS
+                && (rows >= PARALLEL_MIN_ROWS || !matches!(*stack, Stack::Mlp(_)));
+            let done = if parallel {
+                pool.install(|| stack.run(range, rows, input, &mut output, scratch, chunk, Threads(threads)))
             } else {
-                stack.run(range, rows, input, &mut output, scratch, chunk, Threads(1));
+                stack.run(range, rows, input, &mut output, scratch, chunk, Threads(1))
+            };
+            match done {
+                Ok(()) => io.output = output,
+                Err(e) => io.error = Some(e),
             }
-            io.output = output;
         })
     }
 }
@@ -470,7 +482,7 @@ mod tests {
     fn run_all(stack: &Stack, rows: usize, input: &[f32], range: (usize, usize)) -> Vec<f32> {
         let mut s = stack.scratch(rows).unwrap();
         let mut out = vec![f32::NAN; rows * stack.in_len(range.1)];
-        stack.run(range, rows, input, &mut out, &mut s, rows, Threads(1));
+        stack.run(range, rows, input, &mut out, &mut s, rows, Threads(1)).unwrap();
         out
     }
 
@@ -531,6 +543,21 @@ mod tests {
                 let mid = run_all(&stack, rows, &input, (0, split));
                 let end = run_all(&stack, rows, &mid, (split, n));
                 assert_eq!(end, whole, "{}: split at layer {split}", net.kind());
+            }
+            if let Network::Bert(_) = &net {
+                // Bad rows handed to the runner are refused, as on CUDA: an id past the vocabulary,
+                // a length past seq_len.
+                let mut s = stack.scratch(rows).unwrap();
+                let mut out = vec![0.0; rows * stack.in_len(n)];
+                let mut bad = input.clone();
+                bad[1] = 50.0;
+                let e = stack.run((0, n), rows, &bad, &mut out, &mut s, rows, Threads(1)).unwrap_err();
+                assert!(e.message().contains("token 50 at position 1"), "{e}");
+                let mut mid = run_all(&stack, rows, &input, (0, 1));
+                let row = mid.len() / rows;
+                mid[row - 1] = 11.0;
+                let e = stack.run((1, n), rows, &mid, &mut out, &mut s, rows, Threads(1)).unwrap_err();
+                assert!(e.message().contains("length 11"), "{e}");
             }
         }
     }

@@ -11,7 +11,8 @@
 use rayon::prelude::*;
 
 use crate::backend::cpu::gemm::{PackedWeight, Threads, View, linear, matmul_strided};
-use crate::model::bert::{Bert, Norm};
+use crate::error::Result;
+use crate::model::bert::{Bert, BertConfig, Norm, task_lens};
 use crate::model::mlp::Linear;
 
 /// Token rows per parallel chunk of the pointwise passes.
@@ -55,6 +56,7 @@ struct Layer {
 /// A BERT prepared for the CPU.
 #[derive(Debug)]
 pub struct BertCpu {
+    cfg: BertConfig,
     pub hidden: usize,
     pub heads: usize,
     pub seq_len: usize,
@@ -68,8 +70,9 @@ pub struct BertCpu {
     pooler: Dense,
 }
 
-/// Buffers of one stream, grown to the largest task seen (`Vec` growth: allocation failure of a
-/// huge task aborts like any Vec; the sizes are bounded by `max_batch × seq_len` of the model).
+/// Buffers of one stream, grown to the largest task seen: each at most `max_batch × seq_len`
+/// token rows of the model's widths (the activations themselves), the attention's scores one
+/// `seq_len²` block per compute thread.
 #[derive(Default)]
 pub struct BertScratch {
     x: Vec<f32>,
@@ -77,6 +80,7 @@ pub struct BertScratch {
     ctx: Vec<f32>,
     tmp: Vec<f32>,
     inter: Vec<f32>,
+    /// Each (request, head)'s attention output, before it goes into `ctx`.
     scores: Vec<f32>,
 }
 
@@ -91,6 +95,7 @@ impl BertCpu {
     pub fn new(m: &Bert) -> BertCpu {
         let h = m.cfg.hidden;
         BertCpu {
+            cfg: m.cfg.clone(),
             hidden: h,
             heads: m.cfg.heads,
             seq_len: m.cfg.seq_len,
@@ -141,21 +146,12 @@ impl BertCpu {
         out: &mut [f32],
         s: &mut BertScratch,
         threads: Threads,
-    ) {
+    ) -> Result<()> {
         let h = self.hidden;
         let row_len = self.seq_len * h + 1;
         let pooler = self.num_layers() - 1;
-        // Each row's length and where its tokens start in the packed `x`.
-        let lens: Vec<usize> = (0..rows)
-            .map(|r| {
-                if first == 0 {
-                    let ids = &input[r * self.seq_len..(r + 1) * self.seq_len];
-                    ids.iter().position(|&t| t < 0.0).unwrap_or(self.seq_len)
-                } else {
-                    (input[r * row_len + row_len - 1] as usize).min(self.seq_len)
-                }
-            })
-            .collect();
+        // Each row's length (checked as on CUDA) and where its tokens start in the packed `x`.
+        let lens = task_lens(&self.cfg, first, rows, input)?;
         let starts: Vec<usize> = lens
             .iter()
             .scan(0, |acc, &l| {
@@ -195,6 +191,7 @@ impl BertCpu {
                 row[row_len - 1] = lens[r] as f32;
             }
         }
+        Ok(())
     }
 
     /// word + position + token type 0, then LayerNorm, for every real token.
@@ -229,20 +226,28 @@ impl BertCpu {
         l.qkv.run(x, tokens, qkv, threads);
         let qkv: &[f32] = qkv;
         let longest = lens.iter().copied().max().unwrap_or(0);
-        // Attention per (request, head), each in its own block of the scratch: the scores
-        // q·kᵀ / √d (`len × len`), softmax over the keys, then p·v (`len × d`), copied into the
-        // request's rows and the head's columns of `ctx` once every pair is done.
+        // Attention per (request, head): the scores q·kᵀ / √d (`len × len`, in a block of the
+        // thread's own), softmax over the keys, then p·v (`len × d`) into the pair's own part of
+        // `heads_out` (request after request, head after head: `tokens × hidden` values in all),
+        // copied into the request's rows and the head's columns of `ctx` once every pair is done.
         let pairs: Vec<(usize, usize)> =
             (0..lens.len()).flat_map(|r| (0..heads).map(move |hd| (r, hd))).collect();
-        let block = (longest * longest + longest * d).max(1);
-        let scratch = grow(&mut s.scores, pairs.len() * block);
+        let heads_out = grow(&mut s.scores, tokens * h);
+        let mut parts: Vec<&mut [f32]> = Vec::with_capacity(pairs.len());
+        let mut rest: &mut [f32] = heads_out;
+        for &(r, _) in &pairs {
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(lens[r] * d);
+            parts.push(part);
+            rest = tail;
+        }
         let scale = 1.0 / (d as f32).sqrt();
-        let attend = |(&(r, hd), blk): (&(usize, usize), &mut [f32])| {
+        let attend = |sc: &mut Vec<f32>, (&(r, hd), out): (&(usize, usize), &mut &mut [f32])| {
             let (len, start) = (lens[r], starts[r]);
             if len == 0 {
                 return;
             }
-            let (sc, out) = blk.split_at_mut(len * len);
+            sc.resize(len * len, 0.0);
+            let sc = &mut sc[..len * len];
             let q = View { offset: start * 3 * h + hd * d, rows: len, cols: d, rs: 3 * h, cs: 1 };
             let kt = View { offset: start * 3 * h + h + hd * d, rows: d, cols: len, rs: 1, cs: 3 * h };
             let sv = View { offset: 0, rows: len, cols: len, rs: len, cs: 1 };
@@ -252,20 +257,24 @@ impl BertCpu {
             }
             let v = View { offset: start * 3 * h + 2 * h + hd * d, rows: len, cols: d, rs: 3 * h, cs: 1 };
             let ov = View { offset: 0, rows: len, cols: d, rs: d, cs: 1 };
-            matmul_strided((&*sc, sv), (qkv, v), (out, ov), 1.0, Threads(1));
+            matmul_strided((&*sc, sv), (qkv, v), (&mut **out, ov), 1.0, Threads(1));
         };
+        let block = longest * longest;
         if threads.0 > 1 {
-            pairs.par_iter().zip(scratch.par_chunks_mut(block)).for_each(attend);
+            pairs.par_iter().zip(parts.par_iter_mut()).for_each_init(|| Vec::with_capacity(block), attend);
         } else {
-            pairs.iter().zip(scratch.chunks_mut(block)).for_each(attend);
+            let mut sc = Vec::with_capacity(block);
+            pairs.iter().zip(parts.iter_mut()).for_each(|p| attend(&mut sc, p));
         }
         let ctx = grow(&mut s.ctx, tokens * h);
-        for (&(r, hd), blk) in pairs.iter().zip(s.scores.chunks(block)) {
+        let mut at = 0;
+        for &(r, hd) in &pairs {
             let (len, start) = (lens[r], starts[r]);
-            let out = &blk[len * len..len * len + len * d];
+            let out = &s.scores[at..at + len * d];
             for t in 0..len {
                 ctx[(start + t) * h + hd * d..][..d].copy_from_slice(&out[t * d..(t + 1) * d]);
             }
+            at += len * d;
         }
         let x = &mut s.x[..tokens * h];
         // x = LN(x + ctx·W_oᵀ + b_o)

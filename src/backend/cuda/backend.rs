@@ -75,11 +75,12 @@ impl Backend for CudaBackend {
                 let model = Dense::new(&stream, &net, shape.max_batch)?;
                 Ok(Box::new(CudaRunner::new(&self.device, &self.module, model, shape)?))
             }
+            // The caller's engine runs on host threads; a call may use the machine's cores.
             Network::Custom(_) => Ok(Box::new(crate::backend::custom::CustomRunner::new(
                 &net,
                 shape.workers,
                 shape.max_batch,
-                1,
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
                 _notify,
             )?)),
             Network::Lstm(_) | Network::Seq2Seq(_) | Network::TreeLstm(_) => {

@@ -16,6 +16,7 @@ use super::{CudaDevice, DeviceBuffer, PinnedMapped, Stream};
 use crate::backend::Work;
 use crate::error::{Error, Result};
 use crate::model::Network;
+use crate::model::bert::{BertConfig, task_lens};
 use crate::model::mlp::Linear;
 
 struct DenseGpu {
@@ -81,6 +82,7 @@ struct LayerGpu {
 
 /// A BERT prepared on the device.
 pub(super) struct BertGpu {
+    cfg: BertConfig,
     h: usize,
     heads: usize,
     seq_len: usize,
@@ -130,6 +132,7 @@ impl BertGpu {
             Ok(NormGpu { g: stream.upload(&n.weight)?, b: stream.upload(&n.bias)? })
         };
         Ok(BertGpu {
+            cfg: c.clone(),
             h: c.hidden,
             heads: c.heads,
             seq_len: c.seq_len,
@@ -274,32 +277,8 @@ impl DeviceModel for BertGpu {
                 input.len()
             )));
         }
-        let lens: Vec<u32> = (0..padded)
-            .map(|r| {
-                let row = &input[r * inl..(r + 1) * inl];
-                let len = if range.0 == 0 {
-                    let len = row.iter().position(|&t| t < 0.0).unwrap_or(self.seq_len);
-                    if let Some(bad) =
-                        row[..len].iter().find(|&&t| t as usize >= self.vocab || t.fract() != 0.0)
-                    {
-                        return Err(Error::invalid(format!(
-                            "token {bad} of a bert task is outside the vocabulary"
-                        )));
-                    }
-                    len
-                } else {
-                    let l = row[inl - 1];
-                    if !(0.0..=self.seq_len as f32).contains(&l) || l.fract() != 0.0 {
-                        return Err(Error::invalid(format!(
-                            "a bert row's length {l} is not in 0..={}",
-                            self.seq_len
-                        )));
-                    }
-                    l as usize
-                };
-                Ok(len as u32)
-            })
-            .collect::<Result<_>>()?;
+        let lens: Vec<u32> =
+            task_lens(&self.cfg, range.0, padded, input)?.into_iter().map(|l| l as u32).collect();
         let tokens: usize = lens.iter().map(|&l| l as usize).sum();
         let outl = self.out_len(range.1);
         Ok(Plan {

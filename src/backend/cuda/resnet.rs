@@ -124,6 +124,9 @@ impl ResNetGpu {
                 grow(d, input);
             }
         }
+        // The head writes the logits (more than any activation when the image is tiny and the
+        // classes many).
+        let act = act.max(m.cfg.num_classes);
         dim(act, "activation size")?;
         Ok(ResNetGpu {
             stem,

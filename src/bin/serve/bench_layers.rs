@@ -38,25 +38,24 @@ const ROUNDS: usize = 5;
 
 /// The random model of a named configuration.
 fn network(a: &BenchLayersArgs) -> CliResult<Network> {
-    let resnet = |block: &str, layers: [usize; 4]| {
-        Network::ResNet(ResNet::random(
-            &ResNetConfig {
-                name: None,
-                block: block.into(),
-                layers,
-                num_classes: 1000,
-                image: a.image,
-                width: None,
-            },
-            1,
-        ))
+    let resnet = |block: &str, layers: [usize; 4]| -> CliResult<Network> {
+        let cfg = ResNetConfig {
+            name: None,
+            block: block.into(),
+            layers,
+            num_classes: 1000,
+            image: a.image,
+            width: None,
+        };
+        cfg.check(std::path::Path::new("--image")).map_err(|e| fatal(e.to_string()))?;
+        Ok(Network::ResNet(ResNet::random(&cfg, 1)))
     };
     Ok(match a.model {
-        LayerModelArg::Resnet18 => resnet("basic", [2, 2, 2, 2]),
-        LayerModelArg::Resnet34 => resnet("basic", [3, 4, 6, 3]),
-        LayerModelArg::Resnet50 => resnet("bottleneck", [3, 4, 6, 3]),
-        LayerModelArg::Resnet101 => resnet("bottleneck", [3, 4, 23, 3]),
-        LayerModelArg::Resnet152 => resnet("bottleneck", [3, 8, 36, 3]),
+        LayerModelArg::Resnet18 => resnet("basic", [2, 2, 2, 2])?,
+        LayerModelArg::Resnet34 => resnet("basic", [3, 4, 6, 3])?,
+        LayerModelArg::Resnet50 => resnet("bottleneck", [3, 4, 6, 3])?,
+        LayerModelArg::Resnet101 => resnet("bottleneck", [3, 4, 23, 3])?,
+        LayerModelArg::Resnet152 => resnet("bottleneck", [3, 8, 36, 3])?,
         LayerModelArg::BertBase => {
             if a.seq_len == 0 || a.seq_len > 512 {
                 return Err(fatal(format!(

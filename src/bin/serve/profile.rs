@@ -333,7 +333,8 @@ pub(crate) fn run_round(runner: &dyn serve::backend::Runner, tasks: &[Arc<TaskDa
     for t in tasks {
         runner.collect(0, t);
     }
-    if let Some(e) = tasks.iter().find_map(|t| t.io.lock().ok().and_then(|io| io.error.clone())) {
+    // A task whose work panicked poisoned its lock and holds the panic as its error.
+    if let Some(e) = tasks.iter().find_map(|t| t.io.lock().unwrap_or_else(|p| p.into_inner()).error.clone()) {
         return Err(fatal(format!("a benchmarked task failed: {e}")));
     }
     Ok(took)
