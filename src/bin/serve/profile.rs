@@ -144,18 +144,22 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             // it, up to the lookahead): a round's tasks are all launched before the one wait for
             // the last, so waking this thread is paid once per round, not once per few tasks. The
             // first round (MIN_TASKS tasks, not kept) sizes the others to about MIN_TIME.
+            // The second round (not kept either) runs that many once, so the runner's per-task
+            // buffers (a CUDA task's pinned staging) have grown to a round's worth before any
+            // round is timed; the count then stays fixed.
             let mut rounds = Vec::with_capacity(ROUNDS);
             let mut count = MIN_TASKS;
-            for round in 0..=ROUNDS {
+            for round in 0..ROUNDS + 2 {
                 let tasks: Vec<_> = (0..count).map(|_| task(false)).collect();
                 let start = Instant::now();
                 run_round(&*runner, &tasks)?;
                 let per_task = start.elapsed().as_secs_f64() * 1e6 / count as f64;
-                if round > 0 {
+                if round == 0 {
+                    count = ((MIN_TIME.as_secs_f64() * 1e6 / per_task.max(1.0)) as usize)
+                        .clamp(MIN_TASKS, MAX_TASKS);
+                } else if round > 1 {
                     rounds.push(per_task);
                 }
-                count =
-                    ((MIN_TIME.as_secs_f64() * 1e6 / per_task.max(1.0)) as usize).clamp(MIN_TASKS, MAX_TASKS);
             }
             rounds.sort_by(f64::total_cmp);
             let us = rounds[ROUNDS / 2];
