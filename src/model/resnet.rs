@@ -105,33 +105,74 @@ pub struct BatchNorm {
     pub var: Vec<f32>,
 }
 
-/// A bias-free `Conv2d` (square kernel) and the BatchNorm after it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Conv {
+/// A convolution's shape: channels in and out, the (square) kernel's side, stride and padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
     pub in_c: usize,
     pub out_c: usize,
     pub k: usize,
     pub stride: usize,
     pub pad: usize,
+}
+
+impl Geometry {
+    /// Output side for an input side.
+    pub fn out_side(&self, side: usize) -> usize {
+        conv_out(side, self.k, self.stride, self.pad)
+    }
+
+    /// Whether the input is its own im2col (1×1, stride 1, no padding): no patches are gathered.
+    pub fn direct(&self) -> bool {
+        self.k == 1 && self.stride == 1 && self.pad == 0
+    }
+
+    /// Values of one image's im2col (its output positions' `k × k × in_c` patches) for an input
+    /// of `h × w`; 0 for a [direct](Self::direct) convolution.
+    pub fn col_len(&self, h: usize, w: usize) -> usize {
+        if self.direct() { 0 } else { self.out_side(h) * self.out_side(w) * self.k * self.k * self.in_c }
+    }
+
+    /// Multiply-adds for an output of `out_h × out_w`.
+    fn macs(&self, out_h: usize, out_w: usize) -> u64 {
+        (out_h * out_w * self.out_c * self.in_c * self.k * self.k) as u64
+    }
+}
+
+/// A bias-free `Conv2d` (square kernel) and the BatchNorm after it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv {
+    pub g: Geometry,
     /// `[out_c, in_c, k, k]`, as torch stores it.
     pub weight: Vec<f32>,
     pub bn: BatchNorm,
 }
 
 impl Conv {
-    /// Output side for an input side.
-    pub fn out_side(&self, side: usize) -> usize {
-        conv_out(side, self.k, self.stride, self.pad)
+    /// A random convolution of shape `g`: He-normal weights and BatchNorm statistics near
+    /// identity (γ in [0.5, 1), β and the mean in [−0.1, 0.1), the variance in [0.8, 1.2)).
+    pub fn random(g: Geometry, rng: &mut StdRng) -> Conv {
+        let Geometry { in_c, out_c, k, .. } = g;
+        let std = (2.0 / (in_c * k * k) as f64).sqrt() as f32;
+        Conv {
+            g,
+            weight: (0..out_c * in_c * k * k).map(|_| normal(rng) * std).collect(),
+            bn: BatchNorm {
+                weight: (0..out_c).map(|_| rng.random_range(0.5..1.0)).collect(),
+                bias: (0..out_c).map(|_| rng.random_range(-0.1..0.1)).collect(),
+                mean: (0..out_c).map(|_| rng.random_range(-0.1..0.1)).collect(),
+                var: (0..out_c).map(|_| rng.random_range(0.8..1.2)).collect(),
+            },
+        }
     }
 
     /// The BatchNorm folded in: the weight scaled per output channel by `γ / √(var + eps)`, as
     /// `[out_c, k, k, in_c]` (channels innermost, as a channels-last im2col reads them), and the
     /// bias `β − mean · γ / √(var + eps)`. Computed in f64.
     pub fn folded(&self) -> (Vec<f32>, Vec<f32>) {
-        let (ci, k) = (self.in_c, self.k);
+        let Geometry { in_c: ci, out_c, k, .. } = self.g;
         let mut w = vec![0.0f32; self.weight.len()];
-        let mut b = vec![0.0f32; self.out_c];
-        for o in 0..self.out_c {
+        let mut b = vec![0.0f32; out_c];
+        for o in 0..out_c {
             let scale = f64::from(self.bn.weight[o]) / (f64::from(self.bn.var[o]) + f64::from(BN_EPS)).sqrt();
             b[o] = (f64::from(self.bn.bias[o]) - f64::from(self.bn.mean[o]) * scale) as f32;
             for c in 0..ci {
@@ -145,11 +186,6 @@ impl Conv {
         }
         (w, b)
     }
-
-    /// Multiply-adds for an output of `out_h × out_w`.
-    fn macs(&self, out_h: usize, out_w: usize) -> u64 {
-        (out_h * out_w * self.out_c * self.in_c * self.k * self.k) as u64
-    }
 }
 
 /// `floor((side + 2·pad − k) / stride) + 1`, or 0 when the kernel does not fit.
@@ -157,12 +193,36 @@ pub fn conv_out(side: usize, k: usize, stride: usize, pad: usize) -> usize {
     (side + 2 * pad).checked_sub(k).map_or(0, |d| d / stride + 1)
 }
 
+/// An image's `(height, width)`.
+pub type Sides = (usize, usize);
+
 /// One residual block.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Block {
     /// basic: conv1, conv2; bottleneck: conv1, conv2, conv3.
     pub convs: Vec<Conv>,
     pub downsample: Option<Conv>,
+}
+
+impl Block {
+    /// Each convolution of the block for an input of `h × w`, with the side it is given and the
+    /// side it gives: the main path in order, then the downsample (given the block's input).
+    pub fn walk(&self, (h, w): Sides) -> Vec<(Geometry, Sides, Sides)> {
+        let mut out = Vec::with_capacity(self.convs.len() + 1);
+        let mut side = (h, w);
+        for c in &self.convs {
+            let next = (c.g.out_side(side.0), c.g.out_side(side.1));
+            out.push((c.g, side, next));
+            side = next;
+        }
+        out.extend(self.downsample.as_ref().map(|d| (d.g, (h, w), (d.g.out_side(h), d.g.out_side(w)))));
+        out
+    }
+
+    /// The side the block gives for an input of `h × w` (its main path's last output).
+    pub fn out_sides(&self, hw: Sides) -> Sides {
+        self.walk(hw)[self.convs.len() - 1].2
+    }
 }
 
 /// A loaded ResNet.
@@ -218,13 +278,12 @@ impl ResNet {
         let mut s = Shape { c, h, w };
         let mut out = vec![s];
         // Stem: conv1 then the 3×3 / 2 max-pool (pad 1).
-        let (h1, w1) = (self.stem.out_side(s.h), self.stem.out_side(s.w));
-        s = Shape { c: self.stem.out_c, h: conv_out(h1, 3, 2, 1), w: conv_out(w1, 3, 2, 1) };
+        let (h1, w1) = (self.stem.g.out_side(s.h), self.stem.g.out_side(s.w));
+        s = Shape { c: self.stem.g.out_c, h: conv_out(h1, 3, 2, 1), w: conv_out(w1, 3, 2, 1) };
         out.push(s);
         for b in &self.blocks {
-            let stride = b.convs.iter().map(|c| c.stride).max().unwrap_or(1);
-            let last = b.convs.last().expect("a block has convolutions");
-            s = Shape { c: last.out_c, h: conv_out(s.h, 3, stride, 1), w: conv_out(s.w, 3, stride, 1) };
+            let (h, w) = b.out_sides((s.h, s.w));
+            s = Shape { c: b.convs.last().expect("a block has convolutions").g.out_c, h, w };
             out.push(s);
         }
         out.push(Shape { c: self.cfg.num_classes, h: 1, w: 1 });
@@ -235,9 +294,10 @@ impl ResNet {
     pub fn layers(&self) -> Vec<LayerInfo> {
         let shapes = self.shapes();
         let mut out = Vec::with_capacity(self.blocks.len() + 2);
-        let conv_bytes = |c: &Conv| 4 * (c.weight.len() + c.out_c) as u64;
+        let conv_bytes = |c: &Conv| 4 * (c.weight.len() + c.g.out_c) as u64;
         let [_, h, w] = self.cfg.image;
-        let stem_macs = self.stem.macs(self.stem.out_side(h), self.stem.out_side(w));
+        let stem = self.stem.g;
+        let stem_macs = stem.macs(stem.out_side(h), stem.out_side(w));
         out.push(LayerInfo::new("stem", "conv", conv_bytes(&self.stem), 2 * stem_macs, shapes[1].values()));
         let mut stage_block = [0usize; 4];
         let mut stage = 0;
@@ -248,16 +308,7 @@ impl ResNet {
             let name = format!("layer{}.{}", stage + 1, stage_block[stage]);
             stage_block[stage] += 1;
             let (inp, outp) = (shapes[i + 1], shapes[i + 2]);
-            let mut macs = 0;
-            let (mut hh, mut ww) = (inp.h, inp.w);
-            for c in &b.convs {
-                let (oh, ow) = (c.out_side(hh), c.out_side(ww));
-                macs += c.macs(oh, ow);
-                (hh, ww) = (oh, ow);
-            }
-            if let Some(d) = &b.downsample {
-                macs += d.macs(outp.h, outp.w);
-            }
+            let macs = b.walk((inp.h, inp.w)).iter().map(|(g, _, (oh, ow))| g.macs(*oh, *ow)).sum::<u64>();
             let bytes = b.convs.iter().chain(&b.downsample).map(conv_bytes).sum();
             out.push(LayerInfo::new(&name, "block", bytes, 2 * macs, outp.values()));
         }
@@ -272,6 +323,24 @@ impl ResNet {
         out
     }
 
+    /// The most values one image occupies, over the whole model, in an activation buffer (the
+    /// input, the stem's output before pooling, every convolution's output, the logits) and in
+    /// the im2col buffer: what a backend sizes its per-image buffers by.
+    pub fn buffer_sizes(&self) -> (usize, usize) {
+        let [c, h, w] = self.cfg.image;
+        let stem = self.stem.g;
+        let mut act =
+            (c * h * w).max(stem.out_c * stem.out_side(h) * stem.out_side(w)).max(self.cfg.num_classes);
+        let mut col = stem.col_len(h, w);
+        for (b, s) in self.blocks.iter().zip(&self.shapes()[1..]) {
+            for (g, (ih, iw), (oh, ow)) in b.walk((s.h, s.w)) {
+                col = col.max(g.col_len(ih, iw));
+                act = act.max(g.out_c * oh * ow);
+            }
+        }
+        (act, col)
+    }
+
     /// The structure is consistent (for a network built in code): as many blocks as `layers`
     /// says, each convolution taking the channels the one before gives, the fc taking the last
     /// stage's. (Any image of at least 1×1 keeps a position through every stage: each
@@ -281,19 +350,20 @@ impl ResNet {
         if self.blocks.len() != self.cfg.layers.iter().sum::<usize>() {
             return bad(format!("{} blocks for layers {:?}", self.blocks.len(), self.cfg.layers));
         }
-        if self.stem.in_c != self.cfg.image[0] {
+        if self.stem.g.in_c != self.cfg.image[0] {
             return bad(format!(
                 "the stem takes {} channels, the image has {}",
-                self.stem.in_c, self.cfg.image[0]
+                self.stem.g.in_c, self.cfg.image[0]
             ));
         }
-        let mut c = self.stem.out_c;
+        let mut c = self.stem.g.out_c;
         for (i, b) in self.blocks.iter().enumerate() {
             for conv in &b.convs {
-                if conv.in_c != c || conv.weight.len() != conv.out_c * conv.in_c * conv.k * conv.k {
-                    return bad(format!("block {i}: a convolution takes {} channels, gets {c}", conv.in_c));
+                let g = conv.g;
+                if g.in_c != c || conv.weight.len() != g.out_c * g.in_c * g.k * g.k {
+                    return bad(format!("block {i}: a convolution takes {} channels, gets {c}", g.in_c));
                 }
-                c = conv.out_c;
+                c = g.out_c;
             }
         }
         if self.fc_weight.len() != self.cfg.num_classes * c || self.fc_bias.len() != self.cfg.num_classes {
@@ -306,8 +376,8 @@ impl ResNet {
     /// model.toml and the [limits](crate::model::limits).
     pub fn from_weights(cfg: &ResNetConfig, toml_path: &Path, mut w: Weights) -> Result<ResNet> {
         let kind = cfg.check(toml_path)?;
-        let (stem, blocks, inplanes) =
-            structure(cfg, kind, |conv: &ConvSpec| take_conv(&mut w, &conv.conv, &conv.bn, conv.geometry()))?;
+        let (stem, blocks, inplanes) = structure(cfg, kind, |c: &ConvSpec| take_conv(&mut w, c))?;
+        let blocks = blocks.into_iter().map(|(convs, downsample)| Block { convs, downsample }).collect();
         let fc_weight = w.take("fc.weight", &[cfg.num_classes, inplanes])?.data;
         let fc_bias = w.take("fc.bias", &[cfg.num_classes])?.data;
         w.finish()?;
@@ -320,25 +390,9 @@ impl ResNet {
     pub fn random(cfg: &ResNetConfig, seed: u64) -> ResNet {
         let mut rng = StdRng::seed_from_u64(seed);
         let kind = if cfg.block == "bottleneck" { BlockKind::Bottleneck } else { BlockKind::Basic };
-        let (stem, blocks, inplanes) = structure(cfg, kind, |c: &ConvSpec| {
-            let (in_c, out_c, k, stride, pad) = c.geometry();
-            let std = (2.0 / (in_c * k * k) as f64).sqrt() as f32;
-            Ok(Conv {
-                in_c,
-                out_c,
-                k,
-                stride,
-                pad,
-                weight: (0..out_c * in_c * k * k).map(|_| normal(&mut rng) * std).collect(),
-                bn: BatchNorm {
-                    weight: (0..out_c).map(|_| rng.random_range(0.5..1.0)).collect(),
-                    bias: (0..out_c).map(|_| rng.random_range(-0.1..0.1)).collect(),
-                    mean: (0..out_c).map(|_| rng.random_range(-0.1..0.1)).collect(),
-                    var: (0..out_c).map(|_| rng.random_range(0.8..1.2)).collect(),
-                },
-            })
-        })
-        .expect("a random convolution never fails");
+        let (stem, blocks, inplanes) = structure(cfg, kind, |c: &ConvSpec| Ok(Conv::random(c.g, &mut rng)))
+            .expect("a random convolution never fails");
+        let blocks = blocks.into_iter().map(|(convs, downsample)| Block { convs, downsample }).collect();
         let s = 1.0 / (inplanes as f32).sqrt();
         let fc_weight = (0..cfg.num_classes * inplanes).map(|_| rng.random_range(-s..s)).collect();
         let fc_bias = (0..cfg.num_classes).map(|_| rng.random_range(-s..s)).collect();
@@ -372,7 +426,7 @@ impl ResNet {
         let mut push_conv = |conv: &str, bn: &str, cv: &Conv| {
             tensors.push((
                 format!("{conv}.weight"),
-                Tensor::new(vec![cv.out_c, cv.in_c, cv.k, cv.k], cv.weight.clone()),
+                Tensor::new(vec![cv.g.out_c, cv.g.in_c, cv.g.k, cv.g.k], cv.weight.clone()),
             ));
             for (n, v) in [
                 ("weight", &cv.bn.weight),
@@ -380,21 +434,17 @@ impl ResNet {
                 ("running_mean", &cv.bn.mean),
                 ("running_var", &cv.bn.var),
             ] {
-                tensors.push((format!("{bn}.{n}"), Tensor::new(vec![cv.out_c], v.clone())));
+                tensors.push((format!("{bn}.{n}"), Tensor::new(vec![cv.g.out_c], v.clone())));
             }
         };
         // The names in torchvision's order, the convolutions in the same order.
-        let mut names = Vec::new();
-        structure(c, self.kind, |spec| {
-            names.push((spec.conv.clone(), spec.bn.clone()));
-            let (in_c, out_c, k, stride, pad) = spec.geometry();
-            let none = BatchNorm { weight: Vec::new(), bias: Vec::new(), mean: Vec::new(), var: Vec::new() };
-            Ok(Conv { in_c, out_c, k, stride, pad, weight: Vec::new(), bn: none })
-        })?;
+        let (stem, blocks, _) = structure(c, self.kind, |spec| Ok((spec.conv.clone(), spec.bn.clone())))?;
+        let names = std::iter::once(stem)
+            .chain(blocks.into_iter().flat_map(|(convs, down)| convs.into_iter().chain(down)));
         let convs = std::iter::once(&self.stem)
             .chain(self.blocks.iter().flat_map(|b| b.convs.iter().chain(&b.downsample)));
-        for ((conv, bn), cv) in names.iter().zip(convs) {
-            push_conv(conv, bn, cv);
+        for ((conv, bn), cv) in names.zip(convs) {
+            push_conv(&conv, &bn, cv);
         }
         let feats = self.features();
         tensors.push(("fc.weight".into(), Tensor::new(vec![c.num_classes, feats], self.fc_weight.clone())));
@@ -408,11 +458,7 @@ impl ResNet {
 struct ConvSpec {
     conv: String,
     bn: String,
-    in_c: usize,
-    out_c: usize,
-    k: usize,
-    stride: usize,
-    pad: usize,
+    g: Geometry,
 }
 
 impl ConvSpec {
@@ -421,23 +467,22 @@ impl ConvSpec {
         bn: String,
         (in_c, out_c, k, stride, pad): (usize, usize, usize, usize, usize),
     ) -> ConvSpec {
-        ConvSpec { conv, bn, in_c, out_c, k, stride, pad }
-    }
-
-    fn geometry(&self) -> (usize, usize, usize, usize, usize) {
-        (self.in_c, self.out_c, self.k, self.stride, self.pad)
+        ConvSpec { conv, bn, g: Geometry { in_c, out_c, k, stride, pad } }
     }
 }
+
+/// A block as [`structure`] makes it: its main path and its downsample.
+type BlockOf<T> = (Vec<T>, Option<T>);
 
 /// Walk torchvision's ResNet structure for `cfg` (the stem, then each stage's blocks: stride 2
 /// on the first block of every stage but the first, a downsample where the stride or the channel
 /// count changes), making each convolution with `make`; the stem, the blocks and the features
 /// the fc takes.
-fn structure(
+fn structure<T>(
     cfg: &ResNetConfig,
     kind: BlockKind,
-    mut make: impl FnMut(&ConvSpec) -> Result<Conv>,
-) -> Result<(Conv, Vec<Block>, usize)> {
+    mut make: impl FnMut(&ConvSpec) -> Result<T>,
+) -> Result<(T, Vec<BlockOf<T>>, usize)> {
     let width = cfg.width.unwrap_or(64);
     let stem = make(&ConvSpec::new("conv1".into(), "bn1".into(), (cfg.image[0], width, 7, 2, 3)))?;
     let mut blocks = Vec::new();
@@ -475,7 +520,7 @@ fn structure(
             } else {
                 None
             };
-            blocks.push(Block { convs, downsample });
+            blocks.push((convs, downsample));
             inplanes = out_c;
         }
     }
@@ -489,14 +534,10 @@ fn normal(rng: &mut StdRng) -> f32 {
     ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
 }
 
-/// `conv` (weight `[out_c, in_c, k, k]`) and its BatchNorm `bn`, checked.
-fn take_conv(
-    w: &mut Weights,
-    conv: &str,
-    bn: &str,
-    (in_c, out_c, k, stride, pad): (usize, usize, usize, usize, usize),
-) -> Result<Conv> {
-    let weight = w.take(&format!("{conv}.weight"), &[out_c, in_c, k, k])?.data;
+/// The convolution `spec` names (weight `[out_c, in_c, k, k]`) and its BatchNorm, checked.
+fn take_conv(w: &mut Weights, spec: &ConvSpec) -> Result<Conv> {
+    let (Geometry { in_c, out_c, k, .. }, bn) = (spec.g, &spec.bn);
+    let weight = w.take(&format!("{}.weight", spec.conv), &[out_c, in_c, k, k])?.data;
     let mut v = |n: &str| w.take(&format!("{bn}.{n}"), &[out_c]).map(|t| t.data);
     let norm = BatchNorm {
         weight: v("weight")?,
@@ -511,5 +552,5 @@ fn take_conv(
             norm.var[i],
         )));
     }
-    Ok(Conv { in_c, out_c, k, stride, pad, weight, bn: norm })
+    Ok(Conv { g: spec.g, weight, bn: norm })
 }

@@ -1,11 +1,13 @@
-//! The harness of the CUDA kernel tests (`tests/cuda_kernels.rs`, `tests/cuda_kernels_io.rs`):
+//! The harness of the CUDA kernel tests (`tests/cuda_kernels.rs`, `tests/cuda_kernels_io.rs`,
+//! `tests/cuda_kernels_layers.rs`):
 //! the kernels run on one of two targets ([`Dev`]) — device 0 with the crate's kernels loaded
 //! (or a skip), or the same kernel sources compiled for the CPU and run on host grids
 //! (`common::kernels_on_host`, ARCHITECTURE.md §9), so that every kernel's arithmetic and
 //! indexing is checked against the CPU backend by `cargo test` on a machine with no GPU — with
 //! buffers of either kind ([`Buf`]), state arenas and TreeLSTM child lists, launch wrappers that
-//! check every range a kernel may touch before launching it, and the host-side references and
-//! data the tests compare against.
+//! check every range a kernel may touch before launching it (those of the layer models' kernels,
+//! `cuda/layers.cu`, in `common::layer_kernels`), and the host-side references and data the
+//! tests compare against.
 
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::tree_cell::TreeRow;
@@ -229,7 +231,7 @@ impl Dev {
         }
     }
 
-    fn cfg(units: u64, per_block: u32) -> LaunchConfig {
+    pub(super) fn cfg(units: u64, per_block: u32) -> LaunchConfig {
         LaunchConfig::linear(grid(units, per_block), BLOCK)
     }
 
@@ -240,7 +242,7 @@ impl Dev {
     /// this target holding what the kernel's contract (`cuda/serve_kernels.h`) reads and writes,
     /// alive until the kernel has run (GPU: dropping a buffer synchronises the context first;
     /// host: the launch runs before returning).
-    unsafe fn launch<P: Copy>(&self, kernel: &str, cfg: LaunchConfig, params: &P) {
+    pub(super) unsafe fn launch<P: Copy>(&self, kernel: &str, cfg: LaunchConfig, params: &P) {
         match self {
             // SAFETY: forwarded contract.
             Dev::Cuda(c) => unsafe { c.s.launch_with(c.function(kernel), cfg, params) }.unwrap(),
@@ -308,6 +310,11 @@ pub fn span(rows: usize, width: usize, ld: usize) -> usize {
 
 pub fn u32_of(n: usize) -> u32 {
     u32::try_from(n).expect("fits a u32")
+}
+
+/// `serve_bias_act`'s activation for a ReLU flag.
+pub fn relu_act(on: bool) -> u32 {
+    if on { abi::SERVE_ACT_RELU } else { abi::SERVE_ACT_NONE }
 }
 
 /// A slot word: the slot id, with the fresh flag.
@@ -627,23 +634,10 @@ impl Dev {
         unsafe { self.launch(kernels::TREE_POINTWISE, Self::cfg(units, BLOCK), &p) };
     }
 
-    /// `serve_bias_act`: `dst = act(src + bias)` over `rows × cols`; synchronises before returning
-    /// (`dst` may be pinned host memory).
-    #[allow(clippy::too_many_arguments)]
+    /// `serve_bias_act`: `dst = act(src + bias)` over `rows × cols` (`act` one of
+    /// `abi::SERVE_ACT_*`, [`relu_act`] for a flag); synchronises before returning (`dst` may be
+    /// pinned host memory).
     pub fn bias_act(
-        &self,
-        (src, src_ld): (&Buf<f32>, usize),
-        bias: Option<&Buf<f32>>,
-        (dst, dst_ld): (&Buf<f32>, usize),
-        (rows, cols): (usize, usize),
-        relu: bool,
-    ) {
-        let act = if relu { abi::SERVE_ACT_RELU } else { abi::SERVE_ACT_NONE };
-        self.bias_activation((src, src_ld), bias, (dst, dst_ld), (rows, cols), act);
-    }
-
-    /// `serve_bias_act` with any activation (`abi::SERVE_ACT_*`); synchronises before returning.
-    pub fn bias_activation(
         &self,
         (src, src_ld): (&Buf<f32>, usize),
         bias: Option<&Buf<f32>>,
@@ -675,219 +669,6 @@ impl Dev {
         let units = (rows * cols) as u64;
         unsafe { self.launch(kernels::BIAS_ACT, Self::cfg(units, BLOCK), &p) };
         self.synchronize().unwrap();
-    }
-
-    /// `serve_im2col` of `n` channels-last images `[n, h, w, c]` for a `k × k` convolution;
-    /// returns `(oh, ow)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn im2col(
-        &self,
-        x: &Buf<f32>,
-        (n, h, w, c): (usize, usize, usize, usize),
-        (k, stride, pad): (usize, usize, usize),
-        col: &Buf<f32>,
-    ) -> (usize, usize) {
-        let (oh, ow) = (
-            serve::model::resnet::conv_out(h, k, stride, pad),
-            serve::model::resnet::conv_out(w, k, stride, pad),
-        );
-        fits("x", n * h * w * c, x.len());
-        fits("col", n * oh * ow * k * k * c, col.len());
-        let p = abi::Im2colParams {
-            x: x.addr(),
-            col: col.addr(),
-            n: u32_of(n),
-            h: u32_of(h),
-            w: u32_of(w),
-            c: u32_of(c),
-            k: u32_of(k),
-            stride: u32_of(stride),
-            pad: u32_of(pad),
-            oh: u32_of(oh),
-            ow: u32_of(ow),
-            _pad0: 0,
-        };
-        // SAFETY: serve_im2col takes one Im2colParams by value; it reads n·h·w·c values of x and
-        // writes n·oh·ow·k·k·c of col, both checked above. Lifetimes: see the comment above
-        // `impl Dev`.
-        unsafe { self.launch(kernels::IM2COL, Self::cfg((n * oh * ow * k * k * c) as u64, BLOCK), &p) };
-        (oh, ow)
-    }
-
-    /// `serve_chw_to_hwc` of `n` images.
-    pub fn chw_to_hwc(&self, src: &Buf<f32>, (n, c, h, w): (usize, usize, usize, usize), dst: &Buf<f32>) {
-        fits("src", n * c * h * w, src.len());
-        fits("dst", n * c * h * w, dst.len());
-        let p = abi::ChwToHwcParams {
-            src: src.addr(),
-            dst: dst.addr(),
-            n: u32_of(n),
-            c: u32_of(c),
-            h: u32_of(h),
-            w: u32_of(w),
-        };
-        // SAFETY: reads and writes n·c·h·w values of src and dst (checked). See `impl Dev`.
-        unsafe { self.launch(kernels::CHW_TO_HWC, Self::cfg((n * c * h * w) as u64, BLOCK), &p) };
-    }
-
-    /// `serve_max_pool` (3×3, stride 2, pad 1); returns `(oh, ow)`.
-    pub fn max_pool(
-        &self,
-        x: &Buf<f32>,
-        (n, h, w, c): (usize, usize, usize, usize),
-        out: &Buf<f32>,
-    ) -> (usize, usize) {
-        let (oh, ow) =
-            (serve::model::resnet::conv_out(h, 3, 2, 1), serve::model::resnet::conv_out(w, 3, 2, 1));
-        fits("x", n * h * w * c, x.len());
-        fits("out", n * oh * ow * c, out.len());
-        let p = abi::MaxPoolParams {
-            x: x.addr(),
-            out: out.addr(),
-            n: u32_of(n),
-            h: u32_of(h),
-            w: u32_of(w),
-            c: u32_of(c),
-            oh: u32_of(oh),
-            ow: u32_of(ow),
-        };
-        // SAFETY: reads n·h·w·c of x, writes n·oh·ow·c of out (checked). See `impl Dev`.
-        unsafe { self.launch(kernels::MAX_POOL, Self::cfg((n * oh * ow * c) as u64, BLOCK), &p) };
-        (oh, ow)
-    }
-
-    /// `serve_avg_pool` over `positions` positions.
-    pub fn avg_pool(&self, x: &Buf<f32>, (n, positions, c): (usize, usize, usize), out: &Buf<f32>) {
-        fits("x", n * positions * c, x.len());
-        fits("out", n * c, out.len());
-        let p = abi::AvgPoolParams {
-            x: x.addr(),
-            out: out.addr(),
-            n: u32_of(n),
-            positions: u32_of(positions),
-            c: u32_of(c),
-            _pad0: 0,
-        };
-        // SAFETY: reads n·positions·c of x, writes n·c of out (checked). See `impl Dev`.
-        unsafe { self.launch(kernels::AVG_POOL, Self::cfg((n * c) as u64, BLOCK), &p) };
-    }
-
-    /// `serve_add_relu`: `dst = max(a + b, 0)` over `n` values (`dst` may be `a`).
-    pub fn add_relu(&self, a: &Buf<f32>, b: &Buf<f32>, dst: &Buf<f32>, n: usize) {
-        fits("a", n, a.len());
-        fits("b", n, b.len());
-        fits("dst", n, dst.len());
-        let p = abi::AddReluParams { a: a.addr(), b: b.addr(), dst: dst.addr(), n: n as u64 };
-        // SAFETY: reads n values of a and b, writes n of dst (checked; dst may alias a, elementwise).
-        // See `impl Dev`.
-        unsafe { self.launch(kernels::ADD_RELU, Self::cfg(n as u64, BLOCK), &p) };
-    }
-
-    /// `serve_layer_norm` of `rows × cols` (with an optional residual; `dst` may be `x`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn layer_norm(
-        &self,
-        x: &Buf<f32>,
-        residual: Option<&Buf<f32>>,
-        (gamma, beta): (&Buf<f32>, &Buf<f32>),
-        dst: &Buf<f32>,
-        (rows, cols): (usize, usize),
-        eps: f32,
-    ) {
-        fits("x", rows * cols, x.len());
-        fits("dst", rows * cols, dst.len());
-        fits("gamma", cols, gamma.len());
-        fits("beta", cols, beta.len());
-        if let Some(r) = residual {
-            fits("residual", rows * cols, r.len());
-        }
-        let p = abi::LayerNormParams {
-            x: x.addr(),
-            residual: residual.map_or(0, |r| r.addr()),
-            gamma: gamma.addr(),
-            beta: beta.addr(),
-            dst: dst.addr(),
-            rows: u32_of(rows),
-            cols: u32_of(cols),
-            eps,
-            _pad0: 0,
-        };
-        // SAFETY: reads rows·cols of x (and residual) and cols of gamma and beta, writes rows·cols
-        // of dst (checked; dst may be x: each row is read in full before it is written). See
-        // `impl Dev`.
-        unsafe { self.launch(kernels::LAYER_NORM, LaunchConfig::linear(u32_of(rows.max(1)), BLOCK), &p) };
-    }
-
-    /// `serve_attention` over `spans` (start, length per token), `heads` heads of `head_dim`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention(
-        &self,
-        qkv: &Buf<f32>,
-        spans: &Buf<u32>,
-        (tokens, heads, head_dim, max_len): (usize, usize, usize, usize),
-        scores: &Buf<f32>,
-        ctx: &Buf<f32>,
-    ) {
-        fits("qkv", tokens * 3 * heads * head_dim, qkv.len());
-        fits("spans", 2 * tokens, spans.len());
-        // Every span names rows of this task, no longer than the scores rows.
-        let host = self.download(spans).unwrap();
-        for t in 0..tokens {
-            let (start, len) = (host[2 * t] as usize, host[2 * t + 1] as usize);
-            assert!(start + len <= tokens && len <= max_len, "token {t}: span {start}+{len}");
-        }
-        fits("scores", tokens * heads * max_len, scores.len());
-        fits("ctx", tokens * heads * head_dim, ctx.len());
-        let p = abi::AttentionParams {
-            qkv: qkv.addr(),
-            spans: spans.addr(),
-            scores: scores.addr(),
-            ctx: ctx.addr(),
-            tokens: u32_of(tokens),
-            heads: u32_of(heads),
-            head_dim: u32_of(head_dim),
-            max_len: u32_of(max_len),
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            _pad0: 0,
-        };
-        // SAFETY: the spans name rows start..start+len ≤ tokens with len ≤ max_len (checked above);
-        // the kernel reads those qkv rows, writes each (token, head)'s scores row and the token's
-        // ctx row (sizes checked). See `impl Dev`.
-        unsafe {
-            self.launch(kernels::ATTENTION, LaunchConfig::linear(u32_of((tokens * heads).max(1)), BLOCK), &p)
-        };
-    }
-
-    /// `serve_bert_embed` of `tokens` tokens.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bert_embed(
-        &self,
-        (ids, positions): (&Buf<u32>, &Buf<u32>),
-        (word, position, type0): (&Buf<f32>, &Buf<f32>, &Buf<f32>),
-        x: &Buf<f32>,
-        (tokens, hidden, vocab, max_position): (usize, usize, usize, usize),
-    ) {
-        fits("ids", tokens, ids.len());
-        fits("positions", tokens, positions.len());
-        fits("word", vocab * hidden, word.len());
-        fits("position", max_position * hidden, position.len());
-        fits("type0", hidden, type0.len());
-        fits("x", tokens * hidden, x.len());
-        let p = abi::BertEmbedParams {
-            ids: ids.addr(),
-            positions: positions.addr(),
-            word: word.addr(),
-            position: position.addr(),
-            type0: type0.addr(),
-            x: x.addr(),
-            tokens: u32_of(tokens),
-            hidden: u32_of(hidden),
-            vocab: u32_of(vocab),
-            max_position: u32_of(max_position),
-        };
-        // SAFETY: reads tokens ids and positions, table rows only at range-checked indices, hidden
-        // values of type0, writes tokens·hidden of x (checked). See `impl Dev`.
-        unsafe { self.launch(kernels::BERT_EMBED, Self::cfg((tokens * hidden) as u64, BLOCK), &p) };
     }
 
     /// `serve_signal` on a `grid × block` launch: one release increment of `counter[0]` (only
@@ -957,13 +738,9 @@ pub fn mix(a: u64, b: u64) -> u64 {
     x ^ (x >> 29)
 }
 
-/// `got` ≈ `want` element-wise: |got − want| ≤ 1e-4 · (1 + |want|).
+/// `got` ≈ `want` element-wise: |got − want| ≤ 1e-4 · (1 + |want|), NaN where NaN.
 pub fn assert_close(got: &[f32], want: &[f32], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = (g - w).abs() <= 1e-4 * (1.0 + w.abs());
-        assert!(ok, "{what}: element {i}: kernel {g}, CPU {w}");
-    }
+    super::assert_within(got, want, 1e-4, what);
 }
 
 /// Child ranges flattened for the kernels: (child_start prefix sums over `rows`, child slots in

@@ -37,9 +37,28 @@ pub mod cuda_kernels;
 pub mod gpu;
 pub mod kernels_on_host;
 pub mod layer_fixtures;
+pub mod layer_kernels;
 pub mod native;
 pub mod openmetrics;
 pub mod recurrent;
+
+/// Launch `task` on worker 0 of `runner`, wait for it (at most a minute) and collect it, as the
+/// engine does; its output and error.
+pub fn run_task(
+    runner: &dyn serve::backend::Runner,
+    task: Arc<serve::backend::TaskData>,
+) -> (Vec<f32>, Option<serve::Error>) {
+    let target = runner.launch(0, task.clone()).unwrap();
+    let signal = runner.signal(0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while signal.completed() < target {
+        assert!(std::time::Instant::now() < deadline, "the task never completed");
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    runner.collect(0, &task);
+    let io = task.io.lock().unwrap();
+    (io.output.clone(), io.error.clone())
+}
 
 /// A fresh, unique directory under the system temp dir.
 pub fn tempdir(label: &str) -> PathBuf {
@@ -67,10 +86,17 @@ pub fn input(len: usize, k: u64) -> Vec<f32> {
     (0..len).map(|i| (((i as u64 * 31 + k * 17) % 23) as f32 - 11.0) / 7.0).collect()
 }
 
+/// `got` ≈ `want` element-wise: |got − want| ≤ 1e-4 · (1 + |want|).
 pub fn assert_close(got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "element {i}: got {g}, want {w}");
+    assert_within(got, want, 1e-4, "output");
+}
+
+/// `got` ≈ `want` element-wise: |got − want| ≤ tol · (1 + |want|), NaN where NaN.
+pub fn assert_within(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = (g - w).abs() <= tol * (1.0 + w.abs()) || (g.is_nan() && w.is_nan());
+        assert!(ok, "{what}: element {i}: got {g}, want {w}");
     }
 }
 

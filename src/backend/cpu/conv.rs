@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use crate::backend::cpu::gemm::{PackedWeight, Threads, linear};
-use crate::model::resnet::{Conv, conv_out};
+use crate::model::resnet::{Conv, Geometry, conv_out};
 
 /// Positions per parallel chunk of the pointwise passes.
 const CHUNK: usize = 4096;
@@ -16,11 +16,7 @@ const CHUNK: usize = 4096;
 /// A convolution with its BatchNorm folded, ready to run.
 #[derive(Debug)]
 pub struct ConvLayer {
-    pub in_c: usize,
-    pub out_c: usize,
-    pub k: usize,
-    pub stride: usize,
-    pub pad: usize,
+    pub g: Geometry,
     w: PackedWeight,
     b: Vec<f32>,
 }
@@ -28,33 +24,12 @@ pub struct ConvLayer {
 impl ConvLayer {
     pub fn new(c: &Conv) -> ConvLayer {
         let (w, b) = c.folded();
-        ConvLayer {
-            in_c: c.in_c,
-            out_c: c.out_c,
-            k: c.k,
-            stride: c.stride,
-            pad: c.pad,
-            w: PackedWeight::from_torch(&w, c.out_c, c.k * c.k * c.in_c),
-            b,
-        }
+        let g = c.g;
+        ConvLayer { g, w: PackedWeight::from_torch(&w, g.out_c, g.k * g.k * g.in_c), b }
     }
 
-    pub fn out_side(&self, side: usize) -> usize {
-        conv_out(side, self.k, self.stride, self.pad)
-    }
-
-    /// Whether the input is its own im2col (1×1, stride 1, no padding).
-    fn direct(&self) -> bool {
-        self.k == 1 && self.stride == 1 && self.pad == 0
-    }
-
-    /// Values of the im2col buffer for `n` images of `h × w` (0 when none is needed).
-    pub fn col_len(&self, n: usize, h: usize, w: usize) -> usize {
-        if self.direct() { 0 } else { n * self.out_side(h) * self.out_side(w) * self.k * self.k * self.in_c }
-    }
-
-    /// `out = act(conv(x))` for `n` images `[n, h, w, in_c]`; `out` gets `[n, oh, ow, out_c]`.
-    /// Returns `(oh, ow)`.
+    /// `out = act(conv(x))` for `n` images `[n, h, w, in_c]`; `out` gets `[n, oh, ow, out_c]`,
+    /// `col` holds at least `n ×` [`Geometry::col_len`] values. Returns `(oh, ow)`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -65,23 +40,16 @@ impl ConvLayer {
         relu: bool,
         threads: Threads,
     ) -> (usize, usize) {
-        let (oh, ow) = (self.out_side(h), self.out_side(w));
+        let g = self.g;
+        let (oh, ow) = (g.out_side(h), g.out_side(w));
         let rows = n * oh * ow;
-        if self.direct() {
-            linear(
-                &x[..rows * self.in_c],
-                &self.w,
-                &self.b,
-                &mut out[..rows * self.out_c],
-                rows,
-                relu,
-                threads,
-            );
+        let out = &mut out[..rows * g.out_c];
+        if g.direct() {
+            linear(&x[..rows * g.in_c], &self.w, &self.b, out, rows, relu, threads);
         } else {
-            let kk = self.k * self.k * self.in_c;
-            let col = &mut col[..rows * kk];
-            im2col(self, x, (h, w), (oh, ow), col, threads);
-            linear(col, &self.w, &self.b, &mut out[..rows * self.out_c], rows, relu, threads);
+            let col = &mut col[..n * g.col_len(h, w)];
+            im2col(g, x, (h, w), (oh, ow), col, threads);
+            linear(col, &self.w, &self.b, out, rows, relu, threads);
         }
         (oh, ow)
     }
@@ -90,7 +58,7 @@ impl ConvLayer {
 /// Each output position's `k × k × c` patch (zeros where it leaves the image), position after
 /// position.
 fn im2col(
-    l: &ConvLayer,
+    l: Geometry,
     x: &[f32],
     (h, w): (usize, usize),
     (oh, ow): (usize, usize),
@@ -205,36 +173,37 @@ pub fn chw_to_hwc(x: &[f32], (n, c, h, w): (usize, usize, usize, usize), out: &m
 
 #[cfg(test)]
 mod tests {
+    use rand::{SeedableRng, rngs::StdRng};
+
     use super::*;
-    use crate::model::resnet::BatchNorm;
 
     /// A direct NCHW convolution in f64, the textbook loop.
-    #[allow(clippy::too_many_arguments)]
     fn naive(x: &[f32], c: &Conv, n: usize, h: usize, w: usize) -> Vec<f64> {
-        let (oh, ow) = (conv_out(h, c.k, c.stride, c.pad), conv_out(w, c.k, c.stride, c.pad));
-        let mut out = vec![0.0; n * c.out_c * oh * ow];
+        let Geometry { in_c, out_c, k, stride, pad } = c.g;
+        let (oh, ow) = (c.g.out_side(h), c.g.out_side(w));
+        let mut out = vec![0.0; n * out_c * oh * ow];
         for img in 0..n {
-            for o in 0..c.out_c {
+            for o in 0..out_c {
                 let s = f64::from(c.bn.weight[o]) / (f64::from(c.bn.var[o]) + 1e-5).sqrt();
                 for oy in 0..oh {
                     for ox in 0..ow {
                         let mut acc = 0.0f64;
-                        for ci in 0..c.in_c {
-                            for ky in 0..c.k {
-                                for kx in 0..c.k {
-                                    let iy = (oy * c.stride + ky) as isize - c.pad as isize;
-                                    let ix = (ox * c.stride + kx) as isize - c.pad as isize;
+                        for ci in 0..in_c {
+                            for ky in 0..k {
+                                for kx in 0..k {
+                                    let iy = (oy * stride + ky) as isize - pad as isize;
+                                    let ix = (ox * stride + kx) as isize - pad as isize;
                                     if iy < 0 || ix < 0 || iy as usize >= h || ix as usize >= w {
                                         continue;
                                     }
-                                    let xv = x[((img * c.in_c + ci) * h + iy as usize) * w + ix as usize];
-                                    let wv = c.weight[((o * c.in_c + ci) * c.k + ky) * c.k + kx];
+                                    let xv = x[((img * in_c + ci) * h + iy as usize) * w + ix as usize];
+                                    let wv = c.weight[((o * in_c + ci) * k + ky) * k + kx];
                                     acc += f64::from(xv) * f64::from(wv);
                                 }
                             }
                         }
                         let v = (acc - f64::from(c.bn.mean[o])) * s + f64::from(c.bn.bias[o]);
-                        out[((img * c.out_c + o) * oh + oy) * ow + ox] = v;
+                        out[((img * out_c + o) * oh + oy) * ow + ox] = v;
                     }
                 }
             }
@@ -242,28 +211,11 @@ mod tests {
         out
     }
 
-    fn conv(in_c: usize, out_c: usize, k: usize, stride: usize, pad: usize) -> Conv {
-        let v = |n: usize, s: u64, a: f32| crate::workload::values(n, s, a);
-        Conv {
-            in_c,
-            out_c,
-            k,
-            stride,
-            pad,
-            weight: v(out_c * in_c * k * k, 1, 0.5),
-            bn: BatchNorm {
-                weight: v(out_c, 2, 0.5).iter().map(|x| x + 1.0).collect(),
-                bias: v(out_c, 3, 0.2),
-                mean: v(out_c, 4, 0.2),
-                var: v(out_c, 5, 0.3).iter().map(|x| x + 1.0).collect(),
-            },
-        }
-    }
-
     /// Every geometry the ResNets use (7×7/2, 3×3/1, 3×3/2, 1×1/1, 1×1/2) on odd image sizes,
     /// against the textbook convolution with the BatchNorm applied after it.
     #[test]
     fn folded_channels_last_convolution_matches_the_textbook_one() {
+        let mut rng = StdRng::seed_from_u64(1);
         for (in_c, out_c, k, stride, pad, h, w) in [
             (3, 4, 7, 2, 3, 13, 11),
             (5, 6, 3, 1, 1, 7, 9),
@@ -272,15 +224,15 @@ mod tests {
             (6, 5, 1, 2, 0, 7, 8),
         ] {
             let n = 2;
-            let c = conv(in_c, out_c, k, stride, pad);
+            let c = Conv::random(Geometry { in_c, out_c, k, stride, pad }, &mut rng);
             let x = crate::workload::values(n * in_c * h * w, 9, 1.0);
             let want = naive(&x, &c, n, h, w);
             let l = ConvLayer::new(&c);
             let mut hwc = vec![0.0; x.len()];
             chw_to_hwc(&x, (n, in_c, h, w), &mut hwc);
-            let (oh, ow) = (l.out_side(h), l.out_side(w));
+            let (oh, ow) = (c.g.out_side(h), c.g.out_side(w));
             let mut out = vec![f32::NAN; n * oh * ow * out_c];
-            let mut col = vec![f32::NAN; l.col_len(n, h, w)];
+            let mut col = vec![f32::NAN; n * c.g.col_len(h, w)];
             for threads in [Threads(1), Threads(2)] {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
                 pool.install(|| l.forward(&hwc, (n, h, w), &mut out, &mut col, false, threads));

@@ -16,9 +16,9 @@ use super::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, PackedWeight, Threa
 use super::pool::ComputePool;
 use super::stream::{CpuStream, launch_task, task_threads};
 use super::transformer::{BertCpu, BertScratch};
-use crate::backend::{CompletionSignal, Notify, Runner, TaskData};
-use crate::error::{Code, Error, Result};
-use crate::model::resnet::ResNet;
+use crate::backend::{CompletionSignal, Notify, Runner, TaskData, grow, size};
+use crate::error::{Error, Result};
+use crate::model::resnet::{ResNet, Shape};
 use crate::model::{Mlp, Network};
 
 /// Values of the per-stream activation buffers one chunk of a resnet task may use: a task of
@@ -45,7 +45,9 @@ impl Stack {
             Network::Mlp(m) => (Stack::Mlp(MlpCpu::new(m)), max_batch),
             Network::ResNet(m) => {
                 let r = ResNetCpu::new(m);
-                let chunk = (RESNET_CHUNK_VALUES / r.values_per_image().max(1)).clamp(1, max_batch);
+                // Five activation buffers and the im2col per image (`ResNetCpu::scratch`).
+                let per_image = 5 * r.act + r.col;
+                let chunk = (RESNET_CHUNK_VALUES / per_image.max(1)).clamp(1, max_batch);
                 (Stack::ResNet(r), chunk)
             }
             Network::Bert(m) => (Stack::Bert(BertCpu::new(m)), max_batch),
@@ -55,39 +57,10 @@ impl Stack {
         })
     }
 
-    fn num_layers(&self) -> usize {
-        match self {
-            Stack::Mlp(m) => m.layers.len(),
-            Stack::ResNet(m) => m.blocks.len() + 2,
-            Stack::Bert(m) => m.num_layers(),
-        }
-    }
-
-    /// Values per row entering `layer` (`layer == num_layers()`: the output).
-    fn in_len(&self, layer: usize) -> usize {
-        match self {
-            Stack::Mlp(m) => {
-                if layer == 0 {
-                    m.layers[0].w.k()
-                } else {
-                    m.layers[layer - 1].w.n()
-                }
-            }
-            Stack::ResNet(m) => m.shapes[layer],
-            Stack::Bert(m) => {
-                if layer == m.num_layers() {
-                    m.out_len(layer - 1)
-                } else {
-                    m.in_len(layer)
-                }
-            }
-        }
-    }
-
     /// A stream's buffers for tasks of up to `rows` rows (resnet: `rows` is the chunk).
     fn scratch(&self, rows: usize) -> Result<Scratch> {
         Ok(match self {
-            Stack::Mlp(m) => Scratch::Mlp { a: zeroed(m.max_width * rows)?, b: zeroed(m.max_width * rows)? },
+            Stack::Mlp(m) => Scratch::Mlp { a: zeroed(m.max_width, rows)?, b: zeroed(m.max_width, rows)? },
             Stack::ResNet(m) => Scratch::ResNet(m.scratch(rows)?),
             Stack::Bert(_) => Scratch::Bert(BertScratch::default()),
         })
@@ -109,7 +82,7 @@ impl Stack {
         match (self, s) {
             (Stack::Mlp(m), Scratch::Mlp { a, b }) => m.run(range, rows, input, out, (a, b), threads),
             (Stack::ResNet(m), Scratch::ResNet(s)) => {
-                let (inl, outl) = (m.shapes[range.0], m.shapes[range.1]);
+                let (inl, outl) = (m.shapes[range.0].values(), m.shapes[range.1].values());
                 for start in (0..rows).step_by(chunk) {
                     let n = chunk.min(rows - start);
                     let (i, o) =
@@ -124,16 +97,11 @@ impl Stack {
     }
 }
 
-/// A zeroed buffer, or UNAVAILABLE (not an abort) when memory is short.
-fn zeroed(len: usize) -> Result<Vec<f32>> {
+/// A zeroed buffer of `rows × per_row` values, or UNAVAILABLE (not an abort) when memory is
+/// short.
+fn zeroed(per_row: usize, rows: usize) -> Result<Vec<f32>> {
     let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
-        Error::new(
-            Code::Unavailable,
-            format!("cannot allocate {} MiB of activation buffers", len / (1 << 18)),
-        )
-    })?;
-    v.resize(len, 0.0);
+    grow(&mut v, size(rows, per_row, "activation buffers")?, "activation buffers")?;
     Ok(v)
 }
 
@@ -204,16 +172,15 @@ struct BlockCpu {
 }
 
 struct ResNetCpu {
-    /// `[C, H, W]` of the input.
-    image: [usize; 3],
     stem: ConvLayer,
     blocks: Vec<BlockCpu>,
     fc: PackedWeight,
     fc_b: Vec<f32>,
-    /// Values per image entering each layer, and the output's (`num_layers + 1`).
-    shapes: Vec<usize>,
-    /// `(c, h, w)` entering each layer.
-    dims: Vec<(usize, usize, usize)>,
+    /// The shape entering each layer, and the output's (`num_layers + 1`).
+    shapes: Vec<Shape>,
+    /// The largest activation and im2col of one image (`ResNet::buffer_sizes`).
+    act: usize,
+    col: usize,
 }
 
 struct ResNetScratch {
@@ -227,9 +194,8 @@ struct ResNetScratch {
 
 impl ResNetCpu {
     fn new(m: &ResNet) -> ResNetCpu {
-        let shapes = m.shapes();
+        let (act, col) = m.buffer_sizes();
         ResNetCpu {
-            image: m.cfg.image,
             stem: ConvLayer::new(&m.stem),
             blocks: m
                 .blocks
@@ -241,50 +207,20 @@ impl ResNetCpu {
                 .collect(),
             fc: PackedWeight::from_torch(&m.fc_weight, m.cfg.num_classes, m.features()),
             fc_b: m.fc_bias.clone(),
-            dims: shapes.iter().map(|s| (s.c, s.h, s.w)).collect(),
-            shapes: shapes.iter().map(|s| s.values()).collect(),
+            shapes: m.shapes(),
+            act,
+            col,
         }
-    }
-
-    /// The largest activation and im2col per image over every step, and their sum over the
-    /// buffers a chunk holds.
-    fn sizes(&self) -> (usize, usize) {
-        let [c, h, w] = self.image;
-        let (sh, sw) = (self.stem.out_side(h), self.stem.out_side(w));
-        let mut act = (self.stem.out_c * sh * sw).max(c * h * w);
-        let mut col = self.stem.col_len(1, h, w);
-        for (i, b) in self.blocks.iter().enumerate() {
-            let (_, h0, w0) = self.dims[i + 1];
-            let (mut hh, mut ww) = (h0, w0);
-            for conv in &b.convs {
-                col = col.max(conv.col_len(1, hh, ww));
-                (hh, ww) = (conv.out_side(hh), conv.out_side(ww));
-                act = act.max(conv.out_c * hh * ww);
-            }
-            if let Some(d) = &b.down {
-                col = col.max(d.col_len(1, h0, w0));
-                act = act.max(d.out_c * d.out_side(h0) * d.out_side(w0));
-            }
-        }
-        // The head writes the logits (more than any activation when the image is tiny and the
-        // classes many).
-        (act.max(self.fc.n()), col)
-    }
-
-    fn values_per_image(&self) -> usize {
-        let (act, col) = self.sizes();
-        5 * act + col
     }
 
     fn scratch(&self, n: usize) -> Result<ResNetScratch> {
-        let (act, col) = self.sizes();
         Ok(ResNetScratch {
-            a: zeroed(n * act)?,
-            b: zeroed(n * act)?,
-            t1: zeroed(n * act)?,
-            t2: zeroed(n * act)?,
-            sc: zeroed(n * act)?,
-            col: zeroed(n * col)?,
+            a: zeroed(self.act, n)?,
+            b: zeroed(self.act, n)?,
+            t1: zeroed(self.act, n)?,
+            t2: zeroed(self.act, n)?,
+            sc: zeroed(self.act, n)?,
+            col: zeroed(self.col, n)?,
         })
     }
 
@@ -301,17 +237,17 @@ impl ResNetCpu {
     ) {
         let head = self.blocks.len() + 1;
         // The current activation lives in `a` (cur_a) or `b`.
-        let inl = self.shapes[first];
+        let inl = self.shapes[first].values();
         s.a[..n * inl].copy_from_slice(&input[..n * inl]);
         let mut cur_a = true;
         for layer in first..last {
-            let (c, h, w) = self.dims[layer];
+            let Shape { c, h, w } = self.shapes[layer];
             let (cur, next) = if cur_a { (&mut s.a, &mut s.b) } else { (&mut s.b, &mut s.a) };
             if layer == 0 {
                 // Stem: CHW → HWC, conv1 + bn1 + ReLU, max-pool.
                 chw_to_hwc(&cur[..n * c * h * w], (n, c, h, w), &mut s.t1);
                 let (oh, ow) = self.stem.forward(&s.t1, (n, h, w), &mut s.t2, &mut s.col, true, threads);
-                max_pool_3x3_s2(&s.t2, (n, oh, ow, self.stem.out_c), next);
+                max_pool_3x3_s2(&s.t2, (n, oh, ow, self.stem.g.out_c), next);
             } else if layer == head {
                 global_avg_pool(&cur[..n * c * h * w], (n, h, w, c), &mut s.t1);
                 linear(&s.t1[..n * c], &self.fc, &self.fc_b, &mut next[..n * self.fc.n()], n, false, threads);
@@ -332,7 +268,7 @@ impl ResNetCpu {
                     }
                     _ => unreachable!("a block has two or three convolutions"),
                 }
-                let len = n * self.shapes[layer + 1];
+                let len = n * self.shapes[layer + 1].values();
                 match &b.down {
                     Some(d) => {
                         d.forward(cur, (n, h, w), &mut s.sc, &mut s.col, false, threads);
@@ -343,7 +279,7 @@ impl ResNetCpu {
             }
             cur_a = !cur_a;
         }
-        let outl = self.shapes[last];
+        let outl = self.shapes[last].values();
         let result = if cur_a { &s.a } else { &s.b };
         out[..n * outl].copy_from_slice(&result[..n * outl]);
     }
@@ -361,6 +297,8 @@ struct Worker {
 
 pub(super) struct LayerRunner {
     stack: Arc<Stack>,
+    /// Values per row entering each layer and leaving the last (`Network::layer_bounds`).
+    bounds: Arc<[usize]>,
     workers: Vec<Worker>,
     pool: Arc<ComputePool>,
     threads: usize,
@@ -388,7 +326,17 @@ impl LayerRunner {
             })
             .collect::<Result<Vec<_>>>()?;
         let layer_macs = net.layers().iter().map(|l| l.flops_per_row as usize / 2).collect();
-        Ok(LayerRunner { stack: Arc::new(stack), workers, pool, threads, max_batch, chunk, layer_macs })
+        let bounds = net.layer_bounds().into();
+        Ok(LayerRunner {
+            stack: Arc::new(stack),
+            bounds,
+            workers,
+            pool,
+            threads,
+            max_batch,
+            chunk,
+            layer_macs,
+        })
     }
 
     /// The pool a task bound to `cores` cores runs on: the worker's own pool of that many
@@ -417,7 +365,7 @@ impl Runner for LayerRunner {
     }
 
     fn io_lens(&self) -> (usize, usize) {
-        (self.stack.in_len(0), self.stack.in_len(self.stack.num_layers()))
+        (self.bounds[0], self.bounds[self.bounds.len() - 1])
     }
 
     fn state_slots(&self) -> usize {
@@ -429,17 +377,16 @@ impl Runner for LayerRunner {
         let stack = self.stack.clone();
         let threads = task_threads(&task, self.threads);
         let pool = self.pool_for(worker, task.cores)?;
-        let (chunk, layer_macs) = (self.chunk, self.layer_macs.clone());
+        let (chunk, layer_macs, bounds) = (self.chunk, self.layer_macs.clone(), self.bounds.clone());
         launch_task(&w.stream, self.max_batch, task, move |scratch: &mut Scratch, io, rows| {
-            let layers = stack.num_layers();
-            let (range, input) = match io.work.layer_range(layers) {
+            let (range, input) = match io.work.layer_range(bounds.len() - 1) {
                 Ok(r) => r,
                 Err(e) => {
                     io.error = Some(e);
                     return;
                 }
             };
-            let (inl, outl) = (stack.in_len(range.0), stack.in_len(range.1));
+            let (inl, outl) = (bounds[range.0], bounds[range.1]);
             if input.len() < rows * inl {
                 io.error = Some(Error::internal(format!(
                     "a task of {rows} rows entering layer {} needs {} values, it carries {}",
@@ -479,9 +426,15 @@ mod tests {
     use crate::model::bert::{Bert, BertConfig};
     use crate::model::resnet::ResNetConfig;
 
-    fn run_all(stack: &Stack, rows: usize, input: &[f32], range: (usize, usize)) -> Vec<f32> {
+    fn run_all(
+        stack: &Stack,
+        bounds: &[usize],
+        rows: usize,
+        input: &[f32],
+        range: (usize, usize),
+    ) -> Vec<f32> {
         let mut s = stack.scratch(rows).unwrap();
-        let mut out = vec![f32::NAN; rows * stack.in_len(range.1)];
+        let mut out = vec![f32::NAN; rows * bounds[range.1]];
         stack.run(range, rows, input, &mut out, &mut s, rows, Threads(1)).unwrap();
         out
     }
@@ -519,41 +472,38 @@ mod tests {
         let mlp = Network::Mlp(Mlp::random(&[6, 9, 7, 4], 5));
         for net in [resnet, bert, mlp] {
             let (stack, _) = Stack::new(&net, 4).unwrap();
-            let n = stack.num_layers();
-            assert_eq!(n, net.layers().len(), "{}", net.kind());
-            for (k, l) in net.layers().iter().enumerate() {
-                assert_eq!(stack.in_len(k + 1), l.out_len, "{} layer {k}", net.kind());
-            }
+            let bounds = net.layer_bounds();
+            let n = net.layers().len();
             let rows = 3;
             let input: Vec<f32> = match &net {
                 Network::Bert(_) => {
-                    let mut v = vec![-1.0; rows * 10];
+                    let mut v = vec![0.0; rows * 10];
                     for (r, len) in [3usize, 10, 1].into_iter().enumerate() {
-                        for p in 0..len {
-                            v[r * 10 + p] = ((r * 7 + p * 3) % 50) as f32;
-                        }
+                        let ids = (0..len).map(|p| ((r * 7 + p * 3) % 50) as u32).collect();
+                        net.dense_row(&crate::Input::Tokens(ids), &mut v[r * 10..(r + 1) * 10]);
                     }
                     v
                 }
-                _ => crate::workload::values(rows * stack.in_len(0), 11, 1.0),
+                _ => crate::workload::values(rows * bounds[0], 11, 1.0),
             };
-            let whole = run_all(&stack, rows, &input, (0, n));
+            let whole = run_all(&stack, &bounds, rows, &input, (0, n));
+            assert_eq!(whole.len(), rows * net.dense_lens().1, "{}", net.kind());
             assert!(whole.iter().all(|v| v.is_finite()), "{}", net.kind());
             for split in 1..n {
-                let mid = run_all(&stack, rows, &input, (0, split));
-                let end = run_all(&stack, rows, &mid, (split, n));
+                let mid = run_all(&stack, &bounds, rows, &input, (0, split));
+                let end = run_all(&stack, &bounds, rows, &mid, (split, n));
                 assert_eq!(end, whole, "{}: split at layer {split}", net.kind());
             }
             if let Network::Bert(_) = &net {
                 // Bad rows handed to the runner are refused, as on CUDA: an id past the vocabulary,
                 // a length past seq_len.
                 let mut s = stack.scratch(rows).unwrap();
-                let mut out = vec![0.0; rows * stack.in_len(n)];
+                let mut out = vec![0.0; rows * bounds[n]];
                 let mut bad = input.clone();
                 bad[1] = 50.0;
                 let e = stack.run((0, n), rows, &bad, &mut out, &mut s, rows, Threads(1)).unwrap_err();
                 assert!(e.message().contains("token 50 at position 1"), "{e}");
-                let mut mid = run_all(&stack, rows, &input, (0, 1));
+                let mut mid = run_all(&stack, &bounds, rows, &input, (0, 1));
                 let row = mid.len() / rows;
                 mid[row - 1] = 11.0;
                 let e = stack.run((1, n), rows, &mid, &mut out, &mut s, rows, Threads(1)).unwrap_err();

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use crate::backend::cpu::activation::{sigmoid, tanh};
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::{PackedWeight, Threads, linear, matmul};
-use crate::backend::size;
+use crate::backend::{grow, size};
 use crate::error::{Code, Error, Result};
 
 // `NO_TOKEN`: the token id of a row without a token (a padding row, or a request not decoding
@@ -36,22 +36,6 @@ pub fn step_flops(batch: usize, input: usize, hidden: usize) -> f64 {
 /// Rows per parallel task for rows of `width` values.
 fn task_rows(width: usize) -> usize {
     TASK_MIN_VALUES.div_ceil(width.max(1))
-}
-
-/// Grow `v` to at least `len` values (default-filled), or fail with [`Code::Unavailable`] (never
-/// abort).
-pub(crate) fn grow<T: Clone + Default>(v: &mut Vec<T>, len: usize, what: &str) -> Result<()> {
-    if v.len() < len {
-        v.try_reserve_exact(len - v.len()).map_err(|_| {
-            let bytes = len as u128 * std::mem::size_of::<T>() as u128;
-            Error::new(
-                Code::Unavailable,
-                format!("cannot allocate {} MiB of {what}", bytes.div_ceil(1 << 20)),
-            )
-        })?;
-        v.resize(len, T::default());
-    }
-    Ok(())
 }
 
 /// One `torch.nn.LSTM` layer, packed for [`lstm_layer_step`]: `[W_ih | W_hh]` (`[4H, input+H]`)

@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, Threads};
 use crate::backend::cpu::lstm_cell::{
-    LstmLayer, LstmRow, LstmScratch, Projection, embed_rows, grow, lstm_layer_step, project_argmax,
+    LstmLayer, LstmRow, LstmScratch, Projection, embed_rows, lstm_layer_step, project_argmax,
 };
 use crate::backend::cpu::stream::{CpuStream, launch_task};
 use crate::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
-use crate::backend::{CellTask, CompletionSignal, Notify, Runner, RunnerShape, TaskData, Work, size};
+use crate::backend::{CellTask, CompletionSignal, Notify, Runner, RunnerShape, TaskData, Work, grow, size};
 use crate::error::{Error, Result};
 use crate::model::lstm::LstmStack;
 use crate::model::{DECODER, NO_TOKEN, Network};

@@ -11,6 +11,7 @@
 use rayon::prelude::*;
 
 use crate::backend::cpu::gemm::{PackedWeight, Threads, View, linear, matmul_strided};
+use crate::backend::grow;
 use crate::error::Result;
 use crate::model::bert::{Bert, BertConfig, Norm, task_lens};
 use crate::model::mlp::Linear;
@@ -57,11 +58,6 @@ struct Layer {
 #[derive(Debug)]
 pub struct BertCpu {
     cfg: BertConfig,
-    pub hidden: usize,
-    pub heads: usize,
-    pub seq_len: usize,
-    inter: usize,
-    eps: f32,
     word: Vec<f32>,
     position: Vec<f32>,
     token_type0: Vec<f32>,
@@ -84,11 +80,11 @@ pub struct BertScratch {
     scores: Vec<f32>,
 }
 
-fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-    &mut v[..n]
+/// The first `n` values of `v`, grown to hold them (UNAVAILABLE, not an abort, when memory is
+/// short).
+fn part<'a>(v: &'a mut Vec<f32>, n: usize, what: &str) -> Result<&'a mut [f32]> {
+    grow(v, n, what)?;
+    Ok(&mut v[..n])
 }
 
 impl BertCpu {
@@ -96,11 +92,6 @@ impl BertCpu {
         let h = m.cfg.hidden;
         BertCpu {
             cfg: m.cfg.clone(),
-            hidden: h,
-            heads: m.cfg.heads,
-            seq_len: m.cfg.seq_len,
-            inter: m.cfg.intermediate,
-            eps: m.cfg.eps(),
             word: m.word.clone(),
             position: m.position.clone(),
             token_type0: m.token_type[..h].to_vec(),
@@ -121,23 +112,10 @@ impl BertCpu {
         }
     }
 
-    /// Layers: 0 the embeddings, `1..=L` the encoder layers, `L + 1` the pooler.
-    pub fn num_layers(&self) -> usize {
-        self.layers.len() + 2
-    }
-
-    /// Values per row entering layer `layer` (0: the token ids; then the hidden states and length).
-    pub fn in_len(&self, layer: usize) -> usize {
-        if layer == 0 { self.seq_len } else { self.seq_len * self.hidden + 1 }
-    }
-
-    /// Values per row leaving `layer`.
-    pub fn out_len(&self, layer: usize) -> usize {
-        if layer + 1 == self.num_layers() { self.hidden } else { self.seq_len * self.hidden + 1 }
-    }
-
-    /// Run layers `first..last` over `rows` rows of `input` (`in_len(first)` values each) into
-    /// `out` (`out_len(last − 1)` values each).
+    /// Run layers `first..last` (0 the embeddings, `1..=L` the encoder layers, `L + 1` the
+    /// pooler) over `rows` rows of `input` into `out`, each row as `Network::layer_bounds` says:
+    /// `seq_len` token ids (−1 past the request's end) entering the embeddings, a
+    /// [`BertConfig::row_len`] row between layers, `hidden` values leaving the pooler.
     pub fn run(
         &self,
         (first, last): (usize, usize),
@@ -147,9 +125,9 @@ impl BertCpu {
         s: &mut BertScratch,
         threads: Threads,
     ) -> Result<()> {
-        let h = self.hidden;
-        let row_len = self.seq_len * h + 1;
-        let pooler = self.num_layers() - 1;
+        let h = self.cfg.hidden;
+        let row_len = self.cfg.row_len();
+        let pooler = self.layers.len() + 1;
         // Each row's length (checked as on CUDA) and where its tokens start in the packed `x`.
         let lens = task_lens(&self.cfg, first, rows, input)?;
         let starts: Vec<usize> = lens
@@ -161,7 +139,7 @@ impl BertCpu {
             })
             .collect();
         let tokens: usize = lens.iter().sum();
-        let x = grow(&mut s.x, tokens * h);
+        let x = part(&mut s.x, tokens * h, "bert activations")?;
         if first == 0 {
             self.embed(input, &lens, &starts, x);
         } else {
@@ -171,10 +149,10 @@ impl BertCpu {
             }
         }
         for layer in first.max(1)..last.min(pooler) {
-            self.encoder_layer(&self.layers[layer - 1], &lens, &starts, s, threads);
+            self.encoder_layer(&self.layers[layer - 1], &lens, &starts, s, threads)?;
         }
         let x = &s.x[..tokens * h];
-        if last == self.num_layers() {
+        if last == pooler + 1 {
             // The pooler: each request's first token.
             // (A padding row — no tokens — pools a zero vector; its output is never delivered.)
             let mut firsts = vec![0.0f32; rows * h];
@@ -196,16 +174,16 @@ impl BertCpu {
 
     /// word + position + token type 0, then LayerNorm, for every real token.
     fn embed(&self, ids: &[f32], lens: &[usize], starts: &[usize], x: &mut [f32]) {
-        let h = self.hidden;
+        let h = self.cfg.hidden;
         for (r, (&len, &start)) in lens.iter().zip(starts).enumerate() {
             for p in 0..len {
-                let id = ids[r * self.seq_len + p] as usize;
+                let id = ids[r * self.cfg.seq_len + p] as usize;
                 let dst = &mut x[(start + p) * h..(start + p + 1) * h];
                 let (w, pos) = (&self.word[id * h..(id + 1) * h], &self.position[p * h..(p + 1) * h]);
                 for j in 0..h {
                     dst[j] = w[j] + pos[j] + self.token_type0[j];
                 }
-                layer_norm(dst, &self.embed_norm, self.eps);
+                layer_norm(dst, &self.embed_norm, self.cfg.eps());
             }
         }
     }
@@ -217,12 +195,12 @@ impl BertCpu {
         starts: &[usize],
         s: &mut BertScratch,
         threads: Threads,
-    ) {
-        let (h, heads) = (self.hidden, self.heads);
+    ) -> Result<()> {
+        let (h, heads, eps) = (self.cfg.hidden, self.cfg.heads, self.cfg.eps());
         let d = h / heads;
         let tokens: usize = lens.iter().sum();
         let x = &s.x[..tokens * h];
-        let qkv = grow(&mut s.qkv, tokens * 3 * h);
+        let qkv = part(&mut s.qkv, tokens * 3 * h, "bert q, k, v")?;
         l.qkv.run(x, tokens, qkv, threads);
         let qkv: &[f32] = qkv;
         let longest = lens.iter().copied().max().unwrap_or(0);
@@ -232,7 +210,7 @@ impl BertCpu {
         // copied into the request's rows and the head's columns of `ctx` once every pair is done.
         let pairs: Vec<(usize, usize)> =
             (0..lens.len()).flat_map(|r| (0..heads).map(move |hd| (r, hd))).collect();
-        let heads_out = grow(&mut s.scores, tokens * h);
+        let heads_out = part(&mut s.scores, tokens * h, "bert attention")?;
         let mut parts: Vec<&mut [f32]> = Vec::with_capacity(pairs.len());
         let mut rest: &mut [f32] = heads_out;
         for &(r, _) in &pairs {
@@ -266,7 +244,7 @@ impl BertCpu {
             let mut sc = Vec::with_capacity(block);
             pairs.iter().zip(parts.iter_mut()).for_each(|p| attend(&mut sc, p));
         }
-        let ctx = grow(&mut s.ctx, tokens * h);
+        let ctx = part(&mut s.ctx, tokens * h, "bert attention")?;
         let mut at = 0;
         for &(r, hd) in &pairs {
             let (len, start) = (lens[r], starts[r]);
@@ -278,15 +256,16 @@ impl BertCpu {
         }
         let x = &mut s.x[..tokens * h];
         // x = LN(x + ctx·W_oᵀ + b_o)
-        let tmp = grow(&mut s.tmp, tokens * h);
+        let tmp = part(&mut s.tmp, tokens * h, "bert activations")?;
         l.attn_out.run(ctx, tokens, tmp, threads);
-        add_norm(x, tmp, &l.attn_norm, self.eps, h, threads);
+        add_norm(x, tmp, &l.attn_norm, eps, h, threads);
         // x = LN(x + GELU(x·W_iᵀ + b_i)·W_o2ᵀ + b_o2)
-        let inter = grow(&mut s.inter, tokens * self.inter);
+        let inter = part(&mut s.inter, tokens * self.cfg.intermediate, "bert intermediate")?;
         l.intermediate.run(x, tokens, inter, threads);
         gelu_all(inter, threads);
         l.output.run(inter, tokens, tmp, threads);
-        add_norm(x, tmp, &l.out_norm, self.eps, h, threads);
+        add_norm(x, tmp, &l.out_norm, eps, h, threads);
+        Ok(())
     }
 }
 

@@ -24,7 +24,8 @@ use rayon::prelude::*;
 use crate::backend::cpu::activation::{sigmoid, tanh};
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::{PackedWeight, Threads, matmul};
-use crate::backend::cpu::lstm_cell::{PARALLEL_MIN_VALUES, grow};
+use crate::backend::cpu::lstm_cell::PARALLEL_MIN_VALUES;
+use crate::backend::grow;
 use crate::backend::size;
 use crate::error::{Code, Error, Result};
 

@@ -58,9 +58,10 @@ impl Backend for CudaBackend {
         self.description.clone()
     }
 
-    /// `notify` is not used: the device cannot wake a parked thread, so CUDA signals say they do
-    /// not notify and the poller spins while CUDA tasks are in flight.
-    fn prepare(&self, net: Arc<Network>, shape: RunnerShape, _notify: Notify) -> Result<Box<dyn Runner>> {
+    /// `notify` is used only by a custom model's host streams: the device cannot wake a parked
+    /// thread, so CUDA signals say they do not notify and the poller spins while CUDA tasks are in
+    /// flight.
+    fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
         let stream = self.device.stream()?;
         match &*net {
             Network::ResNet(_) => {
@@ -81,7 +82,7 @@ impl Backend for CudaBackend {
                 shape.workers,
                 shape.max_batch,
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
-                _notify,
+                notify,
             )?)),
             Network::Lstm(_) | Network::Seq2Seq(_) | Network::TreeLstm(_) => {
                 let model = Recurrent::new(&self.device, &stream, &net, shape)?;

@@ -11,7 +11,7 @@
 //! request's length, as on the CPU.
 
 use super::abi;
-use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, dim, host_slice};
+use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, bias_act_params, dim, host_slice};
 use super::{CudaDevice, DeviceBuffer, PinnedMapped, Stream};
 use crate::backend::Work;
 use crate::error::{Error, Result};
@@ -49,17 +49,12 @@ impl DenseGpu {
         act: u32,
     ) -> Result<()> {
         ctx.blas.gemm_nt(rows, self.outputs, self.inputs, 1.0, src, &self.w, 0.0, dst)?;
-        let p = abi::BiasActParams {
-            src: dst.device_ptr(),
-            bias: self.b.device_ptr(),
-            dst: dst.device_ptr(),
-            rows: dim(rows, "tokens")?,
-            cols: self.outputs as u32,
-            src_ld: self.outputs as u32,
-            dst_ld: self.outputs as u32,
+        let p = bias_act_params(
+            (dst.device_ptr(), dst.device_ptr()),
+            self.b.device_ptr(),
+            (rows, self.outputs),
             act,
-            _pad0: 0,
-        };
+        )?;
         // SAFETY: in place over the GEMM's rows × outputs values (a worker buffer sized for the
         // largest task's tokens), outputs biases. Runner invariants (runner.rs) for lifetimes.
         unsafe { ctx.kernels.bias_act(ctx.stream, &p) }
@@ -83,12 +78,8 @@ struct LayerGpu {
 /// A BERT prepared on the device.
 pub(super) struct BertGpu {
     cfg: BertConfig,
-    h: usize,
-    heads: usize,
-    seq_len: usize,
-    vocab: usize,
-    max_position: usize,
-    eps: f32,
+    /// Values per row entering each layer and leaving the last (`Network::layer_bounds`).
+    bounds: Vec<usize>,
     /// The word embeddings stay in pinned, mapped host memory (zero-copy, as `serve_embedding_gather`
     /// reads tables): a request reads its tokens' rows only, and the table (94 MB for BERT-base)
     /// takes no device memory.
@@ -98,7 +89,6 @@ pub(super) struct BertGpu {
     embed_norm: NormGpu,
     layers: Vec<LayerGpu>,
     pooler: DenseGpu,
-    intermediate: usize,
     max_batch: usize,
 }
 
@@ -133,12 +123,7 @@ impl BertGpu {
         };
         Ok(BertGpu {
             cfg: c.clone(),
-            h: c.hidden,
-            heads: c.heads,
-            seq_len: c.seq_len,
-            vocab: c.vocab,
-            max_position: c.max_position,
-            eps: c.eps(),
+            bounds: net.layer_bounds(),
             word: {
                 let mut w = device.pinned_mapped(m.word.len())?;
                 w.write(0, &m.word)?;
@@ -162,25 +147,12 @@ impl BertGpu {
                 })
                 .collect::<Result<_>>()?,
             pooler: DenseGpu::new(stream, &[&m.pooler])?,
-            intermediate: c.intermediate,
             max_batch,
         })
     }
 
     fn layer_count(&self) -> usize {
-        self.layers.len() + 2
-    }
-
-    fn row_len(&self) -> usize {
-        self.seq_len * self.h + 1
-    }
-
-    fn in_len(&self, layer: usize) -> usize {
-        if layer == 0 { self.seq_len } else { self.row_len() }
-    }
-
-    fn out_len(&self, last: usize) -> usize {
-        if last == self.layer_count() { self.h } else { self.row_len() }
+        self.bounds.len() - 1
     }
 
     /// `serve_layer_norm` of `rows × h`: `dst = LN(x + residual)`.
@@ -198,8 +170,8 @@ impl BertGpu {
             beta: n.b.device_ptr(),
             dst,
             rows: rows as u32,
-            cols: self.h as u32,
-            eps: self.eps,
+            cols: self.cfg.hidden as u32,
+            eps: self.cfg.eps(),
             _pad0: 0,
         };
         // SAFETY: rows × h values of x, residual and dst (worker buffers sized for the largest
@@ -210,16 +182,16 @@ impl BertGpu {
     fn encoder(&self, ctx: &mut Ctx<'_>, l: &LayerGpu, b: &mut BertBuffers, tokens: usize) -> Result<()> {
         let BertBuffers { desc, x, qkv, ctx: attn, tmp, inter, scores, .. } = b;
         l.qkv.run(ctx, x, qkv, tokens, abi::SERVE_ACT_NONE)?;
-        let d = self.h / self.heads;
+        let d = self.cfg.hidden / self.cfg.heads;
         let p = abi::AttentionParams {
             qkv: qkv.device_ptr(),
             spans: desc.device_ptr_at(2 * tokens),
             scores: scores.device_ptr(),
             ctx: attn.device_ptr(),
             tokens: tokens as u32,
-            heads: self.heads as u32,
+            heads: self.cfg.heads as u32,
             head_dim: d as u32,
-            max_len: self.seq_len as u32,
+            max_len: self.cfg.seq_len as u32,
             scale: 1.0 / (d as f32).sqrt(),
             _pad0: 0,
         };
@@ -239,7 +211,7 @@ impl DeviceModel for BertGpu {
     type Buffers = BertBuffers;
 
     fn io_lens(&self) -> (usize, usize) {
-        (self.seq_len, self.h)
+        (self.bounds[0], self.bounds[self.layer_count()])
     }
 
     fn state_slots(&self) -> usize {
@@ -247,29 +219,29 @@ impl DeviceModel for BertGpu {
     }
 
     fn typical_needs(&self) -> Needs {
-        Needs { desc: 4 * self.seq_len + 1, dense: 0, out: self.h, words: 0 }
+        Needs { desc: 4 * self.cfg.seq_len + 1, dense: 0, out: self.cfg.hidden, words: 0 }
     }
 
     fn buffers(&self, device: &CudaDevice, _stream: &Stream) -> Result<BertBuffers> {
-        let tokens = self.max_batch * self.seq_len;
+        let c = &self.cfg;
+        let (tokens, h) = (self.max_batch * c.seq_len, c.hidden);
         let f = |n: usize, w: usize, what: &str| device.alloc::<f32>(crate::backend::size(n, w, what)?);
         Ok(BertBuffers {
             desc: device.alloc(4 * tokens + self.max_batch)?,
-            x: f(tokens, self.h, "bert activations")?,
-            qkv: f(tokens, 3 * self.h, "bert q, k, v")?,
-            ctx: f(tokens, self.h, "bert attention")?,
-            tmp: f(tokens, self.h, "bert activations")?,
-            inter: f(tokens, self.intermediate, "bert intermediate")?,
-            scores: f(tokens * self.heads, self.seq_len, "bert attention scores")?,
-            firsts: f(self.max_batch, self.h, "bert pooler input")?,
-            pooled: f(self.max_batch, self.h, "bert pooler output")?,
+            x: f(tokens, h, "bert activations")?,
+            qkv: f(tokens, 3 * h, "bert q, k, v")?,
+            ctx: f(tokens, h, "bert attention")?,
+            tmp: f(tokens, h, "bert activations")?,
+            inter: f(tokens, c.intermediate, "bert intermediate")?,
+            scores: f(tokens * c.heads, c.seq_len, "bert attention scores")?,
+            firsts: f(self.max_batch, h, "bert pooler input")?,
+            pooled: f(self.max_batch, h, "bert pooler output")?,
         })
     }
 
     fn plan(&self, padded: usize, work: &Work) -> Result<Plan> {
-        let n = self.layer_count();
-        let (range, input) = work.layer_range(n)?;
-        let inl = self.in_len(range.0);
+        let (range, input) = work.layer_range(self.layer_count())?;
+        let inl = self.bounds[range.0];
         if input.len() != padded * inl || padded > self.max_batch {
             return Err(Error::internal(format!(
                 "a bert task of {padded} rows entering layer {} carries {} values, not {padded} × {inl}",
@@ -280,11 +252,11 @@ impl DeviceModel for BertGpu {
         let lens: Vec<u32> =
             task_lens(&self.cfg, range.0, padded, input)?.into_iter().map(|l| l as u32).collect();
         let tokens: usize = lens.iter().map(|&l| l as usize).sum();
-        let outl = self.out_len(range.1);
+        let outl = self.bounds[range.1];
         Ok(Plan {
             needs: Needs {
                 desc: 4 * tokens + padded,
-                dense: if range.0 == 0 { 0 } else { tokens * self.h },
+                dense: if range.0 == 0 { 0 } else { tokens * self.cfg.hidden },
                 out: padded * outl,
                 words: 0,
             },
@@ -303,7 +275,7 @@ impl DeviceModel for BertGpu {
         };
         let (first, last) = plan.layers;
         let tokens: usize = plan.lens.iter().map(|&l| l as usize).sum();
-        let inl = self.in_len(first);
+        let (inl, h) = (self.bounds[first], self.cfg.hidden);
         // The descriptor: ids, positions, spans, each row's first token (NO_TOKEN for an empty
         // padding row: the gather writes it a zero row).
         scratch.clear();
@@ -329,7 +301,7 @@ impl DeviceModel for BertGpu {
         if first > 0 {
             let mut t = 0;
             for (r, &len) in plan.lens.iter().enumerate() {
-                let n = len as usize * self.h;
+                let n = len as usize * h;
                 st.dense.write(t, &input[r * inl..r * inl + n])?;
                 t += n;
             }
@@ -337,7 +309,7 @@ impl DeviceModel for BertGpu {
         if last < self.layer_count() {
             // Rows out: zeros past each request's tokens (written here) and its length; the
             // kernels write the tokens' values.
-            let row = self.row_len();
+            let row = self.cfg.row_len();
             let mut blank = vec![0.0f32; row];
             for (r, &len) in plan.lens.iter().enumerate() {
                 blank[row - 1] = len as f32;
@@ -365,9 +337,9 @@ impl DeviceModel for BertGpu {
                     type0: self.type0.device_ptr(),
                     x: b.x.device_ptr(),
                     tokens: tokens as u32,
-                    hidden: self.h as u32,
-                    vocab: self.vocab as u32,
-                    max_position: self.max_position as u32,
+                    hidden: self.cfg.hidden as u32,
+                    vocab: self.cfg.vocab as u32,
+                    max_position: self.cfg.max_position as u32,
                 };
                 // SAFETY: tokens ids and positions (the descriptor), range-checked table rows,
                 // tokens × h values of x.
@@ -384,36 +356,38 @@ impl DeviceModel for BertGpu {
                 self.encoder(&mut ctx, &self.layers[layer - 1], b, tokens)?;
             }
         }
+        let h = self.cfg.hidden;
         if last == self.layer_count() {
             let p = abi::EmbeddingParams {
                 table: b.x.device_ptr(),
                 ids: b.desc.device_ptr_at(4 * tokens),
                 out: b.firsts.device_ptr(),
                 table_rows: tokens as u32,
-                width: self.h as u32,
+                width: h as u32,
                 batch: rows as u32,
-                out_ld: self.h as u32,
+                out_ld: h as u32,
                 ..abi::EmbeddingParams::default()
             };
             // SAFETY: a row gather of `rows` first-token rows (ids < tokens, or NO_TOKEN: a zero
             // row) from x into firsts (max_batch × h).
             unsafe { ctx.kernels.embedding(ctx.stream, &p) }?;
             self.pooler.run(&mut ctx, &b.firsts, &mut b.pooled, rows, abi::SERVE_ACT_TANH)?;
-            let p = copy(b.pooled.device_ptr(), st.out.device_ptr(), rows, self.h)?;
+            let p = bias_act_params(
+                (b.pooled.device_ptr(), st.out.device_ptr()),
+                0,
+                (rows, h),
+                abi::SERVE_ACT_NONE,
+            )?;
             // SAFETY: rows × h values from pooled into the task's output staging (needs.out).
             unsafe { ctx.kernels.bias_act(ctx.stream, &p) }?;
         } else {
-            let row = self.row_len();
+            let row = self.cfg.row_len();
             let mut t = 0;
             for (r, &len) in plan.lens.iter().enumerate() {
                 let len = len as usize;
                 if len > 0 {
-                    let p = copy(
-                        b.x.device_ptr_at(t * self.h),
-                        st.out.device_ptr() + (r * row * 4) as u64,
-                        len,
-                        self.h,
-                    )?;
+                    let (src, dst) = (b.x.device_ptr_at(t * h), st.out.device_ptr() + (r * row * 4) as u64);
+                    let p = bias_act_params((src, dst), 0, (len, h), abi::SERVE_ACT_NONE)?;
                     // SAFETY: the request's len × h token values into its output row (rows × row
                     // values of the staging: needs.out).
                     unsafe { ctx.kernels.bias_act(ctx.stream, &p) }?;
@@ -423,19 +397,4 @@ impl DeviceModel for BertGpu {
         }
         Ok(())
     }
-}
-
-/// `serve_bias_act` as a copy of `rows × cols` contiguous values.
-fn copy(src: u64, dst: u64, rows: usize, cols: usize) -> Result<abi::BiasActParams> {
-    Ok(abi::BiasActParams {
-        src,
-        bias: 0,
-        dst,
-        rows: dim(rows, "rows")?,
-        cols: dim(cols, "columns")?,
-        src_ld: cols as u32,
-        dst_ld: cols as u32,
-        act: abi::SERVE_ACT_NONE,
-        _pad0: 0,
-    })
 }

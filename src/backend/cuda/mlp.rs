@@ -5,7 +5,7 @@
 //! straight into the staging's pinned, mapped output buffer.
 
 use super::abi;
-use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, dim, host_slice};
+use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, bias_act_params, dim, host_slice};
 use super::{CudaDevice, DeviceBuffer, Stream};
 use crate::backend::Work;
 use crate::error::{Error, Result};
@@ -152,17 +152,7 @@ impl DeviceModel for Dense {
             } else {
                 (dst.device_ptr(), abi::SERVE_ACT_RELU)
             };
-            let p = abi::BiasActParams {
-                src: dst.device_ptr(),
-                bias: l.b.device_ptr(),
-                dst: out,
-                rows: rows as u32,
-                cols: l.outputs as u32,
-                src_ld: l.outputs as u32,
-                dst_ld: l.outputs as u32,
-                act,
-                _pad0: 0,
-            };
+            let p = bias_act_params((dst.device_ptr(), out), l.b.device_ptr(), (rows, l.outputs), act)?;
             // SAFETY: reads rows × out of the GEMM's output (a worker buffer of B × max width) and
             // `out` biases; writes the same elements in place, or for the last layer rows × output
             // values of the task's output staging (needs.out), which the host reads only after the

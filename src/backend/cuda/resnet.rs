@@ -7,47 +7,27 @@
 //! staging's pinned, mapped output buffer by `serve_bias_act` (no bias, no activation).
 
 use super::abi;
-use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, dim, host_slice};
+use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, bias_act_params, dim, host_slice};
 use super::{CudaDevice, DeviceBuffer, Stream};
 use crate::backend::Work;
 use crate::error::{Error, Result};
 use crate::model::Network;
-use crate::model::resnet::{Conv, conv_out};
+use crate::model::resnet::{Conv, Geometry, Shape, conv_out};
 
 /// A convolution with its BatchNorm folded, on the device.
 struct ConvGpu {
+    g: Geometry,
     /// `[out_c, k·k·in_c]`, channels innermost.
     w: DeviceBuffer<f32>,
     b: DeviceBuffer<f32>,
-    in_c: usize,
-    out_c: usize,
-    k: usize,
-    stride: usize,
-    pad: usize,
 }
 
 impl ConvGpu {
     fn new(stream: &Stream, c: &Conv) -> Result<ConvGpu> {
         let (w, b) = c.folded();
-        dim(c.out_c, "channels")?;
-        dim(c.k * c.k * c.in_c, "patch size")?;
-        Ok(ConvGpu {
-            w: stream.upload(&w)?,
-            b: stream.upload(&b)?,
-            in_c: c.in_c,
-            out_c: c.out_c,
-            k: c.k,
-            stride: c.stride,
-            pad: c.pad,
-        })
-    }
-
-    fn out_side(&self, side: usize) -> usize {
-        conv_out(side, self.k, self.stride, self.pad)
-    }
-
-    fn direct(&self) -> bool {
-        self.k == 1 && self.stride == 1 && self.pad == 0
+        dim(c.g.out_c, "channels")?;
+        dim(c.g.k * c.g.k * c.g.in_c, "patch size")?;
+        Ok(ConvGpu { g: c.g, w: stream.upload(&w)?, b: stream.upload(&b)? })
     }
 }
 
@@ -64,11 +44,9 @@ pub(super) struct ResNetGpu {
     fc_b: DeviceBuffer<f32>,
     classes: usize,
     features: usize,
-    /// `(c, h, w)` entering each layer, and values per image entering each layer (the last:
-    /// the output).
-    dims: Vec<(usize, usize, usize)>,
-    shapes: Vec<usize>,
-    /// The largest activation and im2col of one image over every step.
+    /// The shape entering each layer, and the output's.
+    shapes: Vec<Shape>,
+    /// The largest activation and im2col of one image over every step (`ResNet::buffer_sizes`).
     act: usize,
     col: usize,
     max_batch: usize,
@@ -90,8 +68,8 @@ impl ResNetGpu {
             return Err(Error::internal(format!("a resnet runner cannot run a {} model", net.kind())));
         };
         dim(max_batch, "batch size")?;
-        let shapes = m.shapes();
-        let stem = ConvGpu::new(stream, &m.stem)?;
+        let (act, col) = m.buffer_sizes();
+        dim(act, "activation size")?;
         let blocks = m
             .blocks
             .iter()
@@ -102,49 +80,18 @@ impl ResNetGpu {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let [c, h, w] = m.cfg.image;
-        let mut act = (stem.out_c * stem.out_side(h) * stem.out_side(w)).max(c * h * w);
-        let mut col = stem.k * stem.k * stem.in_c * stem.out_side(h) * stem.out_side(w);
-        // The largest output and im2col of one image over every convolution.
-        let mut grow = |conv: &ConvGpu, (h, w): (usize, usize)| {
-            let (oh, ow) = (conv.out_side(h), conv.out_side(w));
-            if !conv.direct() {
-                col = col.max(conv.k * conv.k * conv.in_c * oh * ow);
-            }
-            act = act.max(conv.out_c * oh * ow);
-            (oh, ow)
-        };
-        for (i, b) in blocks.iter().enumerate() {
-            let input = (shapes[i + 1].h, shapes[i + 1].w);
-            let mut hw = input;
-            for conv in &b.convs {
-                hw = grow(conv, hw);
-            }
-            if let Some(d) = &b.down {
-                grow(d, input);
-            }
-        }
-        // The head writes the logits (more than any activation when the image is tiny and the
-        // classes many).
-        let act = act.max(m.cfg.num_classes);
-        dim(act, "activation size")?;
         Ok(ResNetGpu {
-            stem,
+            stem: ConvGpu::new(stream, &m.stem)?,
             blocks,
             fc_w: stream.upload(&m.fc_weight)?,
             fc_b: stream.upload(&m.fc_bias)?,
             classes: m.cfg.num_classes,
             features: m.features(),
-            dims: shapes.iter().map(|s| (s.c, s.h, s.w)).collect(),
-            shapes: shapes.iter().map(|s| s.values()).collect(),
+            shapes: m.shapes(),
             act,
             col,
             max_batch,
         })
-    }
-
-    fn layer_count(&self) -> usize {
-        self.blocks.len() + 2
     }
 
     /// `dst = act(conv(src))` for `n` images of `h × w`; returns `(oh, ow)`.
@@ -159,11 +106,11 @@ impl ResNetGpu {
         col: &mut DeviceBuffer<f32>,
         relu: bool,
     ) -> Result<(usize, usize)> {
-        let (oh, ow) = (c.out_side(h), c.out_side(w));
+        let g = c.g;
+        let (oh, ow) = (g.out_side(h), g.out_side(w));
         let rows = n * oh * ow;
-        let kk = c.k * c.k * c.in_c;
-        if c.direct() {
-            ctx.blas.gemm_nt(rows, c.out_c, c.in_c, 1.0, src, &c.w, 0.0, dst)?;
+        if g.direct() {
+            ctx.blas.gemm_nt(rows, g.out_c, g.in_c, 1.0, src, &c.w, 0.0, dst)?;
         } else {
             let p = abi::Im2colParams {
                 x: src.device_ptr(),
@@ -171,55 +118,35 @@ impl ResNetGpu {
                 n: n as u32,
                 h: h as u32,
                 w: w as u32,
-                c: c.in_c as u32,
-                k: c.k as u32,
-                stride: c.stride as u32,
-                pad: c.pad as u32,
+                c: g.in_c as u32,
+                k: g.k as u32,
+                stride: g.stride as u32,
+                pad: g.pad as u32,
                 oh: oh as u32,
                 ow: ow as u32,
                 _pad0: 0,
             };
-            // SAFETY: reads n·h·w·in_c values of src and writes rows·kk of col: both worker
+            // SAFETY: reads n·h·w·in_c values of src and writes n·col_len of col: both worker
             // buffers sized for max_batch images of the largest activation / im2col (`new`),
             // n ≤ max_batch (plan). Runner invariants (runner.rs) for lifetimes.
             unsafe { ctx.kernels.im2col(ctx.stream, &p) }?;
-            ctx.blas.gemm_nt(rows, c.out_c, kk, 1.0, col, &c.w, 0.0, dst)?;
+            ctx.blas.gemm_nt(rows, g.out_c, g.k * g.k * g.in_c, 1.0, col, &c.w, 0.0, dst)?;
         }
         let act = if relu { abi::SERVE_ACT_RELU } else { abi::SERVE_ACT_NONE };
-        bias_act(ctx, (dst.device_ptr(), dst.device_ptr()), Some(&c.b), (rows, c.out_c), act)?;
+        let p =
+            bias_act_params((dst.device_ptr(), dst.device_ptr()), c.b.device_ptr(), (rows, g.out_c), act)?;
+        // SAFETY: in place over the GEMM's rows × out_c values (a worker buffer sized for the
+        // largest activation), out_c biases.
+        unsafe { ctx.kernels.bias_act(ctx.stream, &p) }?;
         Ok((oh, ow))
     }
-}
-
-/// `serve_bias_act` over `rows × cols` contiguous values from `src` to `dst` (addresses).
-fn bias_act(
-    ctx: &Ctx<'_>,
-    (src, dst): (u64, u64),
-    bias: Option<&DeviceBuffer<f32>>,
-    (rows, cols): (usize, usize),
-    act: u32,
-) -> Result<()> {
-    let p = abi::BiasActParams {
-        src,
-        bias: bias.map_or(0, |b| b.device_ptr()),
-        dst,
-        rows: dim(rows, "rows")?,
-        cols: dim(cols, "columns")?,
-        src_ld: cols as u32,
-        dst_ld: cols as u32,
-        act,
-        _pad0: 0,
-    };
-    // SAFETY: every caller passes src and dst holding rows·cols values (worker buffers sized for
-    // the largest step, or the task's output staging sized by the plan) and a bias of cols.
-    unsafe { ctx.kernels.bias_act(ctx.stream, &p) }
 }
 
 impl DeviceModel for ResNetGpu {
     type Buffers = ResNetBuffers;
 
     fn io_lens(&self) -> (usize, usize) {
-        (self.shapes[0], self.classes)
+        (self.shapes[0].values(), self.classes)
     }
 
     fn state_slots(&self) -> usize {
@@ -227,7 +154,7 @@ impl DeviceModel for ResNetGpu {
     }
 
     fn typical_needs(&self) -> Needs {
-        Needs { desc: 0, dense: self.shapes[0], out: self.classes, words: 0 }
+        Needs { desc: 0, dense: self.shapes[0].values(), out: self.classes, words: 0 }
     }
 
     fn buffers(&self, device: &CudaDevice, _stream: &Stream) -> Result<ResNetBuffers> {
@@ -244,9 +171,8 @@ impl DeviceModel for ResNetGpu {
     }
 
     fn plan(&self, padded: usize, work: &Work) -> Result<Plan> {
-        let n = self.layer_count();
-        let (range, input) = work.layer_range(n)?;
-        let (inl, outl) = (self.shapes[range.0], self.shapes[range.1]);
+        let (range, input) = work.layer_range(self.shapes.len() - 1)?;
+        let (inl, outl) = (self.shapes[range.0].values(), self.shapes[range.1].values());
         if input.len() != padded * inl || padded > self.max_batch {
             return Err(Error::internal(format!(
                 "a resnet task of {padded} rows entering layer {} carries {} values, not {padded} × {inl}",
@@ -282,7 +208,7 @@ impl DeviceModel for ResNetGpu {
         let head = self.blocks.len() + 1;
         let mut cur_a = true;
         for layer in first..last {
-            let (c, h, w) = self.dims[layer];
+            let Shape { c, h, w } = self.shapes[layer];
             let (cur, next): (&DeviceBuffer<f32>, &mut DeviceBuffer<f32>) =
                 if cur_a { (&*a, &mut *b) } else { (&*b, &mut *a) };
             if layer == 0 {
@@ -303,7 +229,7 @@ impl DeviceModel for ResNetGpu {
                     n: n as u32,
                     h: oh as u32,
                     w: ow as u32,
-                    c: self.stem.out_c as u32,
+                    c: self.stem.g.out_c as u32,
                     oh: conv_out(oh, 3, 2, 1) as u32,
                     ow: conv_out(ow, 3, 2, 1) as u32,
                 };
@@ -322,13 +248,11 @@ impl DeviceModel for ResNetGpu {
                 // SAFETY: reads n·h·w·c, writes n·c values of worker buffers.
                 unsafe { ctx.kernels.avg_pool(ctx.stream, &p) }?;
                 ctx.blas.gemm_nt(n, self.classes, self.features, 1.0, t1, &self.fc_w, 0.0, next)?;
-                bias_act(
-                    &ctx,
-                    (next.device_ptr(), next.device_ptr()),
-                    Some(&self.fc_b),
-                    (n, self.classes),
-                    abi::SERVE_ACT_NONE,
-                )?;
+                let (logits, bias) = (next.device_ptr(), self.fc_b.device_ptr());
+                let p = bias_act_params((logits, logits), bias, (n, self.classes), abi::SERVE_ACT_NONE)?;
+                // SAFETY: in place over n × classes logits (a worker buffer: the largest
+                // activation counts the logits), classes biases.
+                unsafe { ctx.kernels.bias_act(ctx.stream, &p) }?;
             } else {
                 let blk = &self.blocks[layer - 1];
                 match &blk.convs[..] {
@@ -343,7 +267,7 @@ impl DeviceModel for ResNetGpu {
                     }
                     _ => return Err(Error::internal("a block has two or three convolutions")),
                 }
-                let len = n * self.shapes[layer + 1];
+                let len = n * self.shapes[layer + 1].values();
                 let shortcut = match &blk.down {
                     Some(d) => {
                         self.conv(&mut ctx, d, cur, (n, h, w), sc, col, false)?;
@@ -363,7 +287,11 @@ impl DeviceModel for ResNetGpu {
             cur_a = !cur_a;
         }
         let result = if cur_a { &*a } else { &*b };
-        let outl = self.shapes[last];
-        bias_act(&ctx, (result.device_ptr(), st.out.device_ptr()), None, (n, outl), abi::SERVE_ACT_NONE)
+        let outl = self.shapes[last].values();
+        let p =
+            bias_act_params((result.device_ptr(), st.out.device_ptr()), 0, (n, outl), abi::SERVE_ACT_NONE)?;
+        // SAFETY: a copy of n × outl values from a worker buffer into the task's output staging
+        // (needs.out = n × outl), which the host reads only after the task's counter.
+        unsafe { ctx.kernels.bias_act(ctx.stream, &p) }
     }
 }

@@ -297,6 +297,29 @@ pub(super) fn dim(v: usize, what: &str) -> Result<u32> {
     })
 }
 
+/// `serve_bias_act`'s parameters over `rows × cols` contiguous values from `src` to `dst`
+/// (addresses; `dst` may be `src`): `dst = act(src + bias)`, `bias` the address of `cols` values
+/// or 0 for none, `act` one of `abi::SERVE_ACT_*` (none, with no bias: a copy).
+pub(super) fn bias_act_params(
+    (src, dst): (u64, u64),
+    bias: u64,
+    (rows, cols): (usize, usize),
+    act: u32,
+) -> Result<abi::BiasActParams> {
+    let ld = dim(cols, "columns")?;
+    Ok(abi::BiasActParams {
+        src,
+        bias,
+        dst,
+        rows: dim(rows, "rows")?,
+        cols: ld,
+        src_ld: ld,
+        dst_ld: ld,
+        act,
+        _pad0: 0,
+    })
+}
+
 /// Sizes (elements) of the pinned buffers a task's staging needs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Needs {

@@ -23,11 +23,10 @@ use serde_json::{Value, json};
 use serve::backend::{RunnerShape, TaskData, Work};
 use serve::model::bert::{Bert, BertConfig};
 use serve::model::resnet::{ResNet, ResNetConfig};
-use serve::workload::values;
 use serve::{BackendChoice, Network};
 
 use crate::bench::{open_report, write_report};
-use crate::profile::run_round;
+use crate::profile::{layer_batch, run_round};
 use crate::{BackendArg, BenchLayersArgs, CliResult, LayerModelArg, fatal};
 
 /// PyTorch's side, run by `PYTHON -`.
@@ -82,14 +81,6 @@ fn network(a: &BenchLayersArgs) -> CliResult<Network> {
     })
 }
 
-/// The rows of a batch: a random image per row, or `seq_len` token ids.
-fn batch_input(net: &Network, rows: usize) -> Vec<f32> {
-    match net {
-        Network::Bert(m) => (0..rows * m.cfg.seq_len).map(|i| (1000 + (i * 7919) % 19000) as f32).collect(),
-        _ => values(rows * net.dense_lens().0, rows as u64, 1.0),
-    }
-}
-
 /// libserve's median milliseconds per batch, for each batch size.
 fn time_libserve(
     net: &Arc<Network>,
@@ -103,17 +94,18 @@ fn time_libserve(
     let max_batch = batches.iter().copied().max().unwrap_or(1);
     let runner =
         backend.prepare(net.clone(), RunnerShape { workers: 1, max_batch, state_slots: 0 }, notify)?;
-    let run = |rows: usize, n: usize| -> CliResult<Duration> {
-        let tasks: Vec<_> =
-            (0..n).map(|_| TaskData::new(rows, Work::Dense(batch_input(net, rows)))).collect();
+    let run = |rows: usize, input: &[f32], n: usize| -> CliResult<Duration> {
+        let tasks: Vec<_> = (0..n).map(|_| TaskData::new(rows, Work::Dense(input.to_vec()))).collect();
         run_round(&*runner, &tasks)
     };
     let mut out = Vec::new();
     for &b in batches {
-        let once = run(b, 1)?.as_secs_f64();
+        let input = layer_batch(net, b);
+        let run = |n: usize| run(b, &input, n);
+        let once = run(1)?.as_secs_f64();
         let per_round = ((min_time / ROUNDS as f64) / once.max(1e-6)).ceil().max(1.0) as usize;
         let mut rounds: Vec<f64> = (0..ROUNDS)
-            .map(|_| run(b, per_round).map(|d| d.as_secs_f64() * 1e3 / per_round as f64))
+            .map(|_| run(per_round).map(|d| d.as_secs_f64() * 1e3 / per_round as f64))
             .collect::<CliResult<_>>()?;
         rounds.sort_by(f64::total_cmp);
         out.push(rounds[ROUNDS / 2]);

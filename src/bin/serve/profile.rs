@@ -315,6 +315,15 @@ fn model_json(net: &Network) -> serde_json::Value {
     }
 }
 
+/// The rows of a whole-model task of `rows` requests of a layer model, for the benchmarks and
+/// profiles: random vectors / images, or for bert `seq_len` token ids (every request full length).
+pub(crate) fn layer_batch(net: &Network, rows: usize) -> Vec<f32> {
+    match net {
+        Network::Bert(m) => (0..rows * m.cfg.seq_len).map(|i| ((i * 7919) % m.cfg.vocab) as f32).collect(),
+        _ => serve::workload::values(rows * net.dense_lens().0, rows as u64, 1.0),
+    }
+}
+
 /// Launch `tasks` on worker 0 back to back, wait until the stream has run them all, and
 /// collect each, as the engine does; the time from the first launch until the last task is
 /// counted (the benchmarks and profiles time rounds with it). Collection matters beyond the

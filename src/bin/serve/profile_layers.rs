@@ -24,19 +24,11 @@ use serde_json::json;
 use serve::backend::{Runner, RunnerShape, TaskData, Work};
 use serve::{BackendKind, Network};
 
-use crate::profile::run_round;
+use crate::profile::{layer_batch, run_round};
 use crate::{CliResult, ProfileArgs, fatal};
 
 const ROUNDS: usize = 5;
 const MIN_ROUND: Duration = Duration::from_millis(20);
-
-/// A batch of model inputs: random vectors / images, or bert token ids of `seq_len` tokens.
-fn inputs(net: &Network, rows: usize) -> Vec<f32> {
-    match net {
-        Network::Bert(m) => (0..rows * m.cfg.seq_len).map(|i| ((i * 7919) % m.cfg.vocab) as f32).collect(),
-        _ => serve::workload::values(rows * net.dense_lens().0, rows as u64, 1.0),
-    }
-}
 
 /// Run one task and wait for it; its output.
 fn run(runner: &dyn Runner, task: Arc<TaskData>) -> CliResult<Vec<f32>> {
@@ -96,7 +88,7 @@ pub(crate) fn profile_layers(net: Network, name: &str, source: &str, a: &Profile
     // Each batch size's activations entering every layer: the real ones, layer by layer.
     let mut entering: Vec<Vec<Vec<f32>>> = Vec::new();
     for &b in &batches {
-        let mut acts = vec![inputs(&net, b)];
+        let mut acts = vec![layer_batch(&net, b)];
         for k in 0..layers.len() - 1 {
             let input = acts[k].clone();
             acts.push(run(&*runner, TaskData::new(b, Work::Layers { first: k, last: k + 1, input }))?);
