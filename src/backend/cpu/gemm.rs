@@ -44,6 +44,8 @@ pub struct PackedWeight {
     k: usize,
     n: usize,
     wt: Vec<f32>,
+    /// The same weight for products of a few rows ([`with_panels`](Self::with_panels)).
+    panels: Option<Vec<f32>>,
 }
 
 impl PackedWeight {
@@ -56,7 +58,24 @@ impl PackedWeight {
                 wt[i * n + j] = v;
             }
         }
-        PackedWeight { k, n, wt }
+        PackedWeight { k, n, wt, panels: None }
+    }
+
+    /// Also keep the weight as panels of 16 output columns (`[⌈n/16⌉][k][16]`, zero-padded; as
+    /// much memory again), which products of up to [`SMALL_ROWS`] rows read instead: for weights
+    /// multiplied a few rows at a time, such as a recurrent cell's at low load.
+    pub fn with_panels(mut self) -> PackedWeight {
+        let (k, n) = (self.k, self.n);
+        let mut panels = vec![0.0; n.div_ceil(LANES) * k * LANES];
+        for (p, panel) in panels.chunks_exact_mut((k * LANES).max(1)).enumerate() {
+            for (i, row) in panel.chunks_exact_mut(LANES).enumerate() {
+                let c0 = p * LANES;
+                let width = LANES.min(n - c0);
+                row[..width].copy_from_slice(&self.wt[i * n + c0..i * n + c0 + width]);
+            }
+        }
+        self.panels = Some(panels);
+        self
     }
     /// Input features (columns of `W`).
     pub fn k(&self) -> usize {
@@ -82,6 +101,10 @@ pub fn matmul(x: &[f32], w: &PackedWeight, y: &mut [f32], rows: usize, accumulat
         if !accumulate {
             y[..rows * n].fill(0.0);
         }
+        return;
+    }
+    if let (true, Some(panels)) = (rows <= SMALL_ROWS, &w.panels) {
+        panel_matmul(x, panels, y, rows, k, n, accumulate);
         return;
     }
     // SAFETY: the asserts above (and PackedWeight's construction, wt.len() == k·n) guarantee every
@@ -111,6 +134,122 @@ pub fn matmul(x: &[f32], w: &PackedWeight, y: &mut [f32], rows: usize, accumulat
             false,
             threads.parallelism(rows * n * k),
         );
+    }
+}
+
+/// Products of at most this many rows use a weight's small-batch panels when it has them
+/// ([`PackedWeight::with_panels`]): a cellular step at low load is one to a few rows, where the
+/// time is streaming the weight once, and gemm's kernels (built to pack and tile large products)
+/// left most of the bandwidth unused (an h = 256 LSTM step's `1 × 256 · 256 × 1024`: 32 µs on
+/// the 2-core CI machine, `serve bench step --batch 1`).
+pub const SMALL_ROWS: usize = 4;
+
+/// Output columns per panel.
+const LANES: usize = 16;
+
+/// Weight rows per run of a [`panel_matmul`] (its transposed input lives on the stack).
+const RUN: usize = 1024;
+
+/// `y[R, n] (+)= x[R, k] · Wᵀ` from `W`'s panels (`[⌈n/16⌉][k][16]`, zero-padded): each panel's
+/// 16 columns of every row accumulate in registers while the panel streams by once. Compiled
+/// for the baseline target and, chosen at run time, with AVX2 and FMA.
+fn panel_matmul(x: &[f32], panels: &[f32], y: &mut [f32], rows: usize, k: usize, n: usize, accumulate: bool) {
+    // `U` sets of accumulators over alternating weight rows, so that at least 4 × 2 independent
+    // vector sums are in flight (one output row alone would wait on each add's latency).
+    match rows {
+        1 => panel_rows::<1, 2>(x, panels, y, k, n, accumulate),
+        2 => panel_rows::<2, 2>(x, panels, y, k, n, accumulate),
+        3 => panel_rows::<3, 1>(x, panels, y, k, n, accumulate),
+        _ => panel_rows::<SMALL_ROWS, 1>(x, panels, y, k, n, accumulate),
+    }
+}
+
+/// [`panel_matmul`] for `R` rows with `U` accumulator sets.
+fn panel_rows<const R: usize, const U: usize>(
+    x: &[f32],
+    panels: &[f32],
+    y: &mut [f32],
+    k: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // x transposed, [k][R]: the entries of one weight row for every output row, side by side.
+    let mut xt = [0.0f32; RUN * SMALL_ROWS];
+    // Long inner products are split into runs of up to RUN weight rows (partial sums added).
+    for k0 in (0..k).step_by(RUN) {
+        let kk = RUN.min(k - k0);
+        for (i, xs) in xt.chunks_exact_mut(R).take(kk).enumerate() {
+            for (r, v) in xs.iter_mut().enumerate() {
+                *v = x[r * k + k0 + i];
+            }
+        }
+        let run = Run { xt: &xt[..kk * R], k, k0, n, overwrite: k0 == 0 && !accumulate };
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: `panel_run_avx2` requires only that the CPU has AVX2 and FMA, checked just
+            // above; its body is the safe `panel_run`.
+            unsafe { panel_run_avx2::<R, U>(&run, panels, y) };
+            continue;
+        }
+        panel_run::<R, U>(&run, panels, y, |a, w, acc| a * w + acc);
+    }
+}
+
+/// One run of weight rows `k0..k0 + xt.len() / R` of a [`panel_matmul`] of `R` rows.
+struct Run<'a> {
+    xt: &'a [f32],
+    k: usize,
+    k0: usize,
+    n: usize,
+    /// Write the sums instead of adding them to `y`.
+    overwrite: bool,
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx2,fma")]
+fn panel_run_avx2<const R: usize, const U: usize>(run: &Run<'_>, panels: &[f32], y: &mut [f32]) {
+    // `mul_add` is one FMA instruction here (elsewhere, without the feature, a libm call).
+    panel_run::<R, U>(run, panels, y, f32::mul_add);
+}
+
+#[inline(always)]
+fn panel_run<const R: usize, const U: usize>(
+    run: &Run<'_>,
+    panels: &[f32],
+    y: &mut [f32],
+    fma: impl Fn(f32, f32, f32) -> f32,
+) {
+    let &Run { xt, k, k0, n, overwrite } = run;
+    let kk = xt.len() / R;
+    let whole = kk - kk % U;
+    for (p, panel) in panels.chunks_exact(k * LANES).enumerate() {
+        let panel = &panel[k0 * LANES..(k0 + kk) * LANES];
+        let mut acc = [[[0.0f32; LANES]; R]; U];
+        // Fixed-size chunks and equal-length zips: no bounds checks, so the loops vectorize.
+        let step = |acc: &mut [[f32; LANES]; R], w: &[f32], a: &[f32]| {
+            for (acc, &a) in acc.iter_mut().zip(a) {
+                for (acc, &w) in acc.iter_mut().zip(w) {
+                    *acc = fma(a, w, *acc);
+                }
+            }
+        };
+        for (ws, xs) in panel[..whole * LANES].chunks_exact(U * LANES).zip(xt.chunks_exact(U * R)) {
+            for ((acc, w), a) in acc.iter_mut().zip(ws.chunks_exact(LANES)).zip(xs.chunks_exact(R)) {
+                step(acc, w, a);
+            }
+        }
+        for (w, a) in panel[whole * LANES..].chunks_exact(LANES).zip(xt[whole * R..].chunks_exact(R)) {
+            step(&mut acc[0], w, a);
+        }
+        let c0 = p * LANES;
+        let width = LANES.min(n - c0);
+        for r in 0..R {
+            let sum = |j: usize| acc.iter().map(|a| a[r][j]).sum::<f32>();
+            let yr = &mut y[r * n + c0..r * n + c0 + width];
+            for (j, y) in yr.iter_mut().enumerate() {
+                *y = if overwrite { sum(j) } else { *y + sum(j) };
+            }
+        }
     }
 }
 
@@ -268,6 +407,46 @@ mod tests {
                 for (a, e) in y.iter().zip(&want) {
                     assert!((a - e).abs() <= 1e-4 * (1.0 + e.abs()), "{rows}x{k}x{n}: {a} vs {e}");
                 }
+            }
+        }
+    }
+
+    /// Products of up to SMALL_ROWS rows read a weight's panels: every row count around it,
+    /// inner products longer than one run, widths that do not fill the last panel, and both
+    /// accumulate modes agree with the naive product; more rows use gemm as before.
+    #[test]
+    fn panel_products_match_naive_for_awkward_shapes() {
+        let shapes: &[(usize, usize)] = if cfg!(miri) {
+            &[(3, 17), (1, 16)]
+        } else {
+            &[(1, 1), (3, 17), (300, 16), (1030, 33), (2 * RUN + 5, 40)]
+        };
+        for &(k, n) in shapes {
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 9.0).collect();
+            let packed = PackedWeight::from_torch(&w, n, k).with_panels();
+            assert!(packed.panels.as_ref().is_some_and(|p| p.len() == n.div_ceil(LANES) * k * LANES));
+            for rows in 1..=SMALL_ROWS + 1 {
+                if cfg!(miri) && rows > 2 {
+                    continue;
+                }
+                let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
+                let b: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 1.0).collect();
+                let want = naive(&x, &w, &b, rows, k, n);
+                // Accumulating onto the bias (linear), and overwriting a buffer of NaN.
+                let mut y = vec![f32::NAN; rows * n + 3];
+                linear(&x, &packed, &b, &mut y, rows, false, Threads(1));
+                let mut bare = vec![f32::NAN; rows * n + 3];
+                matmul(&x, &packed, &mut bare, rows, false, Threads(1));
+                for (j, e) in want.iter().enumerate() {
+                    let what = format!("{rows}x{k}x{n} [{j}]");
+                    assert!((y[j] - e).abs() <= 1e-4 * (1.0 + e.abs()), "{what}: {} vs {e}", y[j]);
+                    let e = e - b[j % n];
+                    assert!((bare[j] - e).abs() <= 1e-4 * (1.0 + e.abs()), "{what} bare: {} vs {e}", bare[j]);
+                }
+                assert!(
+                    y[rows * n..].iter().chain(&bare[rows * n..]).all(|v| v.is_nan()),
+                    "wrote past the rows"
+                );
             }
         }
     }
