@@ -20,7 +20,9 @@ use common::time_it;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::gemm::{PackedWeight, Threads, matmul};
-use serve::backend::cpu::lstm_cell::{LstmLayer, LstmRow, LstmScratch, lstm_layer_step, step_flops};
+use serve::backend::cpu::lstm_cell::{
+    LstmLayer, LstmRow, LstmScratch, StepInput, lstm_layer_step, step_flops,
+};
 use serve::workload::values;
 
 const SHAPES: [(usize, usize); 4] = [(256, 64), (256, 512), (1024, 64), (1024, 512)];
@@ -53,7 +55,7 @@ fn main() {
             pool.install(|| {
                 lstm_layer_step(
                     &layer,
-                    black_box(&x),
+                    StepInput::Values(black_box(&x)),
                     &rows,
                     batch,
                     &arena,

@@ -18,7 +18,7 @@ fn main() {
     let net = Arc::new(Network::Lstm(Lstm::random(30000, 256, 256, 1, 1)));
     let backend = serve::backend::create(BackendChoice::Cpu, threads).expect("CPU backend");
     let me = std::thread::current();
-    let shape = RunnerShape { workers: 1, max_batch: 32, state_slots: 4096 };
+    let shape = RunnerShape { workers: 1, max_batch: 32, state_slots: 4096, token_gates_bytes: 0 };
     let runner = backend.prepare(net, shape, Arc::new(move || me.unpark())).expect("runner");
     let signal = runner.signal(0);
     println!("# {}; median compute per task (us) by rows, after a pause of", backend.describe());

@@ -352,6 +352,14 @@ serve_error *serve_model_options_set_max_tasks_to_submit(serve_model_options *op
 // admission bound within 256 MiB of state.
 serve_error *serve_model_options_set_state_slots(serve_model_options *options, uint64_t slots);
 
+// Most bytes of token-gate tables a recurrent model may hold (CPU backend): an LSTM's first
+// layer with its embedding folded into its input projection, `vocab × 4·hidden` floats computed
+// at load, halves a step's multiply-adds at `embed = hidden`. 0 turns folding off; a table that
+// does not fit runs unfolded (same results up to rounding). Default 256 MiB
+// (`DEFAULT_TOKEN_GATES_BYTES`).
+serve_error *serve_model_options_set_token_gates_bytes(serve_model_options *options,
+                                                       uint64_t bytes);
+
 // This model's admission bound (overrides the runtime's); at least 1.
 serve_error *serve_model_options_set_admission_bound(serve_model_options *options, uint64_t bound);
 

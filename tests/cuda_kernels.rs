@@ -32,7 +32,8 @@ use common::cuda_kernels::{
 use serve::backend::cpu::arena::StateArena;
 use serve::backend::cpu::gemm::Threads;
 use serve::backend::cpu::lstm_cell::{
-    LstmLayer, LstmRow, LstmScratch, Projection, argmax, embed_rows, lstm_layer_step, project_argmax,
+    LstmLayer, LstmRow, LstmScratch, Projection, StepInput, argmax, embed_rows, lstm_layer_step,
+    project_argmax,
 };
 use serve::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
 use serve::backend::cuda::abi;
@@ -150,8 +151,28 @@ fn check_lstm(g: &mut Dev, requests: usize, e: usize, h: usize, steps: usize, se
         embed_rows(&m.table, e, &ids, &mut x0);
         let mut h0 = vec![f32::NAN; padded * h];
         let mut h1 = vec![f32::NAN; padded * h];
-        lstm_layer_step(&m.cpu[0], &x0, &rows, padded, &cpu_arena, 0, &mut scratch, &mut h0, Threads(1));
-        lstm_layer_step(&m.cpu[1], &h0, &rows, padded, &cpu_arena, 2 * h, &mut scratch, &mut h1, Threads(1));
+        lstm_layer_step(
+            &m.cpu[0],
+            StepInput::Values(&x0),
+            &rows,
+            padded,
+            &cpu_arena,
+            0,
+            &mut scratch,
+            &mut h0,
+            Threads(1),
+        );
+        lstm_layer_step(
+            &m.cpu[1],
+            StepInput::Values(&h0),
+            &rows,
+            padded,
+            &cpu_arena,
+            2 * h,
+            &mut scratch,
+            &mut h1,
+            Threads(1),
+        );
 
         // GPU.
         let gpu_before = g.download(&arena.buf).unwrap();

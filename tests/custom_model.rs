@@ -170,9 +170,7 @@ fn layer_range_calls_reach_the_computation() {
     let (m, _) = model(&drops, layers);
     let backend = serve::backend::create(BackendChoice::Cpu, 1).unwrap();
     let run = |net: Network, work: Work| {
-        let runner = backend
-            .prepare(Arc::new(net), RunnerShape { workers: 1, max_batch: 2, state_slots: 0 }, Arc::new(|| {}))
-            .unwrap();
+        let runner = backend.prepare(Arc::new(net), RunnerShape::fixed(1, 2), Arc::new(|| {})).unwrap();
         common::run_task(&*runner, TaskData::new(2, work))
     };
     let (mid, e) = run(

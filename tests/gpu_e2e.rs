@@ -359,7 +359,7 @@ fn layer_ranges_on_cuda_match_the_cpu_backend() {
             }
             _ => serve::workload::values(rows * net.dense_lens().0, 3, 1.0),
         };
-        let shape = RunnerShape { workers: 1, max_batch: rows, state_slots: 0 };
+        let shape = RunnerShape::fixed(1, rows);
         let g = gpu.prepare(net.clone(), shape, Arc::new(|| {})).unwrap();
         let c = cpu.prepare(net.clone(), shape, Arc::new(|| {})).unwrap();
         let whole = run_task(&*g, rows, Work::Dense(input.clone()));

@@ -654,6 +654,10 @@ static serve_model *load_recurrent(const serve_runtime *rt, const char *dir, uin
     ok(serve_model_options_set_workers(mo, 2), "serve_model_options_set_workers");
     ok(serve_model_options_set_max_tasks_to_submit(mo, 2),
        "serve_model_options_set_max_tasks_to_submit");
+  } else {
+    /* Padding runs an lstm unfolded (no token-gate table); cellular with the default one. */
+    ok(serve_model_options_set_token_gates_bytes(mo, 0),
+       "serve_model_options_set_token_gates_bytes");
   }
   ok(serve_runtime_load_model(rt, dir, mo, &m), what);
   serve_model_options_free(mo);

@@ -743,7 +743,9 @@ void run_recurrent_errors(const serve::Runtime& rt, const std::string& mlp_dir,
 
   serve::Model lstm = rt.load_model(lstm_dir);  // the kind's own policy: cellular
   serve::Model tree = rt.load_model(tree_dir, serve::ModelOptions().state_slots(8));
-  serve::Model s2s = rt.load_model(s2s_dir, serve::ModelOptions().policy(serve::Policy::padding));
+  // Padding, and the layers unfolded (no token-gate tables).
+  serve::Model s2s = rt.load_model(
+      s2s_dir, serve::ModelOptions().policy(serve::Policy::padding).token_gates_bytes(0));
   const std::vector<std::uint32_t> huge_token{1, 1u << 30}, no_tokens;
   const std::uint32_t two[] = {1, 2}, three[] = {1, 2, 3};
   const std::int32_t two_roots[] = {-1, 0, -1}, cycle[] = {-1, 2, 1}, out_of_range[] = {-1, 3, 0},

@@ -313,6 +313,12 @@ class ModelOptions
   ModelOptions& state_slots(std::uint64_t slots) {
     return set(serve_model_options_set_state_slots, slots);
   }
+  /// Most bytes of token-gate tables a recurrent model may hold (CPU backend; an LSTM's first
+  /// layer with its embedding folded into its input projection); 0 turns folding off. Default
+  /// 256 MiB.
+  ModelOptions& token_gates_bytes(std::uint64_t bytes) {
+    return set(serve_model_options_set_token_gates_bytes, bytes);
+  }
   /// This model's admission bound (overrides the runtime's); at least 1.
   ModelOptions& admission_bound(std::uint64_t bound) {
     return set(serve_model_options_set_admission_bound, bound);

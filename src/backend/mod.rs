@@ -252,6 +252,17 @@ pub struct RunnerShape {
     pub max_batch: usize,
     /// State slots of a recurrent model's arena.
     pub state_slots: usize,
+    /// Most bytes of token-gate tables a recurrent model may hold (an LSTM layer 0 with its
+    /// embedding folded into it, lstm_cell.rs; the CPU backend). 0: none.
+    pub token_gates_bytes: usize,
+}
+
+impl RunnerShape {
+    /// A shape of `workers` streams for tasks of up to `max_batch` rows, with no state arena and
+    /// no token-gate tables (a fixed-shape model).
+    pub fn fixed(workers: usize, max_batch: usize) -> RunnerShape {
+        RunnerShape { workers, max_batch, state_slots: 0, token_gates_bytes: 0 }
+    }
 }
 
 /// The number of `a × b` 4-byte values, or UNAVAILABLE naming `what` when it (or its size in

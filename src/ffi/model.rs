@@ -251,6 +251,24 @@ pub extern "C" fn serve_model_options_set_state_slots(
     }
 }
 
+/// Most bytes of token-gate tables a recurrent model may hold (CPU backend): an LSTM's first
+/// layer with its embedding folded into its input projection, `vocab × 4·hidden` floats computed
+/// at load, halves a step's multiply-adds at `embed = hidden`. 0 turns folding off; a table that
+/// does not fit runs unfolded (same results up to rounding). Default 256 MiB
+/// (`DEFAULT_TOKEN_GATES_BYTES`).
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_token_gates_bytes(
+    options: *mut serve_model_options,
+    bytes: u64,
+) -> *mut serve_error {
+    ffi_boundary! {
+        set(options, |o| {
+            o.opts.token_gates_bytes = Some(usize::try_from(bytes).unwrap_or(usize::MAX));
+            Ok(())
+        })
+    }
+}
+
 /// This model's admission bound (overrides the runtime's); at least 1.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_admission_bound(

@@ -197,6 +197,10 @@ impl Default for CellularOptions {
 /// Bytes of recurrent state a model's arena may take by default.
 pub const DEFAULT_STATE_BYTES: usize = 256 << 20;
 
+/// Bytes of token-gate tables a recurrent model may hold by default (`ModelOptions::token_gates_bytes`):
+/// enough for an h = 256 LSTM over a 30 000-token vocabulary (117 MiB), not for h = 1024 (469 MiB).
+pub const DEFAULT_TOKEN_GATES_BYTES: usize = 256 << 20;
+
 /// The policy object for `net` under `cfg` (its workers are [`Policy::workers`]).
 pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<Box<dyn Policy>> {
     let recurrent = net.is_recurrent();
@@ -301,6 +305,13 @@ pub struct ModelOptions {
     /// in-flight tree). Requests wait for slots in arrival order when all are taken. Default:
     /// enough for the admission bound within 256 MiB.
     pub state_slots: Option<usize>,
+    /// Most bytes of **token-gate tables** the model may hold (default
+    /// [`DEFAULT_TOKEN_GATES_BYTES`]; 0 turns them off). On the CPU backend an LSTM chain's first
+    /// layer reads a token's embedding; folding the embedding into that layer's input projection
+    /// (`vocab × 4·hidden` values, computed at load) halves a step's multiply-adds at
+    /// `embed = hidden`, at the price of that memory. A chain whose table does not fit the budget
+    /// runs unfolded (same results up to rounding).
+    pub token_gates_bytes: Option<usize>,
 }
 
 /// What every handle of a model shares; dropped with the last one.
@@ -476,8 +487,15 @@ impl Runtime {
         };
         let poller = self.shared.poller_thread.clone();
         let notify: Notify = Arc::new(move || poller.unpark());
-        let shape =
-            RunnerShape { workers, max_batch, state_slots: if net.is_recurrent() { state_slots } else { 0 } };
+        let shape = match net.is_recurrent() {
+            true => RunnerShape {
+                workers,
+                max_batch,
+                state_slots,
+                token_gates_bytes: opts.token_gates_bytes.unwrap_or(DEFAULT_TOKEN_GATES_BYTES),
+            },
+            false => RunnerShape::fixed(workers, max_batch),
+        };
         let runner = self.shared.backend.prepare(net.clone(), shape, notify)?;
         let state_slots = runner.state_slots();
         let admission = Arc::new(Admission::new(bound, workers));

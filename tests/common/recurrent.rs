@@ -101,9 +101,15 @@ pub fn serve_fixtures(rt: &Runtime) {
     for name in ["lstm_small", "seq2seq_small", "treelstm_small"] {
         let cases = cases(name);
         let types = serve::model::load(&fixture(name)).unwrap().cell_types().len();
-        for (label, policy) in policies(types) {
-            let model =
-                rt.load_model(fixture(name), ModelOptions { policy, ..ModelOptions::default() }).unwrap();
+        // The default folds an LSTM chain's embedding into token-gate tables (the CPU backend);
+        // a budget of 0 runs the layers unfolded.
+        let configs = policies(types).into_iter().flat_map(|(label, policy)| {
+            [(None, "token gates"), (Some(0), "unfolded")]
+                .map(|(gates, how)| (format!("{label} / {how}"), policy.clone(), gates))
+        });
+        for (label, policy, token_gates_bytes) in configs {
+            let opts = ModelOptions { policy, token_gates_bytes, ..ModelOptions::default() };
+            let model = rt.load_model(fixture(name), opts).unwrap();
             let tickets: Vec<_> = (0..3)
                 .flat_map(|_| {
                     cases.iter().map(|c| model.submit(c.input.clone(), SubmitOptions::default()).unwrap())

@@ -8,6 +8,13 @@
 //! A batch is `padded` rows, of which the first `rows.len()` are real requests; padding rows are
 //! computed like the others (their cost is real on a device too) from a zero state, but never
 //! scattered.
+//!
+//! **Token-gate tables.** A layer that reads an embedding (layer 0 of a chain) may be *folded*
+//! ([`LstmLayer::fold_embedding`]): `E · W_ihᵀ + b_ih + b_hh` is computed once, at prepare, for
+//! every token of the vocabulary, so a step looks its rows up instead of multiplying — the GEMM
+//! shrinks from `[x | h] · [W_ih | W_hh]ᵀ` to `h · W_hhᵀ` (half the work at `input = H`, and half
+//! the weight bytes a small batch streams). It trades memory (`vocab × 4H` values) for it; the
+//! runner folds only within the model's budget (`ModelOptions::token_gates_bytes`).
 
 use rayon::prelude::*;
 
@@ -39,13 +46,28 @@ fn task_rows(width: usize) -> usize {
 }
 
 /// One `torch.nn.LSTM` layer, packed for [`lstm_layer_step`]: `[W_ih | W_hh]` (`[4H, input+H]`)
-/// as a single [`PackedWeight`] and the summed bias `b_ih + b_hh`.
+/// as a single [`PackedWeight`] and the summed bias `b_ih + b_hh` — or, folded with its
+/// embedding, `W_hh` alone and the token-gate table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LstmLayer {
+    /// `[W_ih | W_hh]`, or `W_hh` when `token_gates` is set.
     w: PackedWeight,
     bias: Vec<f32>,
     input: usize,
     hidden: usize,
+    /// Folded: row `v` (`4H` values) is `embedding[v] · W_ihᵀ + b_ih + b_hh`.
+    token_gates: Option<Vec<f32>>,
+}
+
+/// What a layer step reads as its input `x`.
+#[derive(Clone, Copy, Debug)]
+pub enum StepInput<'a> {
+    /// `padded × input` values: an embedding gathered by [`embed_rows`], or the layer below's `h`
+    /// (an unfolded layer).
+    Values(&'a [f32]),
+    /// `padded` token ids ([`NO_TOKEN`] for none: a zero embedding), looked up in a folded
+    /// layer's token-gate table.
+    Tokens(&'a [u32]),
 }
 
 impl LstmLayer {
@@ -73,11 +95,57 @@ impl LstmLayer {
             w.extend_from_slice(&w_hh[j * hidden..(j + 1) * hidden]);
         }
         LstmLayer {
-            w: PackedWeight::from_torch(&w, n, k),
+            w: PackedWeight::from_torch(&w, n, k).with_panels(),
             bias: b_ih.iter().zip(b_hh).map(|(a, b)| a + b).collect(),
             input,
             hidden,
+            token_gates: None,
         }
+    }
+
+    /// Pack a layer whose input is row `token` of `embedding` (`[vocab, input]`), folding the
+    /// input projection into a token-gate table (`vocab × 4H` values, computed here on the
+    /// calling thread's rayon pool with up to `threads` threads). Fails with
+    /// [`Code::Unavailable`] when the table cannot be allocated.
+    ///
+    /// Panics as [`from_torch`](Self::from_torch) does, or if `embedding` is not `vocab × input`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fold_embedding(
+        w_ih: &[f32],
+        w_hh: &[f32],
+        b_ih: &[f32],
+        b_hh: &[f32],
+        embedding: &[f32],
+        input: usize,
+        hidden: usize,
+        threads: Threads,
+    ) -> Result<LstmLayer> {
+        let unfolded = LstmLayer::from_torch(w_ih, w_hh, b_ih, b_hh, input, hidden);
+        assert!(
+            input > 0 && embedding.len() % input == 0,
+            "embedding of {} values, rows of {input}",
+            embedding.len()
+        );
+        let vocab = embedding.len() / input;
+        let n = 4 * hidden;
+        let mut table = Vec::new();
+        grow(&mut table, size(vocab, n, "token-gate table")?, "token-gate table")?;
+        matmul(embedding, &PackedWeight::from_torch(w_ih, n, input), &mut table, vocab, false, threads);
+        for row in table.chunks_exact_mut(n) {
+            row.iter_mut().zip(&unfolded.bias).for_each(|(v, b)| *v += b);
+        }
+        Ok(LstmLayer { w: PackedWeight::from_torch(w_hh, n, hidden), token_gates: Some(table), ..unfolded })
+    }
+
+    /// Bytes of the token-gate table folding a `vocab`-token embedding into a layer of hidden
+    /// size `hidden` would take (saturating).
+    pub fn token_gates_bytes(vocab: usize, hidden: usize) -> usize {
+        vocab.saturating_mul(hidden).saturating_mul(16)
+    }
+
+    /// Whether the layer reads token ids ([`StepInput::Tokens`]) through its token-gate table.
+    pub fn is_folded(&self) -> bool {
+        self.token_gates.is_some()
     }
 
     /// Input features.
@@ -138,7 +206,8 @@ fn ensure(v: &mut Vec<f32>, len: usize) {
 
 /// One step of one LSTM layer for a batch of `padded` rows.
 ///
-/// `x` is `padded × input` (the caller zero-fills padding rows); `rows` are the real rows
+/// `x` is `padded × input` values (the caller zero-fills padding rows), or, for a folded layer,
+/// `padded` token ids (padding rows [`NO_TOKEN`]); `rows` are the real rows
 /// (`rows.len() ≤ padded`), in batch order. Row `r`'s previous state is read from slot
 /// `rows[r].slot` of `arena` — `h` at `offset..offset+H`, `c` at `offset+H..offset+2H` — or is
 /// zero when `fresh`; padding rows start from zero. Every row's new `h` goes to `h_out`
@@ -149,7 +218,7 @@ fn ensure(v: &mut Vec<f32>, len: usize) {
 #[allow(clippy::too_many_arguments)]
 pub fn lstm_layer_step(
     layer: &LstmLayer,
-    x: &[f32],
+    x: StepInput<'_>,
     rows: &[LstmRow],
     padded: usize,
     arena: &StateArena,
@@ -158,10 +227,31 @@ pub fn lstm_layer_step(
     h_out: &mut [f32],
     threads: Threads,
 ) {
-    let (input, hd) = (layer.input, layer.hidden);
+    let hd = layer.hidden;
+    // Values of `x` each row of X starts with: none when the input comes through the table.
+    let (input, x, ids) = match (x, &layer.token_gates) {
+        (StepInput::Values(x), None) => {
+            assert!(
+                x.len() >= padded * layer.input,
+                "x holds {} values, needs {}",
+                x.len(),
+                padded * layer.input
+            );
+            (layer.input, x, &[][..])
+        }
+        (StepInput::Tokens(ids), Some(table)) => {
+            assert!(ids.len() >= padded, "{} token ids for {padded} rows", ids.len());
+            let vocab = table.len() / (4 * hd);
+            if let Some(&bad) = ids[..padded].iter().find(|&&t| t != NO_TOKEN && t as usize >= vocab) {
+                panic!("token id {bad} out of range: the token-gate table has {vocab} rows");
+            }
+            (0, &[][..], ids)
+        }
+        (StepInput::Values(_), Some(_)) => panic!("a folded layer reads token ids"),
+        (StepInput::Tokens(_), None) => panic!("an unfolded layer reads values"),
+    };
     let k = input + hd;
     assert!(rows.len() <= padded, "{} rows in a batch padded to {padded}", rows.len());
-    assert!(x.len() >= padded * input, "x holds {} values, needs {}", x.len(), padded * input);
     assert!(h_out.len() >= padded * hd, "h_out holds {} values, needs {}", h_out.len(), padded * hd);
     assert!(
         offset.checked_add(2 * hd).is_some_and(|end| end <= arena.width()),
@@ -205,13 +295,17 @@ pub fn lstm_layer_step(
         xs.chunks_exact_mut(k).zip(c.chunks_exact_mut(hd)).enumerate().for_each(|(r, bufs)| gather(r, bufs));
     }
 
-    // G = X · [W_ih | W_hh]ᵀ (the biases are added by the pointwise kernel).
+    // G = X · [W_ih | W_hh]ᵀ, or h_prev · W_hhᵀ folded (the biases, or the token's gates, are
+    // added by the pointwise kernel).
     matmul(xs, &layer.w, g, padded, false, threads);
 
     // Pointwise + scatter.
-    let bias = &layer.bias[..];
+    let gates = |r: usize| match (&layer.token_gates, ids.get(r)) {
+        (Some(table), Some(&t)) if t != NO_TOKEN => &table[t as usize * 4 * hd..][..4 * hd],
+        _ => &layer.bias[..],
+    };
     let point = |r: usize, ((gr, cr), hr): ((&[f32], &mut [f32]), &mut [f32])| {
-        lstm_pointwise(gr, bias, cr, hr);
+        lstm_pointwise(gr, gates(r), cr, hr);
         if let Some(row) = rows.get(r) {
             arena.write(row.slot, offset, hr);
             arena.write(row.slot, offset + hd, cr);
@@ -234,9 +328,28 @@ pub fn lstm_layer_step(
 }
 
 /// One row's gates: `g` (4H pre-activations without bias), `bias` (4H), `c` (`c_prev` in, `c`
-/// out), `h` (out).
+/// out), `h` (out). Compiled twice: for the baseline target and, chosen at run time, with AVX2 and
+/// FMA (the pointwise kernel is a third of a large step's time at h = 256 otherwise).
 #[inline]
 fn lstm_pointwise(g: &[f32], bias: &[f32], c: &mut [f32], h: &mut [f32]) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: `lstm_pointwise_avx2` requires only that the CPU has AVX2 and FMA, checked
+        // just above; its body is the safe `lstm_pointwise_rows`.
+        unsafe { lstm_pointwise_avx2(g, bias, c, h) };
+        return;
+    }
+    lstm_pointwise_rows(g, bias, c, h);
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx2,fma")]
+fn lstm_pointwise_avx2(g: &[f32], bias: &[f32], c: &mut [f32], h: &mut [f32]) {
+    lstm_pointwise_rows(g, bias, c, h);
+}
+
+#[inline(always)]
+fn lstm_pointwise_rows(g: &[f32], bias: &[f32], c: &mut [f32], h: &mut [f32]) {
     let hd = h.len();
     let (gi, rest) = g[..4 * hd].split_at(hd);
     let (gf, rest) = rest.split_at(hd);
@@ -245,14 +358,19 @@ fn lstm_pointwise(g: &[f32], bias: &[f32], c: &mut [f32], h: &mut [f32]) {
     let (bf, rest) = rest.split_at(hd);
     let (bg, bo) = rest.split_at(hd);
     let c = &mut c[..hd];
-    for j in 0..hd {
-        let i = sigmoid(gi[j] + bi[j]);
-        let f = sigmoid(gf[j] + bf[j]);
-        let gc = tanh(gg[j] + bg[j]);
-        let o = sigmoid(go[j] + bo[j]);
-        let cj = f * c[j] + i * gc;
-        c[j] = cj;
-        h[j] = o * tanh(cj);
+    // Equal-length zips: no bounds checks, so the loop vectorizes.
+    let gates = gi.iter().zip(gf).zip(gg).zip(go);
+    let biases = bi.iter().zip(bf).zip(bg).zip(bo);
+    for ((((gi, gf), gg), go), ((((bi, bf), bg), bo), (c, h))) in
+        gates.zip(biases.zip(c.iter_mut().zip(h.iter_mut())))
+    {
+        let i = sigmoid(gi + bi);
+        let f = sigmoid(gf + bf);
+        let gc = tanh(gg + bg);
+        let o = sigmoid(go + bo);
+        let cj = f * *c + i * gc;
+        *c = cj;
+        *h = o * tanh(cj);
     }
 }
 
@@ -448,7 +566,17 @@ mod tests {
             x[n * input..].fill(0.0);
             let mut h_out = vec![f32::NAN; padded * hidden];
             pool.install(|| {
-                lstm_layer_step(&layer, &x, &rows, padded, &arena, offset, &mut scratch, &mut h_out, threads)
+                lstm_layer_step(
+                    &layer,
+                    StepInput::Values(&x),
+                    &rows,
+                    padded,
+                    &arena,
+                    offset,
+                    &mut scratch,
+                    &mut h_out,
+                    threads,
+                )
             });
             for r in 0..padded {
                 let zero = vec![0.0; hidden];
@@ -518,7 +646,17 @@ mod tests {
         let x = values(4 * input, 3, 1.0);
         let mut h_out = vec![0.0; 4 * hidden];
         let mut scratch = LstmScratch::new();
-        lstm_layer_step(&layer, &x, &rows, 4, &arena, 2 * hidden, &mut scratch, &mut h_out, Threads(1));
+        lstm_layer_step(
+            &layer,
+            StepInput::Values(&x),
+            &rows,
+            4,
+            &arena,
+            2 * hidden,
+            &mut scratch,
+            &mut h_out,
+            Threads(1),
+        );
         for (r, row) in rows.iter().enumerate() {
             let prev = vec![row.slot as f64 + 0.5; hidden];
             let (h, c) = t.cell(&x[r * input..(r + 1) * input], &prev, &prev);
@@ -574,10 +712,20 @@ mod tests {
             embed_rows(&table, embed, &ids, &mut x);
             let (mut h0, mut h1) = (vec![0.0; padded * hidden], vec![0.0; padded * hidden]);
             pool.install(|| {
-                lstm_layer_step(&layer0, &x, &rows, padded, &arena, 0, &mut scratch, &mut h0, threads);
+                lstm_layer_step(
+                    &layer0,
+                    StepInput::Values(&x),
+                    &rows,
+                    padded,
+                    &arena,
+                    0,
+                    &mut scratch,
+                    &mut h0,
+                    threads,
+                );
                 lstm_layer_step(
                     &layer1,
-                    &h0,
+                    StepInput::Values(&h0),
                     &rows,
                     padded,
                     &arena,
@@ -600,6 +748,123 @@ mod tests {
                 want[r] = [(ha, ca), (hb, cb)];
             }
         }
+    }
+
+    /// A folded layer 0 (token-gate table) computes what the unfolded layer computes from the
+    /// gathered embedding: fresh and continuing rows, a row without a token (zero embedding),
+    /// padding rows, scrambled slots, several steps, one thread and the pool.
+    #[test]
+    fn folded_layer_matches_the_embedding_and_unfolded_layer() {
+        let (embed, hidden, vocab, padded) = (6, 5, 11, 5);
+        let t = Torch::new(embed, hidden, 51);
+        let table = values(vocab * embed, 52, 1.0);
+        let pool = pool();
+        for threads in pool.threads() {
+            let folded = pool
+                .install(|| {
+                    LstmLayer::fold_embedding(
+                        &t.w_ih, &t.w_hh, &t.b_ih, &t.b_hh, &table, embed, hidden, threads,
+                    )
+                })
+                .unwrap();
+            assert!(folded.is_folded() && !t.layer().is_folded());
+            assert_eq!((folded.input(), folded.hidden()), (embed, hidden));
+            let arena = StateArena::new(8, 2 * hidden).unwrap();
+            let slots = [6u32, 1, 3];
+            let mut want = vec![(vec![0.0f64; hidden], vec![0.0f64; hidden]); 3];
+            let mut scratch = LstmScratch::new();
+            for step in 0..4u32 {
+                // Row 1 has no token at step 1 (its input is a zero embedding).
+                let ids: Vec<u32> = (0..padded as u32)
+                    .map(|r| match r {
+                        3.. => NO_TOKEN,
+                        1 if step == 1 => NO_TOKEN,
+                        _ => (r * 7 + step * 3) % vocab as u32,
+                    })
+                    .collect();
+                let rows: Vec<LstmRow> = slots
+                    .iter()
+                    .enumerate()
+                    .map(|(r, &slot)| LstmRow { slot, fresh: step == 0 || (r == 2 && step == 2) })
+                    .collect();
+                let mut h_out = vec![f32::NAN; padded * hidden];
+                pool.install(|| {
+                    lstm_layer_step(
+                        &folded,
+                        StepInput::Tokens(&ids),
+                        &rows,
+                        padded,
+                        &arena,
+                        0,
+                        &mut scratch,
+                        &mut h_out,
+                        threads,
+                    )
+                });
+                let mut x = vec![0.0; padded * embed];
+                embed_rows(&table, embed, &ids, &mut x);
+                for r in 0..padded {
+                    let zero = vec![0.0; hidden];
+                    let fresh = rows.get(r).is_none_or(|row| row.fresh);
+                    let (hp, cp) = if fresh { (&zero, &zero) } else { (&want[r].0, &want[r].1) };
+                    let (h, c) = t.cell(&x[r * embed..(r + 1) * embed], hp, cp);
+                    let what = format!("{threads:?} step {step} row {r}");
+                    assert_close(&h_out[r * hidden..(r + 1) * hidden], &h, &what);
+                    if r < rows.len() {
+                        let slot = slot_values(&arena, slots[r]);
+                        assert_close(&slot[..hidden], &h, &format!("{what} slot h"));
+                        assert_close(&slot[hidden..], &c, &format!("{what} slot c"));
+                        want[r] = (h, c);
+                    }
+                }
+            }
+        }
+        assert_eq!(LstmLayer::token_gates_bytes(30_000, 256), 30_000 * 4 * 256 * 4);
+        assert_eq!(LstmLayer::token_gates_bytes(usize::MAX, 2), usize::MAX);
+    }
+
+    #[test]
+    #[should_panic(expected = "token id 11 out of range")]
+    fn folded_layer_panics_on_a_token_beyond_its_table() {
+        let t = Torch::new(2, 3, 1);
+        let layer =
+            LstmLayer::fold_embedding(&t.w_ih, &t.w_hh, &t.b_ih, &t.b_hh, &[0.5; 22], 2, 3, Threads(1))
+                .unwrap();
+        let arena = StateArena::new(1, 6).unwrap();
+        let rows = [LstmRow { slot: 0, fresh: true }];
+        lstm_layer_step(
+            &layer,
+            StepInput::Tokens(&[11]),
+            &rows,
+            1,
+            &arena,
+            0,
+            &mut LstmScratch::new(),
+            &mut [0.0; 3],
+            Threads(1),
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "a folded layer reads token ids")]
+    fn folded_layer_refuses_values() {
+        let t = Torch::new(2, 3, 1);
+        let layer =
+            LstmLayer::fold_embedding(&t.w_ih, &t.w_hh, &t.b_ih, &t.b_hh, &[0.5; 22], 2, 3, Threads(1))
+                .unwrap();
+        let arena = StateArena::new(1, 6).unwrap();
+        let rows = [LstmRow { slot: 0, fresh: true }];
+        lstm_layer_step(
+            &layer,
+            StepInput::Values(&[0.0; 2]),
+            &rows,
+            1,
+            &arena,
+            0,
+            &mut LstmScratch::new(),
+            &mut [0.0; 3],
+            Threads(1),
+        );
     }
 
     #[test]

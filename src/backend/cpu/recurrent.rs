@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use crate::backend::cpu::arena::StateArena;
 use crate::backend::cpu::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, Threads};
 use crate::backend::cpu::lstm_cell::{
-    LstmLayer, LstmRow, LstmScratch, Projection, embed_rows, lstm_layer_step, project_argmax,
+    LstmLayer, LstmRow, LstmScratch, Projection, StepInput, embed_rows, lstm_layer_step, project_argmax,
 };
 use crate::backend::cpu::stream::{CpuStream, launch_task};
 use crate::backend::cpu::tree_cell::{TreeCell, TreeRow, TreeScratch, tree_step};
@@ -23,15 +23,37 @@ use crate::error::{Error, Result};
 use crate::model::lstm::LstmStack;
 use crate::model::{DECODER, NO_TOKEN, Network};
 
-/// An LSTM stack and its embedding `[vocab, E]`: `lstm`, or one of `seq2seq`'s two halves.
+/// An LSTM stack and its embedding `[vocab, E]`: `lstm`, or one of `seq2seq`'s two halves. With
+/// its layer 0 folded (a token-gate table, lstm_cell.rs) the embedding is not kept: the table
+/// replaces it.
 struct Chain {
     embedding: Vec<f32>,
     layers: Vec<LstmLayer>,
 }
 
 impl Chain {
-    fn new(embedding: &[f32], stack: &LstmStack) -> Chain {
-        Chain { embedding: embedding.to_vec(), layers: pack_stack(stack) }
+    /// Pack `stack`, folding `embedding` into layer 0 when its token-gate table fits `budget`
+    /// (bytes; what it takes is deducted).
+    fn new(embedding: &[f32], stack: &LstmStack, budget: &mut usize, threads: usize) -> Result<Chain> {
+        let mut layers = pack_stack(stack);
+        let vocab = embedding.len() / stack.layers[0].input.max(1);
+        let bytes = LstmLayer::token_gates_bytes(vocab, stack.hidden);
+        if bytes <= *budget {
+            let l = &stack.layers[0];
+            layers[0] = LstmLayer::fold_embedding(
+                &l.w_ih,
+                &l.w_hh,
+                &l.b_ih,
+                &l.b_hh,
+                embedding,
+                l.input,
+                stack.hidden,
+                Threads(threads),
+            )?;
+            *budget -= bytes;
+            return Ok(Chain { embedding: Vec::new(), layers });
+        }
+        Ok(Chain { embedding: embedding.to_vec(), layers })
     }
 }
 
@@ -124,17 +146,22 @@ impl RecurrentRunner {
         threads: usize,
         notify: Notify,
     ) -> Result<RecurrentRunner> {
+        // Token-gate tables are computed on the backend's pool, within the model's budget.
+        let mut budget = shape.token_gates_bytes;
+        let mut chain = |embedding: &[f32], stack: &LstmStack| {
+            pool.install(|| Chain::new(embedding, stack, &mut budget, threads))
+        };
         let (cells, embed, hidden, layers, vocab) = match &*net {
             Network::Mlp(_) | Network::ResNet(_) | Network::Bert(_) | Network::Custom(_) => {
                 return Err(Error::internal(format!("a recurrent runner cannot run a {} model", net.kind())));
             }
             Network::Lstm(m) => {
-                (Cells::Lstm(Chain::new(&m.embedding, &m.stack)), m.cfg.embed, m.cfg.hidden, m.cfg.layers, 0)
+                (Cells::Lstm(chain(&m.embedding, &m.stack)?), m.cfg.embed, m.cfg.hidden, m.cfg.layers, 0)
             }
             Network::Seq2Seq(m) => (
                 Cells::Seq2Seq {
-                    encoder: Chain::new(&m.enc_embedding, &m.encoder),
-                    decoder: Chain::new(&m.dec_embedding, &m.decoder),
+                    encoder: chain(&m.enc_embedding, &m.encoder)?,
+                    decoder: chain(&m.dec_embedding, &m.decoder)?,
                     proj: Projection::from_torch(&m.proj_weight, &m.proj_bias),
                     bos: m.cfg.bos,
                 },
@@ -193,11 +220,17 @@ fn run_chain(
     threads: Threads,
 ) {
     let (e, h) = (p.embed, p.hidden);
-    embed_rows(embedding, e, &s.ids[..padded], &mut s.x[..padded * e]);
+    if !layers[0].is_folded() {
+        embed_rows(embedding, e, &s.ids[..padded], &mut s.x[..padded * e]);
+    }
     for (k, layer) in layers.iter().enumerate() {
-        // Layer 0 reads the embeddings, the others the layer below; each writes `h_b`, which
-        // becomes the next layer's input.
-        let input = if k == 0 { &s.x } else { &s.h_a };
+        // Layer 0 reads the embeddings (through its token-gate table when folded), the others
+        // the layer below; each writes `h_b`, which becomes the next layer's input.
+        let input = match k {
+            0 if layer.is_folded() => StepInput::Tokens(&s.ids[..padded]),
+            0 => StepInput::Values(&s.x),
+            _ => StepInput::Values(&s.h_a),
+        };
         lstm_layer_step(
             layer,
             input,

@@ -92,8 +92,7 @@ fn time_libserve(
     let me = std::thread::current();
     let notify: serve::backend::Notify = Arc::new(move || me.unpark());
     let max_batch = batches.iter().copied().max().unwrap_or(1);
-    let runner =
-        backend.prepare(net.clone(), RunnerShape { workers: 1, max_batch, state_slots: 0 }, notify)?;
+    let runner = backend.prepare(net.clone(), RunnerShape::fixed(1, max_batch), notify)?;
     let run = |rows: usize, input: &[f32], n: usize| -> CliResult<Duration> {
         let tasks: Vec<_> = (0..n).map(|_| TaskData::new(rows, Work::Dense(input.to_vec()))).collect();
         run_round(&*runner, &tasks)

@@ -97,7 +97,13 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     // As many state slots as the runtime gives a model by default, rows spread over them as
     // live requests' slots are (a task gathers and scatters state from all over the arena).
     let slots = (3 * max_batch).max(serve::runtime::DEFAULT_ADMISSION_BOUND);
-    let shape = RunnerShape { workers: 1, max_batch, state_slots: slots };
+    // Token-gate tables as a model gets them by default, so that the costs are the runtime's.
+    let shape = RunnerShape {
+        workers: 1,
+        max_batch,
+        state_slots: slots,
+        token_gates_bytes: serve::runtime::DEFAULT_TOKEN_GATES_BYTES,
+    };
     let runner = backend.prepare(net.clone(), shape, notify)?;
     println!("# serve profile `{name}` ({}) on {}", net.kind(), backend.describe());
     let vocab = match &*net {

@@ -82,8 +82,7 @@ pub(crate) fn profile_layers(net: Network, name: &str, source: &str, a: &Profile
     let net = Arc::new(net);
     let me = std::thread::current();
     let notify: serve::backend::Notify = Arc::new(move || me.unpark());
-    let runner =
-        backend.prepare(net.clone(), RunnerShape { workers: 1, max_batch, state_slots: 0 }, notify)?;
+    let runner = backend.prepare(net.clone(), RunnerShape::fixed(1, max_batch), notify)?;
     println!("# serve profile `{name}` ({}, {} layers) on {}", net.kind(), layers.len(), backend.describe());
     // Each batch size's activations entering every layer: the real ones, layer by layer.
     let mut entering: Vec<Vec<Vec<f32>>> = Vec::new();
