@@ -535,12 +535,23 @@ fn infer_rejects_non_integer_tokens_per_line() {
     }
 }
 
-/// `serve bench KIND` with tiny sizes and `extra` arguments; returns (stdout, JSON report).
+/// `serve bench KIND` with tiny sizes and `extra` arguments, without the PyTorch peer (its own
+/// tests are in cli_peer.rs); returns (stdout, JSON report).
 fn bench_rnn(kind: &str, extra: &[&str]) -> (String, Value) {
     let tmp = TempDir::new(&format!("bench-{kind}"));
     let json = tmp.path().join("bench.json");
-    let mut args =
-        vec!["bench", kind, "--backend", "cpu", "--threads", "2", "--json", json.to_str().unwrap()];
+    let mut args = vec![
+        "bench",
+        kind,
+        "--backend",
+        "cpu",
+        "--threads",
+        "2",
+        "--peer",
+        "off",
+        "--json",
+        json.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     let o = serve(&args);
     check_ok(&o);

@@ -38,8 +38,9 @@ const BENCH_INPUTS: usize = 64;
 pub(crate) const MAX_BENCH_REQUESTS: usize = 50_000_000;
 /// Latency histogram range, µs.
 const HIST_MAX_US: u64 = 3_600_000_000;
-/// Width of the policy column of the results table.
-const POLICY_COLUMN: usize = 30;
+/// Width of the policy column of the results table (the PyTorch peer's labels, e.g.
+/// `torch-bucket(b=256,d=10ms,w=10)`, are the longest).
+const POLICY_COLUMN: usize = 32;
 
 /// Everything a benchmark run needs, whoever asked for it (`bench mlp` or the demo).
 pub(crate) struct BenchPlan {

@@ -10,6 +10,8 @@
 //! * Offered rates: `--rate`, or else `--fractions` of each policy's peak (plus 50 % of
 //!   padding's peak when both policies run: the issue's comparison point); every policy runs at
 //!   every rate with the same arrival times and requests, so latencies compare at equal load.
+//! * `bench lstm` on the CPU: the PyTorch peer ([`crate::bench_peer`]) runs first; every policy
+//!   also runs at its offered rates, and the ratios against it are printed.
 //!
 //! A random seq2seq decoder almost never emits `eos` on its own (greedy decoding settles on a
 //! few tokens), so every decode would run to `max_decode`. To make decode lengths vary as in
@@ -36,6 +38,7 @@ use crate::bench::{
     PolicySpec, RunResult, Workload, fmt_ratio, measure_capacity, open_report, print_header, print_row,
     ratio, requests_per_run, run_open_loop, write_report,
 };
+use crate::bench_peer::{self, PeerPlan};
 use crate::{BenchRnnArgs, CliResult, EosBias, PolicyArg, RnnPolicyArgs, RuntimeArgs, build_runtime, fatal};
 
 /// Distinct requests generated per benchmark (cycled).
@@ -88,11 +91,11 @@ impl RnnKind {
 
 /// Sizes of a recurrent network (layers 0 for a treelstm).
 #[derive(Clone, Copy, Debug)]
-struct Sizes {
-    vocab: usize,
-    embed: usize,
-    hidden: usize,
-    layers: usize,
+pub(crate) struct Sizes {
+    pub(crate) vocab: usize,
+    pub(crate) embed: usize,
+    pub(crate) hidden: usize,
+    pub(crate) layers: usize,
 }
 
 fn sizes_of(net: &Network) -> Sizes {
@@ -535,6 +538,24 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
         scale_note(sizes.hidden)
     );
 
+    // The PyTorch peer first (issue 19, `bench_peer.rs`): its offered rates join libserve's below.
+    let peer = bench_peer::run(
+        &a.peer,
+        &PeerPlan {
+            kind,
+            backend,
+            lengths: work.inputs.iter().map(|x| input_size(x).0).collect(),
+            sizes,
+            threads: a.rt.threads,
+            seed: a.seed,
+            window: specs.first().map_or(MIN_WINDOW, |s| s.window),
+            capacity_s: a.capacity_s,
+            duration_s: a.duration_s,
+            requests: a.requests,
+            rates: &a.rate,
+        },
+    );
+
     // Peak throughput of every policy.
     let capacity_time = Duration::from_secs_f64(a.capacity_s);
     let mut peaks: Vec<Option<f64>> = vec![None; specs.len()];
@@ -581,6 +602,9 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             add_rate(r, None);
         }
     }
+    for (rps, f) in peer.offered_rates() {
+        add_rate(rps, Some(format!("{}×torch peak", (f * 100.0).round() / 100.0)));
+    }
     // The issue's comparison point: half of padding's peak.
     let half_padding = pair.and_then(|(_, p)| peaks[p]).map(|p| (0.5 * p).round().max(1.0));
     if let Some(h) = half_padding
@@ -625,6 +649,7 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             print_row(&r);
             row.push(r);
         }
+        peer.rows_at(rate.rps).for_each(print_row);
         if let Some((c, p)) = pair {
             let (cr, pr) = (&row[c], &row[p]);
             let tr = ratio(cr.throughput_rps, pr.throughput_rps);
@@ -671,9 +696,13 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             fmt_ratio(r90)
         );
     }
+    peer.print_rows_apart(&rates.iter().map(|r| r.rps).collect::<Vec<_>>());
+    let side = |i: Option<usize>| i.map(|i| (specs[i].label.as_str(), peaks[i]));
+    let peer_ratios = peer.summarize(side(cellular), side(padding), &results);
     println!("# {} run(s) in {:.1} s", results.len(), t0.elapsed().as_secs_f64());
     if let Some(svg) = &a.svg {
-        crate::plot::latency_svg(svg, &format!("serve bench {} ({backend_desc})", kind.name()), &results)?;
+        let plotted: Vec<RunResult> = results.iter().cloned().chain(peer.best_rows()).collect();
+        crate::plot::latency_svg(svg, &format!("serve bench {} ({backend_desc})", kind.name()), &plotted)?;
     }
 
     if let Some((path, file)) = report_file {
@@ -694,6 +723,7 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             "p90_ratio_at_half_padding_peak": p90_at_half.and_then(|x| x.1),
             "results": results.iter().map(RunResult::to_json).collect::<Vec<_>>(),
             "comparisons": comparisons,
+            "peer": peer.to_json(peer_ratios),
         });
         write_report(&path, file, &report)?;
     }

@@ -129,6 +129,8 @@ pub(crate) fn cmd_demo() -> CliResult<()> {
         "0.5",
         "--duration-s",
         "1",
+        "--peer",
+        "off",
     ];
     println!("-- serve {} (cellular batching vs the padding baseline, short run)", lstm.join(" "));
     crate::run_args(&lstm)?;

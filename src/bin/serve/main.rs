@@ -5,7 +5,8 @@
 //!   per request, in input order.
 //! * `serve bench mlp …` — ARCHITECTURE.md §8: Poisson open-loop load against an mlp, batched and unbatched.
 //! * `serve bench lstm|seq2seq|treelstm …` — ARCHITECTURE.md §7, §8: cellular batching against the padding
-//!   baseline (peak throughput, latency at equal offered rates, their ratios).
+//!   baseline (peak throughput, latency at equal offered rates, their ratios); lstm also against
+//!   its PyTorch peer (`bench_peer.rs`).
 //! * `serve bench step …` — ARCHITECTURE.md §8 micro-benchmark: one batched LSTM cell step against the
 //!   bare GEMM of the same shape.
 //! * `serve` / `serve demo` — the main job on the CPU default: a small mlp is written, loaded,
@@ -13,6 +14,7 @@
 
 mod bench;
 mod bench_layers;
+mod bench_peer;
 mod bench_rnn;
 mod bench_step;
 mod demo;
@@ -91,7 +93,7 @@ enum Command {
 enum BenchCommand {
     /// Poisson open-loop load against an mlp (a random one unless --model is given).
     Mlp(BenchMlpArgs),
-    /// Cellular batching vs the padding baseline on an lstm, WMT-like sentence lengths.
+    /// Cellular batching vs the padding baseline (and the PyTorch peer) on an lstm, WMT-like sentence lengths.
     Lstm(BenchRnnArgs),
     /// Cellular batching vs the padding baseline on a seq2seq (greedy decode), WMT-like sources.
     Seq2seq(BenchRnnArgs),
@@ -394,6 +396,8 @@ struct BenchRnnArgs {
     /// Draw latency (p50/p90/p99) against throughput per policy into this SVG file.
     #[arg(long)]
     svg: Option<PathBuf>,
+    #[command(flatten)]
+    peer: crate::bench_peer::PeerArgs,
 }
 
 #[derive(Args, Debug)]
