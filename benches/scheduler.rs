@@ -133,7 +133,7 @@ impl Plain {
                 task: self.next_task,
                 worker: 0,
                 model: 0,
-                shape: TaskShape::Cells { cell: 0, nodes: rows.iter().map(|r| r.1).collect() },
+                shape: TaskShape::Cells { cell: 0, nodes: rows.iter().map(|r| r.1).collect(), steps: 1 },
                 exec: Exec::default(),
                 requests: rows.iter().map(|r| r.0).collect(),
                 batch: k,
@@ -300,7 +300,7 @@ impl PlainTree {
             task: self.next_task,
             worker: 0,
             model: 0,
-            shape: TaskShape::Cells { cell: CellType::from(inner), nodes },
+            shape: TaskShape::Cells { cell: CellType::from(inner), nodes, steps: 1 },
             exec: Exec::default(),
             requests,
             batch,
@@ -458,6 +458,8 @@ fn padding(case: &Case) -> PaddingPolicy {
         max_tasks_to_submit: case.max_tasks,
         // Declares the workers' size; treebank trees are far narrower.
         level_width: 1024,
+        // One task per level: the scheduling work per cell this benchmark measures.
+        max_steps: 1,
     })
     .unwrap()
 }

@@ -29,6 +29,7 @@ fn main() {
             for i in 0..300u32 {
                 let cells = (0..rows as u32)
                     .map(|k| CellRow {
+                        steps: 1,
                         slot: (i * 37 + k * 97) % 4096,
                         token: 3 + (i * 31 + k * 7) % 29000,
                         first: false,
@@ -36,8 +37,15 @@ fn main() {
                         output: false,
                     })
                     .collect();
-                let task =
-                    TaskData::new(rows, Work::Cells(CellTask { cell: 0, rows: cells, children: Vec::new() }));
+                let task = TaskData::new(
+                    rows,
+                    Work::Cells(CellTask {
+                        cell: 0,
+                        rows: cells,
+                        children: Vec::new(),
+                        ..CellTask::default()
+                    }),
+                );
                 let target = runner.launch(0, task.clone()).expect("launch");
                 while signal.completed() < target {
                     std::thread::park_timeout(Duration::from_millis(1));

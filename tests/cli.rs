@@ -702,11 +702,12 @@ fn bench_step_writes_the_micro_benchmark_json() {
     ]);
     check_ok(&o);
     let out = stdout(&o);
-    assert!(out.contains("ratio step/GEMM"), "{out}");
+    assert!(out.contains("ratio step/GEMM") && out.contains("ratio folded step/step"), "{out}");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
     let results = field(&v, "results").as_array().unwrap();
     let names: Vec<&str> = results.iter().map(|r| field(r, "name").as_str().unwrap()).collect();
-    assert_eq!(names, ["lstm_step", "gemm"]);
+    assert_eq!(names, ["lstm_step", "gemm", "lstm_step_folded"]);
+    assert!(field(&v, "folded_over_step").as_f64().is_some_and(|x| x.is_finite() && x > 0.0));
     for r in results {
         assert_eq!(field(r, "batch").as_u64(), Some(8), "{r}");
         assert_eq!(field(r, "hidden").as_u64(), Some(32), "{r}");

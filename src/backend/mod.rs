@@ -119,6 +119,20 @@ pub struct CellTask {
     pub rows: Vec<CellRow>,
     /// Children's state slots of tree rows (`CellRow::children` indexes this).
     pub children: Vec<u32>,
+    /// Steps of a multi-step task (a padded batch of paths run in one call, `TaskShape::Cells`
+    /// with `steps`); 0 and 1 both mean one step ([`steps`](Self::steps)). Only backends whose
+    /// [`Backend::max_task_steps`] allows it receive more.
+    pub steps: u32,
+    /// A multi-step task's input tokens, `rows × steps` row-major: row `r`'s token at step `s`
+    /// (its first at step 0, like `CellRow::token`). Empty for a one-step task.
+    pub tokens: Vec<u32>,
+}
+
+impl CellTask {
+    /// The steps every row runs (rows whose `CellRow::steps` is fewer are padding after them).
+    pub fn steps(&self) -> u32 {
+        self.steps.max(1)
+    }
 }
 
 /// A real row of a cell task.
@@ -136,8 +150,11 @@ pub struct CellRow {
     /// Tree rows: the range of `CellTask::children` holding the children's slots.
     pub children: Range<u32>,
     /// The node's output is wanted (the last lstm step, a tree root): its top-layer `h` is
-    /// appended to `TaskIo::output`.
+    /// appended to `TaskIo::output`. In a multi-step task: the `h` after the row's last step.
     pub output: bool,
+    /// A multi-step task's real steps of this row (`1..=CellTask::steps()`): after them the row is
+    /// padding (computed, its state no longer written). 0 is read as all of them.
+    pub steps: u32,
 }
 
 #[derive(Debug)]
@@ -239,6 +256,11 @@ pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
     /// One line describing the backend (device, threads, features).
     fn describe(&self) -> String;
+    /// Most steps of one cell task its recurrent runners execute (`CellTask::steps`): 1 unless
+    /// the backend runs a padded batch's steps in one task.
+    fn max_task_steps(&self) -> u32 {
+        1
+    }
     /// Prepare `net` with `workers` streams for batches of up to `max_batch` rows and, for a
     /// recurrent model, an arena of `state_slots` state slots.
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>>;
@@ -332,6 +354,10 @@ impl Backend for CpuFallback {
 
     fn describe(&self) -> String {
         format!("{} (CUDA not used: {})", self.cpu.describe(), self.why)
+    }
+
+    fn max_task_steps(&self) -> u32 {
+        self.cpu.max_task_steps()
     }
 
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {

@@ -36,19 +36,30 @@ pub(crate) fn push_row(
 ) {
     let v = node as usize;
     let row = match (net, input) {
-        (Network::Lstm(_), Input::Tokens(t)) => {
-            CellRow { slot: slots[0], token: t[v], first: v == 0, children: 0..0, output: v + 1 == t.len() }
-        }
+        (Network::Lstm(_), Input::Tokens(t)) => CellRow {
+            steps: 1,
+            slot: slots[0],
+            token: t[v],
+            first: v == 0,
+            children: 0..0,
+            output: v + 1 == t.len(),
+        },
         (Network::Seq2Seq(_), Input::Tokens(t)) if v < t.len() => {
-            CellRow { slot: slots[0], token: t[v], first: v == 0, children: 0..0, output: false }
+            CellRow { steps: 1, slot: slots[0], token: t[v], first: v == 0, children: 0..0, output: false }
         }
-        (Network::Seq2Seq(_), Input::Tokens(t)) => {
-            CellRow { slot: slots[0], token: NO_TOKEN, first: v == t.len(), children: 0..0, output: false }
-        }
+        (Network::Seq2Seq(_), Input::Tokens(t)) => CellRow {
+            steps: 1,
+            slot: slots[0],
+            token: NO_TOKEN,
+            first: v == t.len(),
+            children: 0..0,
+            output: false,
+        },
         (Network::TreeLstm(_), Input::Tree { tokens, parents }) => {
             let start = task.children.len() as u32;
             task.children.extend(graph.preds(v).iter().map(|c| slots[c as usize]));
             CellRow {
+                steps: 1,
                 slot: slots[v],
                 token: tokens[v],
                 first: false,
@@ -59,6 +70,36 @@ pub(crate) fn push_row(
         _ => unreachable!("inputs are validated against their model at submit"),
     };
     task.rows.push(row);
+}
+
+/// Add the row of `node` of a request to a task of `task.steps()` steps (a padded batch run in one
+/// call): the node and the nodes after it on its run, as many as the task has steps or the run
+/// has nodes, with its token at every step ([`NO_TOKEN`] once it is padding). Only `lstm`
+/// sequences run so (the padding policy fuses batches of single-run paths); anything else is an
+/// INTERNAL error for the task.
+pub(crate) fn push_path_row(
+    net: &Network,
+    input: &Input,
+    slots: &[u32],
+    node: u32,
+    task: &mut CellTask,
+) -> Result<()> {
+    let (Network::Lstm(_), Input::Tokens(t)) = (net, input) else {
+        return Err(Error::internal(format!("a {} request in a task of {} steps", net.kind(), task.steps())));
+    };
+    let (v, steps) = (node as usize, task.steps() as usize);
+    let real = t.len().checked_sub(v).filter(|&n| n > 0).map(|n| n.min(steps));
+    let real = real.ok_or_else(|| Error::internal(format!("node {node} of a sequence of {}", t.len())))?;
+    task.rows.push(CellRow {
+        slot: slots[0],
+        token: t[v],
+        first: v == 0,
+        children: 0..0,
+        output: v + real == t.len(),
+        steps: real as u32,
+    });
+    task.tokens.extend((0..steps).map(|s| if s < real { t[v + s] } else { NO_TOKEN }));
+    Ok(())
 }
 
 /// What a finished row means for its request.

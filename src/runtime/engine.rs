@@ -25,7 +25,7 @@ use crate::backend::{CellTask, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::{Input, Network, Output};
 use crate::runtime::admission::Admission;
-use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_row};
+use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_path_row, push_row};
 use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
 use crate::runtime::metrics::ModelMetrics;
 use crate::runtime::poller::PollerCmd;
@@ -498,6 +498,8 @@ impl Engine {
         // No policy launches layer blocks yet, and no runner executes them: such a task fails
         // at once (below) rather than running as a whole-model task.
         let layers = matches!(t.shape, TaskShape::Layers { .. });
+        // Why the task's work cannot be built (it then fails like a failed launch).
+        let mut unrunnable = None;
         let work = if t.nodes().is_empty() {
             let in_len = state.io.0;
             let mut input = vec![state.net.dense_padding(); t.batch * in_len];
@@ -508,12 +510,20 @@ impl Engine {
             }
             Work::Dense(input)
         } else {
-            let mut cells =
-                CellTask { cell: t.cell(), rows: Vec::with_capacity(t.requests.len()), children: Vec::new() };
+            let mut cells = CellTask {
+                cell: t.cell(),
+                rows: Vec::with_capacity(t.requests.len()),
+                steps: t.shape.steps(),
+                ..CellTask::default()
+            };
             for (id, &node) in t.requests.iter().zip(t.nodes()) {
                 let r = self.core.request(*id).expect("a launched request is pending");
                 let graph = r.graph.as_ref().expect("cell rows belong to recurrent requests");
-                push_row(&state.net, &r.data.input, graph, &r.slots, node, &mut cells);
+                if cells.steps() == 1 {
+                    push_row(&state.net, &r.data.input, graph, &r.slots, node, &mut cells);
+                } else if let Err(e) = push_path_row(&state.net, &r.data.input, &r.slots, node, &mut cells) {
+                    unrunnable.get_or_insert(e);
+                }
             }
             Work::Cells(cells)
         };
@@ -524,7 +534,9 @@ impl Engine {
         self.stats.record_task(rows);
         state.metrics.task_launched(rows);
         self.core.attach(group, task, Some(data.clone()));
-        let launched = if layers {
+        let launched = if let Some(e) = unrunnable {
+            Err(e)
+        } else if layers {
             Err(Error::new(
                 Code::Unsupported,
                 "layer-block tasks are not executed by this runtime's backends yet",

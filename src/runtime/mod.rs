@@ -201,8 +201,9 @@ pub const DEFAULT_STATE_BYTES: usize = 256 << 20;
 /// enough for an h = 256 LSTM over a 30 000-token vocabulary (117 MiB), not for h = 1024 (469 MiB).
 pub const DEFAULT_TOKEN_GATES_BYTES: usize = 256 << 20;
 
-/// The policy object for `net` under `cfg` (its workers are [`Policy::workers`]).
-pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<Box<dyn Policy>> {
+/// The policy object for `net` under `cfg` (its workers are [`Policy::workers`]), for a backend
+/// that runs at most `max_task_steps` steps in one cell task (`Backend::max_task_steps`).
+pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig, max_task_steps: u32) -> Result<Box<dyn Policy>> {
     let recurrent = net.is_recurrent();
     let kind = net.kind();
     let cfg = match cfg {
@@ -261,7 +262,8 @@ pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig) -> Result<Box<dyn P
                 Network::TreeLstm(m) => m.max_nodes(),
                 _ => 1,
             };
-            Ok(Box::new(PaddingPolicy::new(PaddingConfig { level_width, ..cfg })?))
+            let max_steps = cfg.max_steps.min(max_task_steps.max(1));
+            Ok(Box::new(PaddingPolicy::new(PaddingConfig { level_width, max_steps, ..cfg })?))
         }
         PolicyConfig::Auto => unreachable!("resolved above"),
     }
@@ -478,7 +480,7 @@ impl Runtime {
         net.check()?;
         let bound = opts.admission_bound.unwrap_or(self.shared.default_bound);
         check::admission_bound(bound)?;
-        let policy = make_policy(&net, &opts.policy)?;
+        let policy = make_policy(&net, &opts.policy, self.shared.backend.max_task_steps())?;
         let (workers, max_batch) = runner_size(&*policy);
         let state_slots = match opts.state_slots {
             Some(0) => return Err(Error::invalid("state slots must be at least 1")),

@@ -70,6 +70,8 @@ fn policies() -> Vec<(&'static str, Make)> {
                 workers: rng.random_range(1..=3),
                 max_tasks_to_submit: rng.random_range(1..=4),
                 level_width: MAX_TREE_NODES,
+                // One task per level, or a batch of single-run paths in tasks of a few levels.
+                max_steps: if rng.random_bool(0.5) { 1 } else { rng.random_range(2..=8) },
             };
             let policy = Box::new(PaddingPolicy::new(cfg).expect("valid padding config"));
             UnderTest { policy, requests: Requests::Cells { types: 2, fixed: false } }
@@ -281,6 +283,16 @@ impl Checker {
                         _ => self.fail(format!("request {id}: task shape {:?} does not fit it", l.shape)),
                     };
                     rows.push((id, node));
+                    // A task of several steps: the row's later nodes on its run, as far as it goes.
+                    if let (Some(g), Some(node), steps @ 2..) = (g, node, l.shape.steps()) {
+                        let Some(run) =
+                            g.runs().and_then(|runs| runs.iter().find(|r| r.start <= node && node < r.end))
+                        else {
+                            self.fail(format!("task {}: {steps} steps for request {id}, not a path", l.task))
+                        };
+                        let end = run.end.min(node.saturating_add(steps));
+                        rows.extend((node + 1..end).map(|v| (id, Some(v))));
+                    }
                 }
                 for &(id, node) in &rows {
                     if let Some(node) = node

@@ -166,9 +166,12 @@ impl WorkerShape {
 pub enum TaskShape {
     /// The whole fixed-shape model, one row per request.
     Dense,
-    /// One batched step of a recurrent model: every row runs cell type `cell`, row `i` being
-    /// node `nodes[i]` of its request's cell graph.
-    Cells { cell: CellType, nodes: Vec<u32> },
+    /// Batched steps of a recurrent model: every row runs cell type `cell`, row `i` being node
+    /// `nodes[i]` of its request's cell graph. With `steps > 1` (a padded batch of paths run the
+    /// way frameworks run it: all its steps in one call) row `i` then runs the nodes after it on
+    /// its path's run of `cell`, `steps` in all or as many as the run has (a row whose run ends
+    /// sooner is padding for the remaining steps); only for paths (`CellGraph::runs`).
+    Cells { cell: CellType, nodes: Vec<u32>, steps: u32 },
     /// Layers `first..=last` of a layered model, one row per request (a request runs its layer
     /// blocks in order, each a task).
     Layers { first: u32, last: u32 },
@@ -188,6 +191,14 @@ impl TaskShape {
         match self {
             TaskShape::Cells { nodes, .. } => nodes,
             _ => &[],
+        }
+    }
+
+    /// The steps of a cell task (1 for every other shape).
+    pub fn steps(&self) -> u32 {
+        match self {
+            TaskShape::Cells { steps, .. } => *steps,
+            _ => 1,
         }
     }
 }
@@ -245,7 +256,7 @@ impl Launch {
             task,
             worker,
             model: 0,
-            shape: TaskShape::Cells { cell, nodes: rows.iter().map(|r| r.1).collect() },
+            shape: TaskShape::Cells { cell, nodes: rows.iter().map(|r| r.1).collect(), steps: 1 },
             exec: Exec::default(),
             requests: rows.iter().map(|r| r.0).collect(),
             batch,

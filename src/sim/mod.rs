@@ -174,7 +174,8 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
     {
         return Err(Error::invalid(format!("{} arrival times for {} requests", at.len(), requests.len())));
     }
-    let policy = crate::runtime::make_policy(spec.net, spec.policy)?;
+    // The cost model prices a task of several steps as that many steps (`cost::task_time`).
+    let policy = crate::runtime::make_policy(spec.net, spec.policy, u32::MAX)?;
     let slots = if spec.net.is_recurrent() {
         crate::runtime::default_state_slots(spec.net, spec.admission_bound)
     } else {
@@ -309,9 +310,11 @@ impl Sim<'_> {
                 CoreOutput::Launch { group, task } => {
                     let t = self.core.task(group, task).expect("a launched task is in flight");
                     let cell = self.cell_names.get(usize::from(t.cell())).copied().unwrap_or("?");
-                    let run = self.spec.cost.task_time(cell, t.batch).ok_or_else(|| {
+                    let step = self.spec.cost.task_time(cell, t.batch).ok_or_else(|| {
                         Error::invalid(format!("the cost model has no time for cell type `{cell}`"))
                     })?;
+                    // A task of several steps (a padded batch run in one call) costs each of them.
+                    let run = step * t.shape.steps();
                     let (worker, rows, batch) = (t.worker, t.requests.len(), t.batch);
                     let free = &mut self.stream_free[worker];
                     let start = (now + self.spec.cost.launch_delay()).max(*free);

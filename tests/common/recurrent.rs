@@ -88,6 +88,11 @@ pub fn policies(types: usize) -> Vec<(&'static str, PolicyConfig)> {
             PolicyConfig::Cellular(CellularOptions { workers: 2, max_batch: small, max_tasks_to_submit: 2 }),
         ),
         ("padding", PolicyConfig::Padding(PaddingConfig::default())),
+        // One task per level instead of a batch of lstm sequences in one task.
+        (
+            "padding-per-level",
+            PolicyConfig::Padding(PaddingConfig { max_steps: 1, ..PaddingConfig::default() }),
+        ),
         (
             "padding-2w",
             PolicyConfig::Padding(PaddingConfig { workers: 2, max_batch: 3, ..PaddingConfig::default() }),
@@ -134,9 +139,13 @@ pub fn cancel_and_deadline_at_cell_boundaries(rt: &Runtime, net: &Lstm, len: usi
     let mut net = net.clone();
     net.cfg.max_len = Some(len);
     let net = &net;
-    for policy in
-        [PolicyConfig::Cellular(CellularOptions::default()), PolicyConfig::Padding(PaddingConfig::default())]
-    {
+    // Padding runs a batch of lstm sequences in one task (stopping at its end), or, with
+    // `max_steps: 1`, one task per level (stopping at the next level).
+    for policy in [
+        PolicyConfig::Cellular(CellularOptions::default()),
+        PolicyConfig::Padding(PaddingConfig::default()),
+        PolicyConfig::Padding(PaddingConfig { max_steps: 1, ..PaddingConfig::default() }),
+    ] {
         let label = format!("{policy:?}");
         let opts = ModelOptions { policy, ..Default::default() };
         let model = rt.add_network(Arc::new(Network::Lstm(net.clone())), "slow".into(), opts).unwrap();

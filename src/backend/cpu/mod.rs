@@ -82,6 +82,11 @@ impl Backend for CpuBackend {
         format!("cpu: {} compute thread(s), features [{}]", self.threads, feats.join(" "))
     }
 
+    /// The recurrent runner runs a padded batch of `lstm` sequences in one task.
+    fn max_task_steps(&self) -> u32 {
+        u32::MAX
+    }
+
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
         if let Network::Custom(_) = &*net {
             let r = crate::backend::custom::CustomRunner::new(

@@ -246,6 +246,41 @@ fn run_chain(
     }
 }
 
+/// Execute a multi-step task of an `lstm` (a padded batch run in one call, as frameworks do):
+/// `task.steps()` steps of all `padded` rows; at each step the rows whose sequence goes on are the
+/// real rows, the others (padding, and rows past their last step) are computed from zero state
+/// and not written back, so a row's slot holds its state after its last real step. The `h` of
+/// each `output` row is read from its slot at the end.
+fn run_steps(
+    p: &Prepared,
+    chain: &Chain,
+    task: &CellTask,
+    padded: usize,
+    s: &mut Scratch,
+    out: &mut Vec<f32>,
+    threads: Threads,
+) {
+    let (h, steps) = (p.hidden, task.steps() as usize);
+    for step in 0..steps {
+        s.lstm_rows.clear();
+        s.ids[..padded].fill(NO_TOKEN);
+        for (i, r) in task.rows.iter().enumerate() {
+            if step < r.steps as usize || r.steps == 0 {
+                s.ids[s.lstm_rows.len()] = task.tokens[i * steps + step];
+                s.lstm_rows.push(LstmRow { slot: r.slot, fresh: r.first && step == 0 });
+            }
+        }
+        run_chain(p, chain, padded, s, threads);
+    }
+    let top = (chain.layers.len() - 1) * 2 * h;
+    out.clear();
+    for r in task.rows.iter().filter(|r| r.output) {
+        let at = out.len();
+        out.resize(at + h, 0.0);
+        p.arena.read(r.slot, top, &mut out[at..]);
+    }
+}
+
 /// Execute one cell task: outputs of rows marked `output` go to `out`, decoder tokens to `tokens`.
 fn run(
     p: &Prepared,
@@ -259,6 +294,9 @@ fn run(
     let h = p.hidden;
     s.ids[..padded].fill(NO_TOKEN);
     match &p.cells {
+        Cells::Tree { .. } | Cells::Seq2Seq { .. } if task.steps() > 1 => {
+            unreachable!("the runner refuses a tree or seq2seq task of several steps at launch")
+        }
         Cells::Tree { embedding, cell } => {
             s.tree_rows.clear();
             for (i, r) in task.rows.iter().enumerate() {
@@ -280,6 +318,10 @@ fn run(
                 &mut s.h_a,
                 threads,
             );
+        }
+        Cells::Lstm(chain) if task.steps() > 1 => {
+            run_steps(p, chain, task, padded, s, out, threads);
+            return;
         }
         Cells::Lstm(chain) => {
             s.lstm_rows.clear();
@@ -323,6 +365,25 @@ fn run(
     }
 }
 
+/// A task of several steps must be an `lstm`'s, with a token for every row at every step.
+fn check_steps(p: &Prepared, task: &CellTask) -> Result<()> {
+    let steps = task.steps() as usize;
+    if steps == 1 {
+        return Ok(());
+    }
+    if !matches!(p.cells, Cells::Lstm(_)) {
+        return Err(Error::internal(format!("a task of {steps} steps for a model other than an lstm")));
+    }
+    if task.tokens.len() != task.rows.len().saturating_mul(steps) {
+        return Err(Error::internal(format!(
+            "a task of {} rows and {steps} steps carries {} tokens",
+            task.rows.len(),
+            task.tokens.len()
+        )));
+    }
+    Ok(())
+}
+
 impl Runner for RecurrentRunner {
     fn workers(&self) -> usize {
         self.streams.len()
@@ -350,6 +411,10 @@ impl Runner for RecurrentRunner {
                 return;
             };
             if let Err(e) = scratch.ensure(&model, rows, cells.children.len()) {
+                io.error = Some(e);
+                return;
+            }
+            if let Err(e) = check_steps(&model, cells) {
                 io.error = Some(e);
                 return;
             }

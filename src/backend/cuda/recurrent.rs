@@ -143,6 +143,13 @@ impl Rows {
                 self.max_batch
             )));
         }
+        if t.steps() > 1 {
+            // The CUDA backend declares one step per task (`Backend::max_task_steps`).
+            return Err(Error::internal(format!(
+                "a task of {} steps on a runner of one step per task",
+                t.steps()
+            )));
+        }
         let decoder = self.is_decoder(t);
         let mut children = 0usize;
         for (i, r) in t.rows.iter().enumerate() {
@@ -699,7 +706,7 @@ mod tests {
     use crate::model::ENCODER;
 
     fn row(slot: u32, token: u32, first: bool, output: bool) -> CellRow {
-        CellRow { slot, token, first, children: 0..0, output }
+        CellRow { steps: 1, slot, token, first, children: 0..0, output }
     }
 
     const B: usize = 4;
@@ -715,6 +722,7 @@ mod tests {
             cell: ENCODER,
             rows: vec![row(3, 7, true, false), row(9, 19, false, true), row(0, NO_TOKEN, false, true)],
             children: Vec::new(),
+            ..CellTask::default()
         };
         let counts = rows.check(4, &t).unwrap();
         assert_eq!(counts, Counts { children: 0, out_rows: 2, decoder: false });
@@ -735,6 +743,7 @@ mod tests {
             // Decoder rows carry no token (NO_TOKEN), or an out-of-vocabulary one: never read.
             rows: vec![row(2, NO_TOKEN, true, false), row(5, 12345, false, false)],
             children: Vec::new(),
+            ..CellTask::default()
         };
         let counts = rows.check(3, &t).unwrap();
         assert!(counts.decoder);
@@ -744,7 +753,12 @@ mod tests {
         assert_eq!(&d[..2], &[2, 5]);
         assert_eq!(&d[B..B + 3], &[1, abi::SERVE_TOKEN_FROM_SLOT, NO_TOKEN]);
         // The same model's encoder rows are ordinary chain rows.
-        let enc = CellTask { cell: ENCODER, rows: vec![row(2, 4, true, false)], children: Vec::new() };
+        let enc = CellTask {
+            cell: ENCODER,
+            rows: vec![row(2, 4, true, false)],
+            children: Vec::new(),
+            ..CellTask::default()
+        };
         let counts = rows.check(1, &enc).unwrap();
         assert!(!counts.decoder);
         rows.write(&enc, 1, counts, &mut d);
@@ -759,7 +773,12 @@ mod tests {
         let leaf = row(7, NO_TOKEN, false, false);
         let mut root = row(8, 5, false, true);
         root.children = 0..2;
-        let t = CellTask { cell: 1, rows: vec![a, leaf, root], children: vec![0, 1, 2, 3] };
+        let t = CellTask {
+            cell: 1,
+            rows: vec![a, leaf, root],
+            children: vec![0, 1, 2, 3],
+            ..CellTask::default()
+        };
         let counts = rows.check(4, &t).unwrap();
         assert_eq!(counts, Counts { children: 4, out_rows: 1, decoder: false });
         let mut d = Vec::new();
@@ -776,14 +795,24 @@ mod tests {
     fn bad_tasks_are_refused_before_anything_is_queued() {
         let rows = Rows { max_batch: B, slots: 10, vocab: 20, tree: true, bos: None };
         let msg = |t: &CellTask, padded| rows.check(padded, t).unwrap_err().message().to_string();
-        let one = |r: CellRow, children: Vec<u32>| CellTask { cell: 0, rows: vec![r], children };
+        let one = |r: CellRow, children: Vec<u32>| CellTask {
+            cell: 0,
+            rows: vec![r],
+            children,
+            ..CellTask::default()
+        };
         assert!(msg(&one(row(10, 1, false, false), vec![]), 1).contains("state slot 10 outside"));
         assert!(msg(&one(row(1, 20, false, false), vec![]), 1).contains("token 20 outside"));
         let mut r = row(1, 1, false, false);
         r.children = 0..3;
         assert!(msg(&one(r.clone(), vec![1, 2]), 1).contains("children 0..3 outside"));
         assert!(msg(&one(r, vec![1, 2, 11]), 1).contains("child slot 11 outside"));
-        let two = CellTask { cell: 0, rows: vec![row(1, 1, false, false); 2], children: vec![] };
+        let two = CellTask {
+            cell: 0,
+            rows: vec![row(1, 1, false, false); 2],
+            children: vec![],
+            ..CellTask::default()
+        };
         assert!(msg(&two, 1).contains("2 rows in a task of 1"));
         assert!(msg(&two, B + 1).contains("at most 4"));
     }

@@ -80,6 +80,8 @@ pub(crate) struct Workload {
     pub(crate) inputs: Vec<Input>,
     /// Latency target for goodput, if any.
     pub(crate) qos: Option<Duration>,
+    /// `ModelOptions::token_gates_bytes` of every policy's model (`None`: the default).
+    pub(crate) token_gates_bytes: Option<usize>,
 }
 
 impl Workload {
@@ -393,6 +395,7 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
         name: plan.name.clone(),
         inputs: plan.inputs.iter().map(|v| Input::F32(v.clone())).collect(),
         qos: plan.qos,
+        token_gates_bytes: None,
     };
     let batched = timeout_spec(plan.batched);
     let unbatched = timeout_spec(TimeoutConfig { max_batch: 1, max_wait: Duration::ZERO, ..plan.batched });
@@ -474,7 +477,11 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
 /// started).
 fn start_model(work: &Workload, policy: &PolicySpec) -> CliResult<(Runtime, Model)> {
     let rt = build_runtime(work.rt)?;
-    let opts = ModelOptions { policy: policy.config.clone(), ..ModelOptions::default() };
+    let opts = ModelOptions {
+        policy: policy.config.clone(),
+        token_gates_bytes: work.token_gates_bytes,
+        ..ModelOptions::default()
+    };
     let model = rt
         .add_network(work.net.clone(), work.name.clone(), opts)
         .map_err(|e| fatal(format!("cannot serve `{}` under {}: {e}", work.name, policy.label)))?;

@@ -338,6 +338,8 @@ pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<Po
                     max_tasks_to_submit: a.max_tasks_to_submit,
                     // Set from the model (its widest tree level) when the runtime builds the policy.
                     level_width: 1,
+                    // All of a batch's steps in one task where the backend runs them so.
+                    max_steps: u32::MAX,
                 };
                 let mut label =
                     format!("padding(b={max_batch},bucket={},k={}", a.bucket_width, a.max_tasks_to_submit);
@@ -519,7 +521,16 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
         name: name.clone(),
         inputs,
         qos: a.qos_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
+        token_gates_bytes: a.token_gates_mib.map(|m| m.saturating_mul(1 << 20)),
     };
+    let gates = work.token_gates_bytes.unwrap_or(serve::runtime::DEFAULT_TOKEN_GATES_BYTES);
+    if work.net.kind() != ModelKind::TreeLstm {
+        println!(
+            "# token-gate tables: up to {} MiB (CPU backend: a chain's embedding folded into its first layer where \
+             its vocab × 4·hidden floats fit; --token-gates-mib)",
+            gates >> 20
+        );
+    }
     let cost = match &*work.net {
         Network::Lstm(_) => format!(" layers {} (LSTM step {step_mflop:.2} MFLOP/row)", sizes.layers),
         Network::Seq2Seq(m) => format!(

@@ -358,6 +358,10 @@ struct BenchRnnArgs {
     /// lengths: a number, or `auto` (default): calibrated for a mean decode of half max_decode.
     #[arg(long, value_parser = eos_bias)]
     eos_bias: Option<EosBias>,
+    /// MiB of token-gate tables the model may hold (CPU backend: an LSTM's embedding folded into
+    /// its first layer, vocab × 4·hidden floats; 0 = off). Default: the runtime's, 256 MiB.
+    #[arg(long, value_parser = in_range(0, 1 << 20))]
+    token_gates_mib: Option<usize>,
     #[command(flatten)]
     pol: RnnPolicyArgs,
     /// Offered rates in requests per second (`--rate 100 200` or `--rate 100,200`). Default:

@@ -123,7 +123,12 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
                 // Distinct slots for the rows (and children) of a task: an odd stride over the
                 // arena from a base that moves on with every task.
                 let slot = |k: usize| ((base + k * SLOT_STRIDE) % slots) as u32;
-                let mut t = CellTask { cell, rows: Vec::with_capacity(b), children: Vec::new() };
+                let mut t = CellTask {
+                    cell,
+                    rows: Vec::with_capacity(b),
+                    children: Vec::new(),
+                    ..CellTask::default()
+                };
                 for i in 0..b {
                     let (token, children) = if net.kind() == serve::ModelKind::TreeLstm && cell == INTERNAL {
                         let at = t.children.len() as u32;
@@ -136,7 +141,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
                         // rows a task reads are not all in cache).
                         ((((base + i) * TOKEN_STRIDE) % (vocab - 3)) as u32 + 3, 0..0)
                     };
-                    t.rows.push(CellRow { slot: slot(i), token, first, children, output: false });
+                    t.rows.push(CellRow { steps: 1, slot: slot(i), token, first, children, output: false });
                 }
                 base = (base + 3 * b + 1) % slots;
                 TaskData::new(b, Work::Cells(t))
@@ -184,6 +189,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             let base = seed * 7 + i * 3 * rows;
             let cells = (0..rows)
                 .map(|k| CellRow {
+                    steps: 1,
                     slot: ((base + k * SLOT_STRIDE) % slots) as u32,
                     token: (((base + k) * TOKEN_STRIDE) % (vocab - 3)) as u32 + 3,
                     first: false,
@@ -191,7 +197,10 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
                     output: false,
                 })
                 .collect();
-            let t = TaskData::new(rows, Work::Cells(CellTask { cell: 0, rows: cells, children: Vec::new() }));
+            let t = TaskData::new(
+                rows,
+                Work::Cells(CellTask { cell: 0, rows: cells, children: Vec::new(), ..CellTask::default() }),
+            );
             run_round(&*runner, std::slice::from_ref(&t))?;
             if !pause.is_zero() {
                 std::thread::sleep(pause);

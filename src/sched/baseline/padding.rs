@@ -10,10 +10,13 @@
 //! batching improves on. Seq2Seq decoding stops when every request of the batch has emitted
 //! `eos` (or at `max_decode`), like TF's `dynamic_decode`.
 //!
-//! To compare fairly with cellular batching on the same runtime, a batch keeps up to
-//! `max_tasks_to_submit` level tasks submitted ahead on its worker's stream. Cancel and deadline
-//! take effect at the next level boundary: the request's later rows become padding and it
-//! completes once none of its rows is running.
+//! A batch of single-run paths (`lstm` sequences) runs as frameworks run it: all its levels in
+//! **one task** (`TaskShape::Cells` with `steps`), one call on its worker with no engine round
+//! trip per step — up to `max_steps` levels per task, where the backend can (the runtime sets the
+//! backend's bound). Other batches (Seq2Seq, whose decoder ends on `eos`; trees) run one task per
+//! level and keep up to `max_tasks_to_submit` of them submitted ahead on the worker's stream.
+//! Cancel and deadline take effect at the next task boundary: the request's later rows become
+//! padding and it completes once none of its rows is running.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -39,22 +42,39 @@ pub struct PaddingConfig {
     /// `max_nodes` for trees. A level task holds `max_batch × level_width` rows at most, the
     /// size its workers are declared with.
     pub level_width: usize,
+    /// Most levels one task runs for a batch of single-run paths (lstm): frameworks run a padded
+    /// batch's steps in one call (default: all of them); 1 runs one task per level. The runtime
+    /// lowers it to what its backend executes (`Backend::max_task_steps`).
+    pub max_steps: u32,
 }
 
 impl Default for PaddingConfig {
     fn default() -> Self {
-        PaddingConfig { bucket_width: 10, max_batch: 64, workers: 1, max_tasks_to_submit: 5, level_width: 1 }
+        PaddingConfig {
+            bucket_width: 10,
+            max_batch: 64,
+            workers: 1,
+            max_tasks_to_submit: 5,
+            level_width: 1,
+            max_steps: u32::MAX,
+        }
     }
 }
 
 impl PaddingConfig {
     pub fn check(&self) -> Result<()> {
-        let sizes =
-            [self.bucket_width, self.max_batch, self.workers, self.max_tasks_to_submit, self.level_width];
+        let sizes = [
+            self.bucket_width,
+            self.max_batch,
+            self.workers,
+            self.max_tasks_to_submit,
+            self.level_width,
+            self.max_steps as usize,
+        ];
         if sizes.contains(&0) {
             return Err(Error::invalid(format!(
-                "padding policy: bucket width, max batch, workers, tasks to submit and level width must be ≥ 1 \
-                 ({self:?})"
+                "padding policy: bucket width, max batch, workers, tasks to submit, level width and max steps \
+                 must be ≥ 1 ({self:?})"
             )));
         }
         Ok(())
@@ -123,6 +143,8 @@ struct Batch {
     /// The next (cell type, level) to submit; `None` once every level has been.
     next: Option<(CellType, u32)>,
     outstanding: VecDeque<TaskId>,
+    /// Every member is a single-run path: its levels run `max_steps` to a task.
+    fused: bool,
 }
 
 impl Batch {
@@ -204,7 +226,7 @@ impl PaddingPolicy {
         let mut deepen = |cell: CellType, levels: u32| {
             depth[cell as usize] = depth[cell as usize].max(levels);
         };
-        let members = members
+        let members: Vec<Member> = members
             .into_iter()
             .map(|id| {
                 let g = &self.reqs[&id].graph;
@@ -224,7 +246,10 @@ impl PaddingPolicy {
             })
             .collect();
         let next = Batch::level_from(&depth, 0, 0);
-        Batch { members, depth, next, outstanding: VecDeque::new() }
+        let single_run =
+            |m: &Member| matches!(m, Member::Path(_, g) if g.runs().is_some_and(|r| r.len() == 1));
+        let fused = self.cfg.max_steps > 1 && members.iter().all(single_run);
+        Batch { members, depth, next, outstanding: VecDeque::new(), fused }
     }
 
     /// Whether `id` still takes rows (not stopped, not ended, not completed).
@@ -241,7 +266,12 @@ impl PaddingPolicy {
                 batch.next = None;
                 break;
             }
-            batch.next = Batch::level_from(&batch.depth, cell as usize, level + 1);
+            // A fused batch runs the rest of its levels (all of one cell type) in one task.
+            let steps = match batch.fused {
+                true => (batch.depth[cell as usize] - level).min(self.cfg.max_steps),
+                false => 1,
+            };
+            batch.next = Batch::level_from(&batch.depth, cell as usize, level + steps);
             // Rows member by member; the level is padded to the widest member, dead or alive.
             let (mut rows, mut widest) = (Vec::new(), 0);
             for m in &batch.members {
@@ -277,7 +307,7 @@ impl PaddingPolicy {
             self.book.launch(
                 task,
                 worker,
-                TaskShape::Cells { cell, nodes },
+                TaskShape::Cells { cell, nodes, steps },
                 requests,
                 batch.members.len() * widest,
             );
@@ -446,6 +476,7 @@ mod tests {
             workers,
             max_tasks_to_submit: lookahead,
             level_width: 4,
+            max_steps: 1,
         })
         .unwrap()
     }
@@ -503,6 +534,51 @@ mod tests {
         }
         // The short request waited for the long one: they complete together.
         assert_eq!(drain(&mut p), vec![done(2), done(3)]);
+    }
+
+    fn fused(task: TaskId, rows: &[(RequestId, u32)], steps: u32, batch: usize) -> Decision {
+        let mut l = Launch::of_rows(task, 0, 0, rows, batch);
+        l.shape = TaskShape::Cells { cell: 0, nodes: rows.iter().map(|r| r.1).collect(), steps };
+        Decision::Launch(l)
+    }
+
+    /// A batch of lstm sequences runs as frameworks run it: all its levels in one task (or tasks
+    /// of `max_steps` levels), padded to the batch; a cancel takes effect at the task's end; a
+    /// Seq2Seq batch still runs level by level.
+    #[test]
+    fn a_batch_of_single_run_paths_runs_its_levels_in_one_task() {
+        let mut p = PaddingPolicy::new(PaddingConfig { max_batch: 4, ..PaddingConfig::default() }).unwrap();
+        arrive(&mut p, 1, chain(3));
+        assert_eq!(drain(&mut p), vec![fused(0, &[(1, 0)], 3, 1)]);
+        arrive(&mut p, 2, chain(2));
+        arrive(&mut p, 3, chain(5));
+        p.task_done(us(1), &TaskReport::of(0));
+        // One task of the longest request's 5 steps for both (request 2 is padding after 2).
+        assert_eq!(drain(&mut p), vec![done(1), fused(1, &[(2, 0), (3, 0)], 5, 2)]);
+        p.cancel(us(2), 3);
+        assert_eq!(drain(&mut p), vec![], "a running request stops at the task's end");
+        p.task_done(us(3), &TaskReport::of(1));
+        assert_eq!(drain(&mut p), vec![Decision::Complete { id: 3, code: Code::Cancelled }, done(2)]);
+
+        // At most `max_steps` levels a task, the next submitted ahead.
+        let mut p =
+            PaddingPolicy::new(PaddingConfig { max_batch: 4, max_steps: 2, ..PaddingConfig::default() })
+                .unwrap();
+        arrive(&mut p, 1, chain(5));
+        assert_eq!(
+            drain(&mut p),
+            vec![fused(0, &[(1, 0)], 2, 1), fused(1, &[(1, 2)], 2, 1), fused(2, &[(1, 4)], 1, 1)]
+        );
+        // Seq2Seq (two runs: its decoder may end on eos) is not fused.
+        let mut p = PaddingPolicy::new(PaddingConfig::default()).unwrap();
+        arrive(&mut p, 1, Arc::new(CellGraph::chains(&[(0, 2), (1, 2)]).unwrap()));
+        let levels =
+            [(0, 0), (1, 0), (2, 1), (3, 1)].map(|(t, cell)| launch(t, 0, cell, &[(1, t as u32)], 1));
+        assert_eq!(drain(&mut p), levels);
+        assert_eq!(
+            PaddingConfig { max_steps: 0, ..PaddingConfig::default() }.check().unwrap_err().code(),
+            Code::InvalidArgument
+        );
     }
 
     #[test]

@@ -490,7 +490,7 @@ impl CellularPolicy {
             releases: f.out.released,
             trees: f.trees,
         });
-        let shape = TaskShape::Cells { cell: ty as CellType, nodes: f.out.nodes };
+        let shape = TaskShape::Cells { cell: ty as CellType, nodes: f.out.nodes, steps: 1 };
         self.book.launch(task, worker, shape, f.out.requests, batch);
     }
 
