@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use serve::sched::baseline::padding::{PaddingConfig, PaddingPolicy};
+use serve::sched::baseline::padding::{BucketOrder, PaddingConfig, PaddingPolicy};
 use serve::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy};
 use serve::sched::{
     Arrival, CellGraph, CellType, Decision, Exec, Launch, Policy, RequestId, TaskId, TaskReport, TaskShape,
@@ -460,6 +460,7 @@ fn padding(case: &Case) -> PaddingPolicy {
         level_width: 1024,
         // One task per level: the scheduling work per cell this benchmark measures.
         max_steps: 1,
+        order: BucketOrder::RoundRobin,
     })
     .unwrap()
 }

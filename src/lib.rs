@@ -21,7 +21,7 @@ pub use runtime::{
     CellularOptions, Completion, CompletionQueue, Model, ModelOptions, PolicyConfig, Runtime, RuntimeBuilder,
     StatsSnapshot, SubmitOptions, Ticket,
 };
-pub use sched::baseline::padding::PaddingConfig;
+pub use sched::baseline::padding::{BucketOrder, PaddingConfig};
 pub use sched::baseline::timeout::TimeoutConfig;
 
 /// The crate version, `MAJOR.MINOR.PATCH`.

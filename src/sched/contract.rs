@@ -25,7 +25,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::Code;
-use crate::sched::baseline::padding::{PaddingConfig, PaddingPolicy};
+use crate::sched::baseline::padding::{BucketOrder, PaddingConfig, PaddingPolicy};
 use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
 use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy};
 use crate::sched::{
@@ -72,6 +72,7 @@ fn policies() -> Vec<(&'static str, Make)> {
                 level_width: MAX_TREE_NODES,
                 // One task per level, or a batch of single-run paths in tasks of a few levels.
                 max_steps: if rng.random_bool(0.5) { 1 } else { rng.random_range(2..=8) },
+                order: if rng.random_bool(0.5) { BucketOrder::RoundRobin } else { BucketOrder::OldestHead },
             };
             let policy = Box::new(PaddingPolicy::new(cfg).expect("valid padding config"));
             UnderTest { policy, requests: Requests::Cells { types: 2, fixed: false } }

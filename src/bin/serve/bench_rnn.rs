@@ -30,8 +30,8 @@ use serve::model::{DECODER, Lstm, NO_TOKEN, Seq2Seq, TreeLstm};
 use serve::runtime::DEFAULT_ADMISSION_BOUND;
 use serve::workload::{TREEBANK_MAX_NODES, WMT_MAX_LEN, treebank_trees, wmt_lengths};
 use serve::{
-    BackendKind, CellularOptions, Input, ModelKind, ModelOptions, Network, Output, PaddingConfig,
-    PolicyConfig, SubmitOptions,
+    BackendKind, BucketOrder, CellularOptions, Input, ModelKind, ModelOptions, Network, Output,
+    PaddingConfig, PolicyConfig, SubmitOptions,
 };
 
 use crate::bench::{
@@ -340,9 +340,13 @@ pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<Po
                     level_width: 1,
                     // All of a batch's steps in one task where the backend runs them so.
                     max_steps: u32::MAX,
+                    order: a.bucket_order.into(),
                 };
                 let mut label =
                     format!("padding(b={max_batch},bucket={},k={}", a.bucket_width, a.max_tasks_to_submit);
+                if cfg.order == BucketOrder::OldestHead {
+                    label.push_str(",oldest");
+                }
                 if a.workers != 1 {
                     label.push_str(&format!(",w={}", a.workers));
                 }

@@ -334,10 +334,30 @@ struct RnnPolicyArgs {
     /// Width of padding's size buckets, in cells.
     #[arg(long, default_value_t = 10, value_parser = positive())]
     bucket_width: usize,
+    /// Which bucket padding serves next: `round-robin` (the BatchMaker paper's baseline) or
+    /// `oldest` (the bucket whose first request came first, as a framework's bucketing batcher).
+    #[arg(long, value_enum, default_value_t = BucketOrderArg::RoundRobin)]
+    bucket_order: BucketOrderArg,
     /// Requests kept in flight while measuring peaks (default: 4× the largest max batch, at least
     /// 256, at most the admission bound 4096; the same for every policy).
     #[arg(long, value_parser = positive())]
     capacity_window: Option<usize>,
+}
+
+/// `--bucket-order`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BucketOrderArg {
+    RoundRobin,
+    Oldest,
+}
+
+impl From<BucketOrderArg> for serve::BucketOrder {
+    fn from(a: BucketOrderArg) -> serve::BucketOrder {
+        match a {
+            BucketOrderArg::RoundRobin => serve::BucketOrder::RoundRobin,
+            BucketOrderArg::Oldest => serve::BucketOrder::OldestHead,
+        }
+    }
 }
 
 #[derive(Args, Debug)]

@@ -28,6 +28,19 @@ use crate::sched::{
     WorkerShape,
 };
 
+/// Which non-empty bucket an idle worker takes its batch from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BucketOrder {
+    /// The next after the bucket served last (the BatchMaker paper's description of the
+    /// TF/MXNet baseline, and the default): every bucket gets a turn however few it holds.
+    #[default]
+    RoundRobin,
+    /// The bucket whose first request arrived earliest (a framework's bucketing batcher with its
+    /// batches ready: TF's `bucket_by_sequence_length`, the PyTorch peer of `serve bench lstm`):
+    /// buckets are served about in proportion to their traffic.
+    OldestHead,
+}
+
 /// Configuration of a [`PaddingPolicy`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PaddingConfig {
@@ -46,6 +59,8 @@ pub struct PaddingConfig {
     /// batch's steps in one call (default: all of them); 1 runs one task per level. The runtime
     /// lowers it to what its backend executes (`Backend::max_task_steps`).
     pub max_steps: u32,
+    /// Which bucket a worker serves next.
+    pub order: BucketOrder,
 }
 
 impl Default for PaddingConfig {
@@ -57,6 +72,7 @@ impl Default for PaddingConfig {
             max_tasks_to_submit: 5,
             level_width: 1,
             max_steps: u32::MAX,
+            order: BucketOrder::RoundRobin,
         }
     }
 }
@@ -87,6 +103,8 @@ enum State {
 }
 
 struct Req {
+    /// Arrival order (for [`BucketOrder::OldestHead`]).
+    seq: u64,
     deadline: Option<Time>,
     graph: Arc<CellGraph>,
     state: State,
@@ -162,6 +180,8 @@ pub struct PaddingPolicy {
     buckets: BTreeMap<usize, VecDeque<RequestId>>,
     /// The bucket served last (round-robin continues after it).
     cursor: Option<usize>,
+    /// Arrivals so far (the next request's `seq`).
+    arrivals: u64,
     batches: Vec<Option<Batch>>,
     /// Requests of each task (rows may repeat a request).
     tasks: HashMap<TaskId, (WorkerId, Vec<RequestId>)>,
@@ -177,6 +197,7 @@ impl PaddingPolicy {
             reqs: HashMap::new(),
             buckets: BTreeMap::new(),
             cursor: None,
+            arrivals: 0,
             tasks: HashMap::new(),
             book: Book::default(),
         })
@@ -186,8 +207,13 @@ impl PaddingPolicy {
         &self.cfg
     }
 
-    /// The next non-empty bucket after the cursor, wrapping around.
+    /// The bucket to serve next: the next non-empty one after the cursor, wrapping around, or
+    /// the one whose head arrived first.
     fn next_bucket(&self) -> Option<usize> {
+        if self.cfg.order == BucketOrder::OldestHead {
+            let head = |q: &VecDeque<RequestId>| q.front().map(|id| self.reqs[id].seq);
+            return self.buckets.iter().filter_map(|(&b, q)| Some((head(q)?, b))).min().map(|(_, b)| b);
+        }
         let after = self.cursor.map_or(0, |c| c + 1);
         self.buckets
             .range(after..)
@@ -388,6 +414,7 @@ impl Policy for PaddingPolicy {
         self.reqs.insert(
             a.id,
             Req {
+                seq: self.arrivals,
                 deadline: a.deadline,
                 graph,
                 state: State::Queued,
@@ -397,6 +424,7 @@ impl Policy for PaddingPolicy {
                 ended: false,
             },
         );
+        self.arrivals += 1;
         self.buckets.entry(bucket).or_default().push_back(a.id);
         self.book.arrive(a.model, a.deadline, a.id);
         self.expire(now);
@@ -477,6 +505,7 @@ mod tests {
             max_tasks_to_submit: lookahead,
             level_width: 4,
             max_steps: 1,
+            order: BucketOrder::RoundRobin,
         })
         .unwrap()
     }
@@ -635,6 +664,39 @@ mod tests {
             p.task_done(us(200 + t), &TaskReport::of(t));
         }
         assert_eq!(after(&drain(&mut p), 4), launch(67, 0, 0, &[(3, 0)], 1));
+    }
+
+    #[test]
+    fn oldest_head_serves_the_bucket_whose_first_request_came_first() {
+        let cfg = PaddingConfig {
+            max_batch: 8,
+            max_steps: 1,
+            order: BucketOrder::OldestHead,
+            ..policy(8, 1, 1).cfg
+        };
+        let mut p = PaddingPolicy::new(cfg).unwrap();
+        arrive(&mut p, 1, chain(25));
+        assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0)], 1)]);
+        arrive(&mut p, 2, chain(35)); // bucket 3
+        arrive(&mut p, 3, chain(15)); // bucket 1
+        arrive(&mut p, 4, chain(5)); // bucket 0
+        arrive(&mut p, 5, chain(36)); // bucket 3
+        for t in 0..25 {
+            p.task_done(us(t + 1), &TaskReport::of(t));
+        }
+        // Round-robin would go on from bucket 2 to 3 as well; here bucket 3 because request 2
+        // came first, both of its requests in one batch; then bucket 1 (3), then 0 (4).
+        let after =
+            |d: &[Decision], id: RequestId| d[d.iter().position(|x| *x == done(id)).unwrap() + 1].clone();
+        assert_eq!(after(&drain(&mut p), 1), launch(25, 0, 0, &[(2, 0), (5, 0)], 2));
+        for t in 25..61 {
+            p.task_done(us(100 + t), &TaskReport::of(t));
+        }
+        assert_eq!(after(&drain(&mut p), 5), launch(61, 0, 0, &[(3, 0)], 1));
+        for t in 61..76 {
+            p.task_done(us(200 + t), &TaskReport::of(t));
+        }
+        assert_eq!(after(&drain(&mut p), 3), launch(76, 0, 0, &[(4, 0)], 1));
     }
 
     #[test]
