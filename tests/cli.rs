@@ -601,6 +601,15 @@ fn bench_lstm_compares_cellular_and_padding_in_the_design_json() {
     assert_eq!(field(model, "layers").as_u64(), Some(1));
     check_rnn_results(&v, &[300.0], 40);
     assert!(field(&v, "peaks").as_array().unwrap().is_empty(), "no peaks measured with --rate");
+    // One request at a time, per policy: latency = compute + time outside compute.
+    assert!(out.contains("# alone cellular(") && out.contains("# alone padding("), "{out}");
+    let alone = field(&v, "alone").as_array().unwrap();
+    assert_eq!(alone.len(), 2, "{v}");
+    for a in alone {
+        let num = |k: &str| field(a, k).as_f64().unwrap();
+        assert!(num("latency_us") > num("compute_us") && num("compute_us") > 0.0, "{a}");
+        assert!(num("tasks_per_request") >= 1.0, "{a}");
+    }
 }
 
 #[test]

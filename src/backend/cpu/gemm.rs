@@ -141,7 +141,10 @@ pub fn matmul(x: &[f32], w: &PackedWeight, y: &mut [f32], rows: usize, accumulat
 /// ([`PackedWeight::with_panels`]): a cellular step at low load is one to a few rows, where the
 /// time is streaming the weight once, and gemm's kernels (built to pack and tile large products)
 /// left most of the bandwidth unused (an h = 256 LSTM step's `1 × 256 · 256 × 1024`: 32 µs on
-/// the 2-core CI machine, `serve bench step --batch 1`).
+/// the 2-core CI machine, `serve bench step --batch 1`). Each group of 4 rows is one pass over
+/// the weight, so with more rows gemm is as fast or faster again (`serve bench step --threads 1`,
+/// h = 256 and 1024: panels ahead at 1–4 rows at h = 256, even at h = 1024, mixed at 8, behind at
+/// 20 and 32).
 pub const SMALL_ROWS: usize = 4;
 
 /// Output columns per panel.
@@ -156,13 +159,22 @@ const RUN: usize = 1024;
 fn panel_matmul(x: &[f32], panels: &[f32], y: &mut [f32], rows: usize, k: usize, n: usize, accumulate: bool) {
     // `U` sets of accumulators over alternating weight rows, so that at least 4 × 2 independent
     // vector sums are in flight (one output row alone would wait on each add's latency).
-    match rows {
-        1 => panel_rows::<1, 2>(x, panels, y, k, n, accumulate),
-        2 => panel_rows::<2, 2>(x, panels, y, k, n, accumulate),
-        3 => panel_rows::<3, 1>(x, panels, y, k, n, accumulate),
-        _ => panel_rows::<SMALL_ROWS, 1>(x, panels, y, k, n, accumulate),
+    // Rows in groups of GROUP, each group one pass over the panels.
+    for r0 in (0..rows).step_by(GROUP) {
+        let g = GROUP.min(rows - r0);
+        let (x, y) = (&x[r0 * k..], &mut y[r0 * n..]);
+        match g {
+            1 => panel_rows::<1, 2>(x, panels, y, k, n, accumulate),
+            2 => panel_rows::<2, 2>(x, panels, y, k, n, accumulate),
+            3 => panel_rows::<3, 1>(x, panels, y, k, n, accumulate),
+            _ => panel_rows::<GROUP, 1>(x, panels, y, k, n, accumulate),
+        }
     }
 }
+
+/// Rows sharing one pass over the panels: 4 rows × 16 columns is 8 AVX2 accumulators, half the
+/// vector registers.
+const GROUP: usize = 4;
 
 /// [`panel_matmul`] for `R` rows with `U` accumulator sets.
 fn panel_rows<const R: usize, const U: usize>(
@@ -174,7 +186,7 @@ fn panel_rows<const R: usize, const U: usize>(
     accumulate: bool,
 ) {
     // x transposed, [k][R]: the entries of one weight row for every output row, side by side.
-    let mut xt = [0.0f32; RUN * SMALL_ROWS];
+    let mut xt = [0.0f32; RUN * GROUP];
     // Long inner products are split into runs of up to RUN weight rows (partial sums added).
     for k0 in (0..k).step_by(RUN) {
         let kk = RUN.min(k - k0);

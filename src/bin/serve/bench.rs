@@ -85,7 +85,7 @@ pub(crate) struct Workload {
 }
 
 impl Workload {
-    fn input(&self, i: usize) -> Input {
+    pub(crate) fn input(&self, i: usize) -> Input {
         self.inputs[i % self.inputs.len()].clone()
     }
 }
@@ -475,7 +475,7 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
 
 /// A runtime serving the workload's network under `policy`, warmed up (buffers touched, threads
 /// started).
-fn start_model(work: &Workload, policy: &PolicySpec) -> CliResult<(Runtime, Model)> {
+pub(crate) fn start_model(work: &Workload, policy: &PolicySpec) -> CliResult<(Runtime, Model)> {
     let rt = build_runtime(work.rt)?;
     let opts = ModelOptions {
         policy: policy.config.clone(),

@@ -38,6 +38,7 @@ use crate::bench::{
     PolicySpec, RunResult, Workload, fmt_ratio, measure_capacity, open_report, print_header, print_row,
     ratio, requests_per_run, run_open_loop, write_report,
 };
+use crate::bench_alone::measure_alone;
 use crate::bench_peer::{self, PeerPlan};
 use crate::{BenchRnnArgs, CliResult, EosBias, PolicyArg, RnnPolicyArgs, RuntimeArgs, build_runtime, fatal};
 
@@ -339,13 +340,16 @@ pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<Po
                     // Set from the model (its widest tree level) when the runtime builds the policy.
                     level_width: 1,
                     // All of a batch's steps in one task where the backend runs them so.
-                    max_steps: u32::MAX,
+                    max_steps: a.padding_steps,
                     order: a.bucket_order.into(),
                 };
                 let mut label =
                     format!("padding(b={max_batch},bucket={},k={}", a.bucket_width, a.max_tasks_to_submit);
                 if cfg.order == BucketOrder::OldestHead {
                     label.push_str(",oldest");
+                }
+                if a.padding_steps != u32::MAX {
+                    label.push_str(&format!(",steps={}", a.padding_steps));
                 }
                 if a.workers != 1 {
                     label.push_str(&format!(",w={}", a.workers));
@@ -571,6 +575,14 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
         },
     );
 
+    // One request at a time: where a request's time goes at low load.
+    let mut alone = Vec::new();
+    for spec in &specs {
+        let r = measure_alone(&work, spec)?;
+        r.print(&spec.label);
+        alone.push(r.to_json(&spec.label));
+    }
+
     // Peak throughput of every policy.
     let capacity_time = Duration::from_secs_f64(a.capacity_s);
     let mut peaks: Vec<Option<f64>> = vec![None; specs.len()];
@@ -734,6 +746,7 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             "requests": {"distinct": work.inputs.len(), "mean_cells": mean_cells},
             "qos_ms": a.qos_ms,
             "peaks": peaks_json,
+            "alone": alone,
             "peak_ratio": peak_ratio,
             "p90_ratio_at_half_padding_peak": p90_at_half.and_then(|x| x.1),
             "results": results.iter().map(RunResult::to_json).collect::<Vec<_>>(),

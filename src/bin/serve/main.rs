@@ -13,6 +13,7 @@
 //!   queried with `infer`, then benchmarked briefly.
 
 mod bench;
+mod bench_alone;
 mod bench_layers;
 mod bench_peer;
 mod bench_rnn;
@@ -338,6 +339,10 @@ struct RnnPolicyArgs {
     /// `oldest` (the bucket whose first request came first, as a framework's bucketing batcher).
     #[arg(long, value_enum, default_value_t = BucketOrderArg::RoundRobin)]
     bucket_order: BucketOrderArg,
+    /// Most levels of a padded batch of lstm sequences one task runs (default: all of them, as
+    /// frameworks do; 1: one task per level, the engine round trip per step).
+    #[arg(long, default_value_t = u32::MAX, value_parser = clap::value_parser!(u32).range(1..))]
+    padding_steps: u32,
     /// Requests kept in flight while measuring peaks (default: 4× the largest max batch, at least
     /// 256, at most the admission bound 4096; the same for every policy).
     #[arg(long, value_parser = positive())]
