@@ -461,6 +461,13 @@ impl Engine {
                 RowEnd::Continue
             })
         };
+        // Admission counts work in cells: a task of several steps ran each of its rows' steps.
+        let cells_run = match &io.work {
+            Work::Cells(c) if c.steps() > 1 => Some(
+                c.rows.iter().map(|r| if r.steps == 0 { c.steps() } else { r.steps } as usize).sum::<usize>(),
+            ),
+            _ => None,
+        };
         drop(io);
         if let Some(done) = done {
             state.metrics.worker_busy(done.worker, done.busy);
@@ -471,7 +478,7 @@ impl Engine {
             // Only tasks that ran measure the time per row: a failed launch took none, and a
             // stalled stream's time says nothing about the next task's.
             if error.is_none() {
-                state.admission.observe_task(done.busy, done.rows);
+                state.admission.observe_task(done.busy, cells_run.unwrap_or(done.rows));
             }
         }
     }
