@@ -823,48 +823,28 @@ mod tests {
         assert_eq!(LstmLayer::token_gates_bytes(usize::MAX, 2), usize::MAX);
     }
 
-    #[test]
-    #[should_panic(expected = "token id 11 out of range")]
-    fn folded_layer_panics_on_a_token_beyond_its_table() {
+    /// One step of a small folded layer (vocab 11, input 2, hidden 3) on one fresh row.
+    fn folded_step(x: StepInput<'_>) {
         let t = Torch::new(2, 3, 1);
         let layer =
             LstmLayer::fold_embedding(&t.w_ih, &t.w_hh, &t.b_ih, &t.b_hh, &[0.5; 22], 2, 3, Threads(1))
                 .unwrap();
         let arena = StateArena::new(1, 6).unwrap();
         let rows = [LstmRow { slot: 0, fresh: true }];
-        lstm_layer_step(
-            &layer,
-            StepInput::Tokens(&[11]),
-            &rows,
-            1,
-            &arena,
-            0,
-            &mut LstmScratch::new(),
-            &mut [0.0; 3],
-            Threads(1),
-        );
+        let mut h = [0.0; 3];
+        lstm_layer_step(&layer, x, &rows, 1, &arena, 0, &mut LstmScratch::new(), &mut h, Threads(1));
+    }
+
+    #[test]
+    #[should_panic(expected = "token id 11 out of range")]
+    fn folded_layer_panics_on_a_token_beyond_its_table() {
+        folded_step(StepInput::Tokens(&[11]));
     }
 
     #[test]
     #[should_panic(expected = "a folded layer reads token ids")]
     fn folded_layer_refuses_values() {
-        let t = Torch::new(2, 3, 1);
-        let layer =
-            LstmLayer::fold_embedding(&t.w_ih, &t.w_hh, &t.b_ih, &t.b_hh, &[0.5; 22], 2, 3, Threads(1))
-                .unwrap();
-        let arena = StateArena::new(1, 6).unwrap();
-        let rows = [LstmRow { slot: 0, fresh: true }];
-        lstm_layer_step(
-            &layer,
-            StepInput::Values(&[0.0; 2]),
-            &rows,
-            1,
-            &arena,
-            0,
-            &mut LstmScratch::new(),
-            &mut [0.0; 3],
-            Threads(1),
-        );
+        folded_step(StepInput::Values(&[0.0; 2]));
     }
 
     #[test]

@@ -106,21 +106,13 @@ pub(crate) fn cmd_bench_step(a: BenchStepArgs) -> CliResult<()> {
     scratch.reserve(batch, input, hidden)?;
     let mut h_out = vec![0.0f32; batch * hidden];
     let t = Threads(threads);
-    let (step_mean, step_min) = time_it(a.iters, || {
-        pool.install(|| {
-            lstm_layer_step(
-                &layer,
-                StepInput::Values(black_box(&x)),
-                &rows,
-                batch,
-                &arena,
-                0,
-                &mut scratch,
-                &mut h_out,
-                t,
-            )
+    // One timed step of `layer` reading `x`, on the pool.
+    let mut time_step = |layer: &LstmLayer, x: StepInput<'_>| {
+        time_it(a.iters, || {
+            pool.install(|| lstm_layer_step(layer, x, &rows, batch, &arena, 0, &mut scratch, &mut h_out, t))
         })
-    });
+    };
+    let (step_mean, step_min) = time_step(&layer, StepInput::Values(black_box(&x)));
     // The same step with the input projection folded into a token-gate table (the CPU runner's
     // layer 0 within its budget): a table of `vocab` tokens, looked up instead of multiplied.
     let vocab = 4096;
@@ -129,21 +121,7 @@ pub(crate) fn cmd_bench_step(a: BenchStepArgs) -> CliResult<()> {
         pool.install(|| LstmLayer::fold_embedding(&w_ih, &w_hh, &b_ih, &b_hh, &embedding, input, hidden, t))?;
     drop(embedding);
     let ids: Vec<u32> = (0..batch as u32).map(|r| r.wrapping_mul(2_654_435_761) % vocab as u32).collect();
-    let (folded_mean, folded_min) = time_it(a.iters, || {
-        pool.install(|| {
-            lstm_layer_step(
-                &folded,
-                StepInput::Tokens(black_box(&ids)),
-                &rows,
-                batch,
-                &arena,
-                0,
-                &mut scratch,
-                &mut h_out,
-                t,
-            )
-        })
-    });
+    let (folded_mean, folded_min) = time_step(&folded, StepInput::Tokens(black_box(&ids)));
     drop((scratch, folded));
 
     // The bare GEMM: [x | h] · [W_ih | W_hh]ᵀ.
