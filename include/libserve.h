@@ -480,7 +480,8 @@ serve_error *serve_runtime_shutdown(const serve_runtime *runtime, uint64_t drain
 
 // Ask for request `request_id` to be cancelled. A queued request completes
 // `SERVE_CODE_CANCELLED` promptly; a running one at its next boundary (the next cell step for
-// sequence models; the end of its batched task for fixed-shape models such as `mlp`, whose task is
+// sequence models — under the padding policy on the CPU, the end of the task that runs its
+// batch's steps; the end of its batched task for fixed-shape models such as `mlp`, whose task is
 // one forward pass); one that has already completed is unaffected (its completion stands). Fails with
 // `SERVE_CODE_INVALID_ARGUMENT` for an id this runtime never issued, and with `SERVE_CODE_BUSY` while
 // 65,536 cancels are already waiting for the engine (the engine's queue stays bounded however fast a

@@ -162,3 +162,32 @@ impl Finished<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Code;
+    use crate::model::{Lstm, Seq2Seq};
+
+    /// A row of a multi-step task: its steps within the task (as many as its sequence has left),
+    /// its token at each step (none once it is padding), and its output when its last node is in
+    /// the task; anything but an lstm request is refused.
+    #[test]
+    fn path_rows_carry_their_steps_and_tokens() {
+        let net = Network::Lstm(Lstm::random(20, 3, 4, 1, 1));
+        let input = Input::Tokens(vec![5, 6, 7, 8, 9]);
+        let mut task = CellTask { steps: 4, ..CellTask::default() };
+        push_path_row(&net, &input, &[7], 2, &mut task).unwrap();
+        push_path_row(&net, &input, &[3], 0, &mut task).unwrap();
+        let (a, b) = (&task.rows[0], &task.rows[1]);
+        assert_eq!((a.slot, a.steps, a.first, a.output), (7, 3, false, true));
+        assert_eq!((b.slot, b.steps, b.first, b.output), (3, 4, true, false));
+        assert_eq!(task.tokens, [7, 8, 9, NO_TOKEN, 5, 6, 7, 8]);
+        let e = push_path_row(&net, &input, &[3], 5, &mut task).unwrap_err();
+        assert_eq!(e.code(), Code::Internal, "{e}");
+        let s2s = Network::Seq2Seq(Seq2Seq::random(20, 3, 4, 1, 1, 2, 5, 1));
+        let e = push_path_row(&s2s, &input, &[3], 0, &mut task).unwrap_err();
+        assert!(e.code() == Code::Internal && e.message().contains("seq2seq"), "{e}");
+        assert_eq!(task.rows.len(), 2, "a refused row is not added");
+    }
+}

@@ -50,6 +50,11 @@ pub trait CostModel {
     fn delivery_delay(&self) -> Duration {
         Duration::ZERO
     }
+    /// Steps one cell task may run (the simulated backend's `Backend::max_task_steps`); a task
+    /// of several steps costs [`task_time`](Self::task_time) per step.
+    fn max_task_steps(&self) -> u32 {
+        1
+    }
     /// How much longer a task takes when its worker's stream was idle for `idle` before it
     /// (1: no longer; a factor on [`task_time`](Self::task_time)).
     fn idle_factor(&self, idle: Duration) -> f64 {
@@ -95,6 +100,15 @@ pub struct CostFile {
     /// `[idle_us, factor]`, idle ascending (see the module docs); empty: no cold starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub idle: Vec<(f64, f64)>,
+    /// Steps one cell task may run on the measured backend (`Backend::max_task_steps`: the
+    /// padding policy's batch of lstm sequences in one task); 1 when absent (one step per task,
+    /// as the shipped GPU figures are).
+    #[serde(default = "one_step")]
+    pub max_task_steps: u32,
+}
+
+fn one_step() -> u32 {
+    1
 }
 
 /// The cost files shipped with the crate: `(name, JSON)`.
@@ -221,6 +235,9 @@ fn micros(us: f64) -> Duration {
 impl CostModel for CostFile {
     fn task_time(&self, cell: &str, rows: usize) -> Option<Duration> {
         self.micros(cell, rows).map(micros)
+    }
+    fn max_task_steps(&self) -> u32 {
+        self.max_task_steps.max(1)
     }
     fn launch_delay(&self) -> Duration {
         micros(self.launch_us)

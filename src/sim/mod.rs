@@ -174,8 +174,8 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
     {
         return Err(Error::invalid(format!("{} arrival times for {} requests", at.len(), requests.len())));
     }
-    // The cost model prices a task of several steps as that many steps (`cost::task_time`).
-    let policy = crate::runtime::make_policy(spec.net, spec.policy, u32::MAX)?;
+    // As the simulated backend runs them; a task of several steps costs each (`carry_out`).
+    let policy = crate::runtime::make_policy(spec.net, spec.policy, spec.cost.max_task_steps())?;
     let slots = if spec.net.is_recurrent() {
         crate::runtime::default_state_slots(spec.net, spec.admission_bound)
     } else {

@@ -88,10 +88,15 @@ pub fn policies(types: usize) -> Vec<(&'static str, PolicyConfig)> {
             PolicyConfig::Cellular(CellularOptions { workers: 2, max_batch: small, max_tasks_to_submit: 2 }),
         ),
         ("padding", PolicyConfig::Padding(PaddingConfig::default())),
-        // One task per level instead of a batch of lstm sequences in one task.
+        // One task per level, and tasks of 3 levels (a sequence continued across tasks), instead
+        // of a batch of lstm sequences in one task.
         (
             "padding-per-level",
             PolicyConfig::Padding(PaddingConfig { max_steps: 1, ..PaddingConfig::default() }),
+        ),
+        (
+            "padding-3-levels",
+            PolicyConfig::Padding(PaddingConfig { max_steps: 3, ..PaddingConfig::default() }),
         ),
         (
             "padding-2w",
@@ -139,11 +144,12 @@ pub fn cancel_and_deadline_at_cell_boundaries(rt: &Runtime, net: &Lstm, len: usi
     let mut net = net.clone();
     net.cfg.max_len = Some(len);
     let net = &net;
-    // Padding runs a batch of lstm sequences in one task (stopping at its end), or, with
-    // `max_steps: 1`, one task per level (stopping at the next level).
+    // Padding runs a batch of lstm sequences in tasks of several levels (stopping at a task's
+    // end; all of them in one task, the default, would run the whole long request), or one task
+    // per level (stopping at the next level).
     for policy in [
         PolicyConfig::Cellular(CellularOptions::default()),
-        PolicyConfig::Padding(PaddingConfig::default()),
+        PolicyConfig::Padding(PaddingConfig { max_steps: 16, ..PaddingConfig::default() }),
         PolicyConfig::Padding(PaddingConfig { max_steps: 1, ..PaddingConfig::default() }),
     ] {
         let label = format!("{policy:?}");

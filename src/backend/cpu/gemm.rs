@@ -103,7 +103,9 @@ pub fn matmul(x: &[f32], w: &PackedWeight, y: &mut [f32], rows: usize, accumulat
         }
         return;
     }
-    if let (true, Some(panels)) = (rows <= SMALL_ROWS, &w.panels) {
+    // Panels run on the calling thread: a product given more threads goes to gemm.
+    let one_thread = matches!(threads.parallelism(rows * n * k), Parallelism::None);
+    if let (true, true, Some(panels)) = (rows <= SMALL_ROWS, one_thread, &w.panels) {
         panel_matmul(x, panels, y, rows, k, n, accumulate);
         return;
     }

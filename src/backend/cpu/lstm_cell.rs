@@ -134,7 +134,11 @@ impl LstmLayer {
         for row in table.chunks_exact_mut(n) {
             row.iter_mut().zip(&unfolded.bias).for_each(|(v, b)| *v += b);
         }
-        Ok(LstmLayer { w: PackedWeight::from_torch(w_hh, n, hidden), token_gates: Some(table), ..unfolded })
+        Ok(LstmLayer {
+            w: PackedWeight::from_torch(w_hh, n, hidden).with_panels(),
+            token_gates: Some(table),
+            ..unfolded
+        })
     }
 
     /// Bytes of the token-gate table folding a `vocab`-token embedding into a layer of hidden

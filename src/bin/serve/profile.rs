@@ -241,6 +241,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         arrival_us: 0.0,
         delivery_us: 0.0,
         idle,
+        max_task_steps: backend.max_task_steps(),
     };
 
     // Engine delays: requests one at a time through a real runtime, each cell step waiting for
