@@ -133,6 +133,16 @@ impl CellTask {
     pub fn steps(&self) -> u32 {
         self.steps.max(1)
     }
+
+    /// The real steps of `row` in this task (`CellRow::steps`, 0 read as all of them).
+    pub fn row_steps(&self, row: &CellRow) -> u32 {
+        if row.steps == 0 { self.steps() } else { row.steps.min(self.steps()) }
+    }
+
+    /// Cells the task runs for its real rows (its rows' real steps, summed).
+    pub fn cells(&self) -> usize {
+        self.rows.iter().map(|r| self.row_steps(r) as usize).sum()
+    }
 }
 
 /// A real row of a cell task.

@@ -463,9 +463,7 @@ impl Engine {
         };
         // Admission counts work in cells: a task of several steps ran each of its rows' steps.
         let cells_run = match &io.work {
-            Work::Cells(c) if c.steps() > 1 => Some(
-                c.rows.iter().map(|r| if r.steps == 0 { c.steps() } else { r.steps } as usize).sum::<usize>(),
-            ),
+            Work::Cells(c) => Some(c.cells()),
             _ => None,
         };
         drop(io);

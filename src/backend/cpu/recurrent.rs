@@ -35,25 +35,32 @@ impl Chain {
     /// Pack `stack`, folding `embedding` into layer 0 when its token-gate table fits `budget`
     /// (bytes; what it takes is deducted).
     fn new(embedding: &[f32], stack: &LstmStack, budget: &mut usize, threads: usize) -> Result<Chain> {
-        let mut layers = pack_stack(stack);
         let vocab = embedding.len() / stack.layers[0].input.max(1);
         let bytes = LstmLayer::token_gates_bytes(vocab, stack.hidden);
-        if bytes <= *budget {
-            let l = &stack.layers[0];
-            layers[0] = LstmLayer::fold_embedding(
-                &l.w_ih,
-                &l.w_hh,
-                &l.b_ih,
-                &l.b_hh,
-                embedding,
-                l.input,
-                stack.hidden,
-                Threads(threads),
-            )?;
+        let fold = bytes <= *budget;
+        let layers = stack
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(k, l)| match k {
+                0 if fold => LstmLayer::fold_embedding(
+                    &l.w_ih,
+                    &l.w_hh,
+                    &l.b_ih,
+                    &l.b_hh,
+                    embedding,
+                    l.input,
+                    stack.hidden,
+                    Threads(threads),
+                ),
+                _ => Ok(LstmLayer::from_torch(&l.w_ih, &l.w_hh, &l.b_ih, &l.b_hh, l.input, stack.hidden)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if fold {
             *budget -= bytes;
-            return Ok(Chain { embedding: Vec::new(), layers });
         }
-        Ok(Chain { embedding: embedding.to_vec(), layers })
+        let embedding = if fold { Vec::new() } else { embedding.to_vec() };
+        Ok(Chain { embedding, layers })
     }
 }
 
@@ -71,13 +78,6 @@ enum Cells {
         embedding: Vec<f32>,
         cell: TreeCell,
     },
-}
-
-fn pack_stack(s: &LstmStack) -> Vec<LstmLayer> {
-    s.layers
-        .iter()
-        .map(|l| LstmLayer::from_torch(&l.w_ih, &l.w_hh, &l.b_ih, &l.b_hh, l.input, s.hidden))
-        .collect()
 }
 
 /// The prepared model, shared by the streams.
@@ -265,7 +265,7 @@ fn run_steps(
         s.lstm_rows.clear();
         s.ids[..padded].fill(NO_TOKEN);
         for (i, r) in task.rows.iter().enumerate() {
-            if step < r.steps as usize || r.steps == 0 {
+            if step < task.row_steps(r) as usize {
                 s.ids[s.lstm_rows.len()] = task.tokens[i * steps + step];
                 s.lstm_rows.push(LstmRow { slot: r.slot, fresh: r.first && step == 0 });
             }
