@@ -38,12 +38,24 @@ impl Threads {
     }
 }
 
-/// A `torch.nn.Linear` weight `W [n, k]` kept as `Wᵀ`: `[k, n]` row-major.
+/// Output columns per block of a [`PackedWeight`].
+///
+/// `gemm` reads a row-major `Wᵀ [k, n]` with a stride of `n` floats between weight rows, and
+/// below 49 rows it does not pack it first: with a weight larger than the L2 cache (h = 1024:
+/// `2048 × 4096`), products of 8–48 rows then ran at 28–34 GFLOP/s on one core of the 2-core CI
+/// machine against 84 at 64 rows. Handing gemm one block of 64 columns at a time (each block
+/// contiguous, `[k][64]`) ran the same products at 47–64 GFLOP/s (h = 256's `256 × 1024`:
+/// 72–80 → 94–105), and as fast as the whole `[k, n]` from 64 rows up (scratch probe against
+/// gemm 0.19, x86-v4, 16–512 rows). 16-column blocks were slower, 256-column ones no faster.
+pub const BLOCK: usize = 64;
+
+/// A `torch.nn.Linear` weight `W [n, k]` kept as `Wᵀ` in column blocks: `[⌈n/64⌉][k][64]`
+/// row-major ([`BLOCK`]), the last block zero-padded; gemm gets one block at a time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedWeight {
     k: usize,
     n: usize,
-    wt: Vec<f32>,
+    blocks: Vec<f32>,
     /// The same weight for products of a few rows ([`with_panels`](Self::with_panels)).
     panels: Option<Vec<f32>>,
 }
@@ -52,26 +64,30 @@ impl PackedWeight {
     /// Pack a row-major `[n, k]` weight (PyTorch's layout).
     pub fn from_torch(w: &[f32], n: usize, k: usize) -> PackedWeight {
         assert_eq!(w.len(), n * k, "weight holds {} values, [{n}, {k}] needs {}", w.len(), n * k);
-        let mut wt = vec![0.0; n * k];
+        let mut blocks = vec![0.0; n.div_ceil(BLOCK) * k * BLOCK];
         for (j, row) in w.chunks_exact(k.max(1)).enumerate().take(n) {
+            let block = &mut blocks[j / BLOCK * k * BLOCK..];
             for (i, &v) in row.iter().enumerate() {
-                wt[i * n + j] = v;
+                block[i * BLOCK + j % BLOCK] = v;
             }
         }
-        PackedWeight { k, n, wt, panels: None }
+        PackedWeight { k, n, blocks, panels: None }
     }
 
     /// Also keep the weight as panels of 16 output columns (`[⌈n/16⌉][k][16]`, zero-padded; as
     /// much memory again), which products of up to [`SMALL_ROWS`] rows read instead: for weights
-    /// multiplied a few rows at a time, such as a recurrent cell's at low load.
+    /// multiplied a few rows at a time, such as a recurrent cell's at low load. (The blocks read
+    /// 16 columns at a time, 256 bytes apart, took twice as long: an h = 256 step of one row,
+    /// 98–113 µs against 50–53.)
     pub fn with_panels(mut self) -> PackedWeight {
         let (k, n) = (self.k, self.n);
         let mut panels = vec![0.0; n.div_ceil(LANES) * k * LANES];
         for (p, panel) in panels.chunks_exact_mut((k * LANES).max(1)).enumerate() {
+            let (c0, block) = (p * LANES, &self.blocks[p * LANES / BLOCK * k * BLOCK..]);
+            let width = LANES.min(n - c0);
             for (i, row) in panel.chunks_exact_mut(LANES).enumerate() {
-                let c0 = p * LANES;
-                let width = LANES.min(n - c0);
-                row[..width].copy_from_slice(&self.wt[i * n + c0..i * n + c0 + width]);
+                let from = i * BLOCK + c0 % BLOCK;
+                row[..width].copy_from_slice(&block[from..from + width]);
             }
         }
         self.panels = Some(panels);
@@ -103,50 +119,124 @@ pub fn matmul(x: &[f32], w: &PackedWeight, y: &mut [f32], rows: usize, accumulat
         }
         return;
     }
+    let t = match threads.parallelism(rows * n * k) {
+        Parallelism::None => 1,
+        _ => threads.0,
+    };
     // Panels run on the calling thread: a product given more threads goes to gemm.
-    let one_thread = matches!(threads.parallelism(rows * n * k), Parallelism::None);
-    if let (true, true, Some(panels)) = (rows <= SMALL_ROWS, one_thread, &w.panels) {
+    if let (true, 1, Some(panels)) = (rows <= SMALL_ROWS, t, &w.panels) {
         panel_matmul(x, panels, y, rows, k, n, accumulate);
         return;
     }
-    // SAFETY: the asserts above (and PackedWeight's construction, wt.len() == k·n) guarantee every
-    // element gemm addresses lies inside its slice: dst y (rows × n, row stride n, col stride 1),
-    // lhs x (rows × k, row stride k, col stride 1), rhs Wᵀ (k × n, row stride n, col stride 1).
-    // `y` is borrowed mutably, so it aliases neither input; gemm reads `y` only when
-    // `accumulate` is set, and then only those same rows × n elements.
+    let blocks = n.div_ceil(BLOCK);
+    // Units of work: a block of columns for a run of rows. Enough blocks keep every thread
+    // busy; with few (a narrow layer on many threads) the rows are split as well.
+    let row_runs =
+        if t == 1 || blocks >= 2 * t { 1 } else { (2 * t).div_ceil(blocks).min(rows.div_ceil(16)) };
+    let run_rows = rows.div_ceil(row_runs);
+    let dst = SharedOut(y.as_mut_ptr());
+    let unit = |u: usize| {
+        let (b, r0) = (u % blocks, u / blocks * run_rows);
+        let (c0, m) = (b * BLOCK, run_rows.min(rows - r0));
+        // SAFETY: `y` holds rows × n values (asserted above) and `x` rows × k; unit `u` covers
+        // rows r0..r0 + m (within rows) and columns c0..c0 + width (within n) of `y`, of `x`
+        // the same rows, and block b of `blocks` (k × BLOCK values at b·k·BLOCK, inside the
+        // vector by construction: ⌈n/BLOCK⌉ blocks). Units are distinct (block, row run) pairs,
+        // so no two write the same element of `y`; `x` and the weight are only read, and `y`
+        // is borrowed mutably for the whole call, so nothing else reads or writes it meanwhile.
+        // gemm reads `y` only when `accumulate` is set, and then only that same unit.
+        unsafe {
+            block_product(
+                x.as_ptr().add(r0 * k),
+                &w.blocks[b * k * BLOCK..],
+                dst.at(r0 * n + c0),
+                m,
+                k,
+                n,
+                BLOCK.min(n - c0),
+                accumulate,
+            )
+        };
+    };
+    let units = blocks * rows.div_ceil(run_rows);
+    if t == 1 {
+        (0..units).for_each(unit);
+    } else {
+        use rayon::prelude::*;
+        (0..units).into_par_iter().for_each(unit);
+    }
+}
+
+/// `y`'s pointer, shared by the units of one [`matmul`], each writing its own elements.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: the units of a matmul write disjoint elements of `y` (see `matmul`), and the call
+// borrows `y` mutably until every unit has returned.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The element `offset` past the start (inside `y`: the caller's unit bounds it).
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// `y[m, width] (+)= x[m, k] · block[k, width]` on the calling thread: `x` row stride `k`, `y`
+/// row stride `n`, the block's `BLOCK`.
+///
+/// # Safety
+/// `x` points at m × k readable values (row stride k), `y` at m rows of `width` writable values
+/// with row stride `n` that nothing else accesses during the call, and `block` holds at least
+/// k × BLOCK values.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_product(
+    x: *const f32,
+    block: &[f32],
+    y: *mut f32,
+    m: usize,
+    k: usize,
+    n: usize,
+    width: usize,
+    accumulate: bool,
+) {
+    debug_assert!(block.len() >= k * BLOCK && width <= BLOCK);
+    // SAFETY: the caller's contract: dst y (m × width, row stride n, col stride 1), lhs x
+    // (m × k, row stride k, col stride 1), rhs the block (k × width, row stride BLOCK, col
+    // stride 1, inside `block`).
     unsafe {
         gemm::gemm(
-            rows,
-            n,
+            m,
+            width,
             k,
-            y.as_mut_ptr(),
+            y,
             1,
             n as isize,
             accumulate,
-            x.as_ptr(),
+            x,
             1,
             k as isize,
-            w.wt.as_ptr(),
+            block.as_ptr(),
             1,
-            n as isize,
+            BLOCK as isize,
             1.0,
             1.0,
             false,
             false,
             false,
-            threads.parallelism(rows * n * k),
+            Parallelism::None,
         );
     }
 }
 
 /// Products of at most this many rows use a weight's small-batch panels when it has them
-/// ([`PackedWeight::with_panels`]): a cellular step at low load is one to a few rows, where the
-/// time is streaming the weight once, and gemm's kernels (built to pack and tile large products)
-/// left most of the bandwidth unused (an h = 256 LSTM step's `1 × 256 · 256 × 1024`: 32 µs on
-/// the 2-core CI machine, `serve bench step --batch 1`). Each group of 4 rows is one pass over
-/// the weight, so with more rows gemm is as fast or faster again (`serve bench step --threads 1`,
-/// h = 256 and 1024: panels ahead at 1–4 rows at h = 256, even at h = 1024, mixed at 8, behind at
-/// 20 and 32).
+/// ([`PackedWeight::with_panels`], [`panel_matmul`]): a cellular step at low load is one to a few rows, where the time is
+/// streaming the weight once, and gemm's kernels (built to pack and tile large products) left
+/// most of the bandwidth unused (an h = 256 LSTM step's `1 × 256 · 256 × 1024`: 32 µs on the
+/// 2-core CI machine, `serve bench step --batch 1`). Each group of 4 rows is one pass over the
+/// weight, so with more rows gemm is as fast or faster again (`serve bench step --threads 1`,
+/// h = 256 and 1024: panels ahead at 1–4 rows at h = 256, even at h = 1024, mixed at 8, behind
+/// at 20 and 32).
 pub const SMALL_ROWS: usize = 4;
 
 /// Output columns per panel.
@@ -406,7 +496,17 @@ mod tests {
     #[test]
     fn linear_matches_naive_for_awkward_shapes() {
         for &(rows, k, n) in
-            &[(1, 1, 1), (3, 5, 7), (17, 33, 9), (64, 128, 96), (2, 300, 513), (40, 700, 520)]
+            // ... including row runs split across threads (a single block of columns, 301 rows:
+            // four runs, the last shorter) and column blocks that are not full.
+            &[
+                (1, 1, 1),
+                (3, 5, 7),
+                (17, 33, 9),
+                (64, 128, 96),
+                (2, 300, 513),
+                (40, 700, 520),
+                (301, 64, 40),
+            ]
         {
             let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 9.0).collect();
@@ -438,6 +538,7 @@ mod tests {
         for &(k, n) in shapes {
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 9.0).collect();
             let packed = PackedWeight::from_torch(&w, n, k).with_panels();
+            assert_eq!(packed.blocks.len(), n.div_ceil(BLOCK) * k * BLOCK);
             assert!(packed.panels.as_ref().is_some_and(|p| p.len() == n.div_ceil(LANES) * k * LANES));
             for rows in 1..=SMALL_ROWS + 1 {
                 if cfg!(miri) && rows > 2 {
