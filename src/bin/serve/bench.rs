@@ -550,14 +550,18 @@ pub(crate) fn measure_capacity(work: &Workload, policy: &PolicySpec, time: Durat
         for c in batch.drain(..) {
             in_flight -= 1;
             pb.inc(1);
+            let ok = c.result.is_ok();
+            // A completion holds its request's admission place until it is dropped: with a window
+            // of the whole admission bound, the replacement would be refused BUSY.
+            drop(c);
             if now >= settle {
                 let from = *measured_from.get_or_insert(now);
-                if c.result.is_ok() && now > from {
+                if ok && now > from {
                     counted += 1;
                     last = now;
                 }
             }
-            if c.result.is_err() {
+            if !ok {
                 failed += 1;
             }
             submit(next)?;

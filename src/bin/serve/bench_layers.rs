@@ -27,7 +27,7 @@ use serve::{BackendChoice, Network};
 
 use crate::bench::{open_report, write_report};
 use crate::profile::{layer_batch, run_round};
-use crate::{BackendArg, BenchLayersArgs, CliResult, LayerModelArg, fatal};
+use crate::{BackendArg, BenchLayersArgs, CliResult, LayerModelArg, compute_threads, fatal};
 
 /// PyTorch's side, run by `PYTHON -`.
 const TORCH_SCRIPT: &str = include_str!("../../../scripts/torch_layer_bench.py");
@@ -158,8 +158,7 @@ fn time_torch(a: &BenchLayersArgs, threads: usize) -> Result<(String, Vec<f64>),
 
 pub(crate) fn cmd_bench_layers(a: BenchLayersArgs) -> CliResult<()> {
     let report_file = open_report(a.json.as_ref())?;
-    let threads =
-        if a.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { a.threads };
+    let threads = compute_threads(a.threads);
     let net = Arc::new(network(&a)?);
     let gflop = net.layers().iter().map(|l| l.flops_per_row).sum::<u64>() as f64 / 1e9;
     println!(

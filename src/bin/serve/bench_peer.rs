@@ -28,6 +28,7 @@ use serve::BackendKind;
 
 use crate::bench::{RunResult, fmt_ratio, print_row, ratio};
 use crate::bench_rnn::{RnnKind, Sizes};
+use crate::compute_threads;
 
 /// The peer harness (written out and run by `--python`).
 const SCRIPT: &str = include_str!("../../../scripts/torch_lstm_server.py");
@@ -237,10 +238,7 @@ fn list(xs: &[f64]) -> String {
 
 /// The harness's arguments: libserve's workload and measurement, then `--peer-args`.
 fn harness_args(plan: &PeerPlan<'_>, lengths: &Path, report: &Path, extra: Option<&str>) -> Vec<String> {
-    let threads = match plan.threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        t => t,
-    };
+    let threads = compute_threads(plan.threads);
     let s = plan.sizes;
     let mut args: Vec<String> = vec!["--lengths".into(), lengths.display().to_string()];
     for (flag, v) in [

@@ -40,7 +40,10 @@ use crate::bench::{
 };
 use crate::bench_alone::measure_alone;
 use crate::bench_peer::{self, PeerPlan};
-use crate::{BenchRnnArgs, CliResult, EosBias, PolicyArg, RnnPolicyArgs, RuntimeArgs, build_runtime, fatal};
+use crate::{
+    BenchRnnArgs, CliResult, EosBias, PolicyArg, RnnPolicyArgs, RuntimeArgs, build_runtime, compute_threads,
+    fatal,
+};
 
 /// Distinct requests generated per benchmark (cycled).
 pub(crate) const RNN_INPUTS: usize = 4096;
@@ -263,8 +266,39 @@ fn input_size(input: &Input) -> (usize, usize) {
     }
 }
 
+/// The padding baseline's settings where the command line leaves them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PaddingDefaults {
+    pub workers: usize,
+    pub max_batch: usize,
+    pub order: BucketOrder,
+}
+
+impl PaddingDefaults {
+    /// The BatchMaker paper's baseline ([`PaddingConfig::default`]: one worker, round-robin
+    /// buckets, at most 64 requests): the simulator's, and the CUDA backend's.
+    pub(crate) fn paper() -> PaddingDefaults {
+        let d = PaddingConfig::default();
+        PaddingDefaults { workers: d.workers, max_batch: d.max_batch, order: d.order }
+    }
+
+    /// A framework's bucketing server on `threads` CPU threads, the honest baseline of issue 19:
+    /// the bucket whose first request came first, up to 256 requests (the PyTorch peer's largest),
+    /// and one worker per thread. A padded batch of fewer than 64 h = 256 rows runs on its
+    /// worker's thread alone (waking the pool costs more: `gemm::PARALLEL_TASK_MIN_MACS`), so
+    /// one worker left the second core idle and fell behind from half of PyTorch's peak
+    /// (measured on 2 cores, 3,400 req/s: p50 26–50 ms with one worker, 1.4–3.9 ms with two).
+    pub(crate) fn cpu_framework(threads: usize) -> PaddingDefaults {
+        PaddingDefaults { workers: threads.max(1), max_batch: 256, order: BucketOrder::OldestHead }
+    }
+}
+
 /// The policies under test, in `--policy` order (default: cellular, then padding).
-pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
+pub(crate) fn policy_specs(
+    a: &RnnPolicyArgs,
+    net: &Network,
+    padding: PaddingDefaults,
+) -> CliResult<Vec<PolicySpec>> {
     let mut policies = a.policy.clone();
     if policies.is_empty() {
         policies = vec![PolicyArg::Cellular, PolicyArg::Padding];
@@ -308,14 +342,15 @@ pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<Po
                 } else {
                     per_type.iter().map(usize::to_string).collect::<Vec<_>>().join("/")
                 };
+                let workers = a.workers.unwrap_or(1);
                 let mut label = format!("cellular(b={b},k={}", a.max_tasks_to_submit);
-                if a.workers != 1 {
-                    label.push_str(&format!(",w={}", a.workers));
+                if workers != 1 {
+                    label.push_str(&format!(",w={workers}"));
                 }
                 label.push(')');
-                let biggest = per_type.iter().copied().max().unwrap_or(1);
+                let biggest = per_type.iter().copied().max().unwrap_or(1) * workers;
                 let opts = CellularOptions {
-                    workers: a.workers,
+                    workers,
                     max_batch: per_type,
                     max_tasks_to_submit: a.max_tasks_to_submit,
                 };
@@ -323,7 +358,7 @@ pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<Po
             }
             PolicyArg::Padding => {
                 let max_batch = match a.max_batch[..] {
-                    [] => PaddingConfig::default().max_batch,
+                    [] => padding.max_batch,
                     [b] => b,
                     _ => {
                         return Err(fatal(
@@ -332,16 +367,17 @@ pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<Po
                         ));
                     }
                 };
+                let workers = a.workers.unwrap_or(padding.workers);
                 let cfg = PaddingConfig {
                     bucket_width: a.bucket_width,
                     max_batch,
-                    workers: a.workers,
+                    workers,
                     max_tasks_to_submit: a.max_tasks_to_submit,
                     // Set from the model (its widest tree level) when the runtime builds the policy.
                     level_width: 1,
                     // All of a batch's steps in one task where the backend runs them so.
                     max_steps: a.padding_steps,
-                    order: a.bucket_order.into(),
+                    order: a.bucket_order.map_or(padding.order, Into::into),
                 };
                 let mut label =
                     format!("padding(b={max_batch},bucket={},k={}", a.bucket_width, a.max_tasks_to_submit);
@@ -351,14 +387,14 @@ pub(crate) fn policy_specs(a: &RnnPolicyArgs, net: &Network) -> CliResult<Vec<Po
                 if a.padding_steps != u32::MAX {
                     label.push_str(&format!(",steps={}", a.padding_steps));
                 }
-                if a.workers != 1 {
-                    label.push_str(&format!(",w={}", a.workers));
+                if workers != 1 {
+                    label.push_str(&format!(",w={workers}"));
                 }
                 label.push(')');
-                (label, PolicyConfig::Padding(cfg), max_batch)
+                (label, PolicyConfig::Padding(cfg), max_batch * workers)
             }
         };
-        specs.push((label, config, biggest * a.workers));
+        specs.push((label, config, biggest));
     }
     // One closed-loop window for every policy: 4× the largest batch, within the admission bound.
     let window = match a.capacity_window {
@@ -458,7 +494,11 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     let (mut net, name, source) = build_network(kind, &a, backend)?;
     let inputs = make_inputs(&net, a.seed)?;
     let sizes = sizes_of(&net);
-    let specs = policy_specs(&a.pol, &net)?;
+    let padding = match backend {
+        BackendKind::Cpu => PaddingDefaults::cpu_framework(compute_threads(a.rt.threads)),
+        _ => PaddingDefaults::paper(),
+    };
+    let specs = policy_specs(&a.pol, &net, padding)?;
 
     println!("# serve bench {}: workload poisson arrivals (open loop), backend {backend_desc}", kind.name());
     let n_inputs = inputs.len() as f64;

@@ -27,7 +27,7 @@ use serve::backend::cuda::{self, CudaDevice, Stream};
 use serve::workload::values;
 
 use crate::bench::{open_report, write_report};
-use crate::{BackendArg, BenchStepArgs, CliResult, StepModel, build_runtime, fatal};
+use crate::{BackendArg, BenchStepArgs, CliResult, StepModel, build_runtime, compute_threads, fatal};
 
 /// One timed kernel.
 struct Timing {
@@ -68,11 +68,7 @@ pub(crate) fn cmd_bench_step(a: BenchStepArgs) -> CliResult<()> {
                 rt.backend_kind()
             )));
         }
-        let threads = if a.rt.threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            a.rt.threads
-        };
+        let threads = compute_threads(a.rt.threads);
         (threads, rt.backend_description())
     };
     let report_file = open_report(a.json.as_ref())?;

@@ -321,12 +321,15 @@ struct RnnPolicyArgs {
     /// Policies to compare (default: cellular,padding).
     #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
     policy: Vec<PolicyArg>,
-    /// Workers (streams) of each policy (at most 256).
-    #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_WORKERS))]
-    workers: usize,
+    /// Workers (streams) of each policy (at most 256). Default: cellular 1; padding one per
+    /// compute thread on `serve bench` with the CPU backend (a framework's CPU server keeps every
+    /// core busy; see `serve bench lstm --help`), else 1.
+    #[arg(long, value_parser = in_range(1, MAX_WORKERS))]
+    workers: Option<usize>,
     /// Max batch. Cellular: per cell type (`512,256` for a seq2seq's encoder, decoder; one value
     /// = every type; default 512, the seq2seq decoder 256). Padding: requests per batch, one
-    /// value (default 64). At most 65536.
+    /// value (default 256 on `serve bench` with the CPU backend, as the PyTorch peer's largest;
+    /// else 64, the BatchMaker paper's). At most 65536.
     #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
     max_batch: Vec<usize>,
     /// Tasks a worker may have submitted and unfinished (MaxTasksToSubmit), both policies.
@@ -337,8 +340,9 @@ struct RnnPolicyArgs {
     bucket_width: usize,
     /// Which bucket padding serves next: `round-robin` (the BatchMaker paper's baseline) or
     /// `oldest` (the bucket whose first request came first, as a framework's bucketing batcher).
-    #[arg(long, value_enum, default_value_t = BucketOrderArg::RoundRobin)]
-    bucket_order: BucketOrderArg,
+    /// Default: `oldest` on `serve bench` with the CPU backend, else `round-robin`.
+    #[arg(long, value_enum)]
+    bucket_order: Option<BucketOrderArg>,
     /// Most levels of a padded batch of lstm sequences one task runs (default: all of them, as
     /// frameworks do; 1: one task per level, the engine round trip per step).
     #[arg(long, default_value_t = u32::MAX, value_parser = clap::value_parser!(u32).range(1..))]
@@ -685,6 +689,14 @@ fn run(command: Command) -> CliResult<()> {
         Command::Demo => cmd_demo(),
         Command::Profile(a) => cmd_profile(a),
         Command::Sim(a) => cmd_sim(a),
+    }
+}
+
+/// The CPU compute threads `--threads N` gives (0: one per available core, as the CPU backend reads it).
+fn compute_threads(requested: usize) -> usize {
+    match requested {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        t => t,
     }
 }
 

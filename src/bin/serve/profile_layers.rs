@@ -25,7 +25,7 @@ use serve::backend::{Runner, RunnerShape, TaskData, Work};
 use serve::{BackendKind, Network};
 
 use crate::profile::{layer_batch, run_round};
-use crate::{CliResult, ProfileArgs, fatal};
+use crate::{CliResult, ProfileArgs, compute_threads, fatal};
 
 const ROUNDS: usize = 5;
 const MIN_ROUND: Duration = Duration::from_millis(20);
@@ -60,11 +60,7 @@ pub(crate) fn profile_layers(net: Network, name: &str, source: &str, a: &Profile
     }
     let backend = serve::backend::create(a.rt.backend.into(), a.rt.threads)?;
     let cpu = backend.kind() == BackendKind::Cpu;
-    let all = if a.rt.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        a.rt.threads
-    };
+    let all = compute_threads(a.rt.threads);
     let cores: Vec<usize> = if !cpu {
         if !a.cores.is_empty() {
             return Err(fatal("--cores applies to the CPU backend"));

@@ -24,7 +24,7 @@ use crate::bench::{
     PolicySpec, RunResult, fmt_ratio, ms, new_hist, open_report, print_header, print_row, ratio,
     timeout_spec, write_report,
 };
-use crate::bench_rnn::{CPU_HIDDEN, RnnKind, policy_specs, random_network};
+use crate::bench_rnn::{CPU_HIDDEN, PaddingDefaults, RnnKind, policy_specs, random_network};
 use crate::plot::latency_svg;
 use crate::{CliResult, SimArgs, SimKind, fatal, timeout_policy};
 
@@ -95,10 +95,10 @@ fn network(a: &SimArgs, cost: &CostFile) -> CliResult<Network> {
 
 fn specs(a: &SimArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
     if net.is_recurrent() {
-        return policy_specs(&a.pol, net);
+        return policy_specs(&a.pol, net, PaddingDefaults::paper());
     }
     let b = a.pol.max_batch.first().copied().unwrap_or(32);
-    let mut spec = timeout_spec(timeout_policy(b, 0, a.pol.workers));
+    let mut spec = timeout_spec(timeout_policy(b, 0, a.pol.workers.unwrap_or(1)));
     spec.window = a.pol.capacity_window.unwrap_or(spec.window);
     Ok(vec![spec])
 }
