@@ -95,6 +95,13 @@ type ModelOptions struct {
 	StateSlots int
 	// AdmissionBound overrides the runtime's admission bound for this model; 0 keeps it.
 	AdmissionBound int
+	// TokenGatesBytes is the most bytes of token-gate tables a recurrent model may hold (CPU
+	// backend: an LSTM's first layer with its embedding folded into its input projection,
+	// vocab × 4·hidden floats computed at load; a table that does not fit runs unfolded, with
+	// the same results up to rounding). 0 means the default, 256 MiB.
+	TokenGatesBytes int64
+	// NoTokenGates turns token-gate tables off (TokenGatesBytes must then be 0).
+	NoTokenGates bool
 	// Name names the model in messages; "" means the directory's name.
 	Name string
 }
@@ -118,6 +125,12 @@ func (o *ModelOptions) build() (*C.serve_model_options, error) {
 	}
 	if o.AdmissionBound < 0 {
 		return nil, invalid("AdmissionBound = %d is negative", o.AdmissionBound)
+	}
+	if o.TokenGatesBytes < 0 {
+		return nil, invalid("TokenGatesBytes = %d is negative", o.TokenGatesBytes)
+	}
+	if o.NoTokenGates && o.TokenGatesBytes != 0 {
+		return nil, invalid("NoTokenGates with TokenGatesBytes = %d: choose one", o.TokenGatesBytes)
 	}
 	if strings.IndexByte(o.Name, 0) >= 0 {
 		return nil, invalid("Name contains a NUL byte")
@@ -166,6 +179,11 @@ func (o *ModelOptions) build() (*C.serve_model_options, error) {
 		}
 		if o.AdmissionBound > 0 {
 			if err := takeError(C.serve_model_options_set_admission_bound(opts, C.uint64_t(o.AdmissionBound))); err != nil {
+				return err
+			}
+		}
+		if o.TokenGatesBytes > 0 || o.NoTokenGates {
+			if err := takeError(C.serve_model_options_set_token_gates_bytes(opts, C.uint64_t(o.TokenGatesBytes))); err != nil {
 				return err
 			}
 		}

@@ -128,6 +128,10 @@ func TestRecurrentFixtures(t *testing.T) {
 			{"auto", nil},
 			{"cellular", &ModelOptions{Policy: PolicyCellular, Workers: 2}},
 			{"padding", &ModelOptions{Policy: PolicyPadding}},
+			// An lstm's first layer unfolded (no token-gate tables), and with a budget too small
+			// for its table: the same outputs.
+			{"unfolded", &ModelOptions{NoTokenGates: true}},
+			{"tables-too-small", &ModelOptions{Policy: PolicyPadding, TokenGatesBytes: 64}},
 			// Small batches, one task in flight per worker, and just enough state slots for the
 			// largest request: requests queue for batch room and for slots.
 			{"cellular-tight", &ModelOptions{Policy: PolicyCellular, Workers: 2, MaxBatch: 3,
@@ -287,6 +291,8 @@ func TestPolicyMustFitKind(t *testing.T) {
 		"negative workers under cellular": {lstmDir, &ModelOptions{Policy: PolicyCellular, Workers: -1}},
 		"huge max batch under padding":    {lstmDir, &ModelOptions{Policy: PolicyPadding, MaxBatch: 1 << 20}},
 		"negative admission bound (lstm)": {lstmDir, &ModelOptions{AdmissionBound: -1}},
+		"negative token-gate bytes":       {lstmDir, &ModelOptions{TokenGatesBytes: -1}},
+		"token gates both off and sized":  {lstmDir, &ModelOptions{NoTokenGates: true, TokenGatesBytes: 1 << 20}},
 	} {
 		if _, err := rt.LoadModel(c.dir, c.opts); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("%s: got %v, want INVALID_ARGUMENT", name, err)
