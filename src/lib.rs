@@ -23,6 +23,7 @@ pub use runtime::{
 };
 pub use sched::baseline::padding::{BucketOrder, PaddingConfig};
 pub use sched::baseline::timeout::TimeoutConfig;
+pub use sched::elastic::ElasticConfig;
 
 /// The crate version, `MAJOR.MINOR.PATCH`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

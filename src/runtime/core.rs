@@ -123,9 +123,16 @@ pub(crate) enum CoreOutput<R> {
     /// launch fails).
     Launch { group: GroupId, task: TaskId },
     /// The request is complete with `code` (`Ok`: its result, which the driver holds, is to be
-    /// delivered). `rejected`: its policy refused it before any of it ran
+    /// delivered). `rejected`: its policy refused it before any of it ran, and why
     /// ([`Decision::Reject`]).
-    Complete { id: RequestId, code: Code, model: ModelId, started: Option<Time>, rejected: bool, data: R },
+    Complete {
+        id: RequestId,
+        code: Code,
+        model: ModelId,
+        started: Option<Time>,
+        rejected: Option<&'static str>,
+        data: R,
+    },
     /// A closed model has no request and no task left: the driver releases its resources and
     /// may reuse the index. `policy` is its group's policy when it was the group's last model
     /// (the group is gone too).
@@ -353,7 +360,7 @@ impl<R, T: Default> EngineCore<R, T> {
         if let Some(at) = m.waiting.iter().position(|&w| w == id) {
             // Still waiting for state slots: its policy never saw it.
             m.waiting.remove(at);
-            self.complete(id, Code::Cancelled, false);
+            self.complete(id, Code::Cancelled, None);
         } else if let Some((gid, g)) = self.group_of(model) {
             g.policy.cancel(now, id);
             self.dirty.push(gid);
@@ -385,7 +392,7 @@ impl<R, T: Default> EngineCore<R, T> {
             });
         }
         for id in expired {
-            self.complete(id, Code::DeadlineExceeded, false);
+            self.complete(id, Code::DeadlineExceeded, None);
         }
         for (idx, g) in self.groups.iter_mut().enumerate() {
             if let Some(g) = g
@@ -498,7 +505,7 @@ impl<R, T: Default> EngineCore<R, T> {
     }
 
     /// Take a request out, give its slots back and build its completion.
-    fn complete(&mut self, id: RequestId, code: Code, rejected: bool) -> Option<()> {
+    fn complete(&mut self, id: RequestId, code: Code, rejected: Option<&'static str>) -> Option<()> {
         let r = self.requests.remove(&id)?;
         if let Some(m) = self.models.get_mut(r.model).and_then(|m| m.as_mut()) {
             m.requests -= 1;
@@ -567,11 +574,11 @@ impl<R, T: Default> EngineCore<R, T> {
                         return Some(CoreOutput::Launch { group: gid, task: l.task });
                     }
                     Some(Decision::Complete { id, code }) => {
-                        self.complete(id, code, false);
+                        self.complete(id, code, None);
                     }
-                    Some(Decision::Reject { id, code }) => {
+                    Some(Decision::Reject { id, code, reason }) => {
                         debug_assert!(self.requests.get(&id).is_none_or(|r| r.started.is_none()));
-                        self.complete(id, code, true);
+                        self.complete(id, code, Some(reason));
                     }
                     None => {
                         self.dirty.pop();

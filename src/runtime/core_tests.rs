@@ -54,7 +54,7 @@ impl Policy for Recorder {
     fn arrive(&mut self, _: Time, a: Arrival) {
         self.seen.lock().unwrap().arrivals.push((a.id, a.model));
         if a.id >= self.refuse_from {
-            self.out.push_back(Decision::Reject { id: a.id, code: Code::Busy });
+            self.out.push_back(Decision::Reject { id: a.id, code: Code::Busy, reason: "full" });
         } else {
             self.queued += 1;
         }
@@ -154,7 +154,7 @@ fn a_group_serves_several_models_and_is_released_with_its_last_model() {
     assert_eq!((end.model, end.worker, end.rows), (0, 0, 1));
     assert_eq!(seen.lock().unwrap().reports, vec![report], "the driver's report reaches the policy");
     let out = drain(&mut core);
-    assert!(matches!(out[0], CoreOutput::Complete { id: 10, code: Code::Ok, model: 0, rejected: false, .. }));
+    assert!(matches!(out[0], CoreOutput::Complete { id: 10, code: Code::Ok, model: 0, rejected: None, .. }));
     assert!(matches!(out[1], CoreOutput::Released { model: 0, policy: None }));
     assert!(core.submit(us(10), submit(0, 13, 0)).is_err(), "a released model takes nothing");
     core.close_model(3);
@@ -176,7 +176,7 @@ fn a_reject_completes_at_once_and_says_so() {
     let out = drain(&mut core);
     assert_eq!(out.len(), 1);
     let CoreOutput::Complete { id, code, started, rejected, .. } = &out[0] else { panic!("a completion") };
-    assert_eq!((*id, *code, *started, *rejected), (20, Code::Busy, None, true));
+    assert_eq!((*id, *code, *started, *rejected), (20, Code::Busy, None, Some("full")));
     assert!(core.is_empty());
 }
 

@@ -573,7 +573,14 @@ impl Engine {
         self.poller_thread.unpark();
     }
 
-    fn complete(&mut self, model: usize, code: Code, started: Option<Time>, rejected: bool, mut live: Live) {
+    fn complete(
+        &mut self,
+        model: usize,
+        code: Code,
+        started: Option<Time>,
+        rejected: Option<&'static str>,
+        mut live: Live,
+    ) {
         let result = match code {
             Code::Ok => live
                 .result
@@ -588,10 +595,13 @@ impl Engine {
                     "the deadline passed while the request was queued"
                 },
             )),
-            other if rejected => Err(Error::new(other, "the model's policy refused the request")),
+            other if rejected.is_some() => Err(Error::new(
+                other,
+                format!("the model's policy refused the request: {}", rejected.unwrap_or_default()),
+            )),
             other => Err(Error::new(other, "request failed")),
         };
-        self.finish(model, started, live, result, rejected);
+        self.finish(model, started, live, result, rejected.is_some());
     }
 
     /// Take the request's rows off the work ahead, record it in the metrics (as refused when

@@ -32,6 +32,7 @@ use crate::model::{self, Input, ModelKind, Network};
 use crate::sched::baseline::padding::{PaddingConfig, PaddingPolicy};
 use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
 use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy, DEFAULT_MAX_TASKS_TO_SUBMIT};
+use crate::sched::elastic::{ElasticConfig, ElasticPolicy};
 use crate::sched::{Policy, RequestId};
 
 use admission::Admission;
@@ -167,6 +168,9 @@ pub enum PolicyConfig {
     Cellular(CellularOptions),
     /// Graph batching with padding (the TF/MXNet baseline). Recurrent models only.
     Padding(PaddingConfig),
+    /// E²bird's elastic batching (N-Ebird, or E-Ebird with engine configurations): workers of
+    /// fixed batch sizes, full batches from the input ring, no timer. Fixed-shape models only.
+    Elastic(ElasticConfig),
 }
 
 /// Options of cellular batching for a model; cell types come from the model.
@@ -218,6 +222,7 @@ pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig, max_task_steps: u32
     };
     match cfg {
         PolicyConfig::Timeout(_) if recurrent => unsupported("timeout", "fixed-shape models"),
+        PolicyConfig::Elastic(_) if recurrent => unsupported("elastic", "fixed-shape models"),
         PolicyConfig::Cellular(_) | PolicyConfig::Padding(_) if !recurrent => {
             unsupported("cellular and padding", "recurrent models (lstm, seq2seq, treelstm)")
         }
@@ -225,6 +230,13 @@ pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig, max_task_steps: u32
             check::max_batch(cfg.max_batch)?;
             check::workers(cfg.workers)?;
             Ok(Box::new(TimeoutPolicy::new(cfg)))
+        }
+        PolicyConfig::Elastic(cfg) => {
+            check::workers(cfg.workers.len())?;
+            for &bs in &cfg.workers {
+                check::max_batch(bs)?;
+            }
+            Ok(Box::new(ElasticPolicy::new(cfg)?))
         }
         PolicyConfig::Cellular(o) => {
             check::workers(o.workers)?;

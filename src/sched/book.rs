@@ -68,12 +68,11 @@ impl<K: Ord + Copy> Book<K> {
         self.out.push_back(Decision::Complete { id, code });
     }
 
-    /// A queued request is refused with `code` ([`Decision::Reject`]). (No policy refuses yet:
-    /// E²bird's full ring will.)
-    #[allow(dead_code)]
-    pub fn reject(&mut self, id: RequestId, code: Code) {
+    /// A queued request is refused with `code`, for `reason` ([`Decision::Reject`]): E²bird's
+    /// full ring.
+    pub fn reject(&mut self, id: RequestId, code: Code, reason: &'static str) {
         self.queued -= 1;
-        self.out.push_back(Decision::Reject { id, code });
+        self.out.push_back(Decision::Reject { id, code, reason });
     }
 
     /// A fresh task id.
@@ -179,7 +178,7 @@ mod tests {
         assert_eq!((b.queued(), b.running()), (2, 2));
         b.complete(0, Code::Ok, true);
         b.complete(2, Code::Cancelled, false);
-        b.reject(3, Code::Busy);
+        b.reject(3, Code::Busy, "full");
         assert_eq!((b.queued(), b.running()), (0, 1));
         let out: Vec<_> = std::iter::from_fn(|| b.poll()).collect();
         assert_eq!(
@@ -187,7 +186,7 @@ mod tests {
             vec![
                 Decision::Complete { id: 0, code: Code::Ok },
                 Decision::Complete { id: 2, code: Code::Cancelled },
-                Decision::Reject { id: 3, code: Code::Busy },
+                Decision::Reject { id: 3, code: Code::Busy, reason: "full" },
             ]
         );
     }

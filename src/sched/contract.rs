@@ -28,6 +28,7 @@ use crate::error::Code;
 use crate::sched::baseline::padding::{BucketOrder, PaddingConfig, PaddingPolicy};
 use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
 use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy};
+use crate::sched::elastic::{ElasticConfig, ElasticPolicy};
 use crate::sched::{
     Arrival, CellGraph, CellType, Decision, ModelId, Policy, RequestId, TaskId, TaskReport, Time, WorkerId,
     WorkerShape,
@@ -62,6 +63,39 @@ fn policies() -> Vec<(&'static str, Make)> {
                 pad_to_max: rng.random_bool(0.3),
             };
             UnderTest { policy: Box::new(TimeoutPolicy::new(cfg)), requests: Requests::Fixed }
+        }),
+        ("elastic", |rng| {
+            // N-Ebird over random worker sizes, or E-Ebird over random level configurations;
+            // a small ring, so that it fills and refuses.
+            let max_inflight = rng.random_range(1..=8);
+            let cfg = if rng.random_bool(0.5) {
+                let workers = std::iter::once(1)
+                    .chain((0..rng.random_range(0..=3)).map(|_| rng.random_range(1..=max_inflight)))
+                    .collect();
+                ElasticConfig {
+                    workers,
+                    max_inflight,
+                    ring_slots: rng.random_range(max_inflight..=12),
+                    ..Default::default()
+                }
+            } else {
+                let mut confs = std::collections::BTreeMap::new();
+                for total in [2usize, 4, 8].into_iter().filter(|&t| t <= max_inflight) {
+                    let mut left = total;
+                    let mut conf = Vec::new();
+                    while left > 0 {
+                        let bs = 1 << rng.random_range(0..=left.ilog2());
+                        conf.push(bs);
+                        left -= bs;
+                    }
+                    confs.insert(total, conf);
+                }
+                let mut cfg = ElasticConfig::e_ebird(confs, max_inflight.max(2));
+                cfg.ring_slots = rng.random_range(cfg.max_inflight..=12);
+                cfg
+            };
+            let policy = Box::new(ElasticPolicy::new(cfg).expect("valid elastic config"));
+            UnderTest { policy, requests: Requests::Fixed }
         }),
         ("padding", |rng| {
             let cfg = PaddingConfig {
@@ -313,7 +347,7 @@ impl Checker {
                     ));
                 }
             }
-            Decision::Complete { id, code } | Decision::Reject { id, code } => {
+            Decision::Complete { id, code } | Decision::Reject { id, code, .. } => {
                 let reject = matches!(d, Decision::Reject { .. });
                 if !self.graphs.contains_key(&id) {
                     self.fail(format!("completion of unknown request {id}"));

@@ -37,6 +37,7 @@ pub(crate) mod book;
 pub mod cellular;
 #[cfg(test)]
 mod contract;
+pub mod elastic;
 pub mod graph;
 
 use std::collections::HashMap;
@@ -315,7 +316,7 @@ pub enum Decision {
     /// The policy refuses a request it has not started (its pool is full: `Busy`; it cannot be
     /// served within its bound: `ResourceExhausted`). It completes with `code` at once; the
     /// driver counts it as refused, not failed.
-    Reject { id: RequestId, code: Code },
+    Reject { id: RequestId, code: Code, reason: &'static str },
 }
 
 /// The interface every sans-IO policy offers its drivers (runtime engine, simulator).

@@ -234,7 +234,7 @@ impl Harness {
                 }
                 self.streams[w].push_back(TaskInfo { task: l.task, rows });
             }
-            Decision::Reject { id, code } => self.fail(format!("request {id} rejected ({code:?})")),
+            Decision::Reject { id, code, .. } => self.fail(format!("request {id} rejected ({code:?})")),
             Decision::Complete { id, code } => {
                 self.log.push(format!("  complete {id} {code:?}"));
                 let Some(r) = self.reqs.get(&id) else { self.fail(format!("complete of unknown {id}")) };

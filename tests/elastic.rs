@@ -1,0 +1,147 @@
+//! E²bird's elastic batching through the runtime on the CPU backend (issue 15): outputs, the
+//! input ring's BUSY, cancel and deadline of a request whose input is in the ring, and a
+//! worker's launch failing while the others go on.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{assert_close, input, mlp_dir};
+use serve::backend::fault::{FaultKind, FaultPlan};
+use serve::{
+    BackendChoice, Code, CompletionQueue, ElasticConfig, Input, ModelOptions, Output, PolicyConfig, Runtime,
+    SubmitOptions, Ticket,
+};
+
+fn runtime(plan: FaultPlan) -> Runtime {
+    Runtime::builder().backend(BackendChoice::Cpu).cpu_threads(2).inject_faults(plan).build().unwrap()
+}
+
+fn elastic(cfg: ElasticConfig) -> ModelOptions {
+    ModelOptions { policy: PolicyConfig::Elastic(cfg), ..ModelOptions::default() }
+}
+
+fn wait(t: Ticket) -> serve::Result<Output> {
+    t.wait_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("a request did not complete within 20 s"))
+}
+
+fn code(r: &serve::Result<Output>) -> Code {
+    r.as_ref().map_or_else(|e| e.code(), |_| Code::Ok)
+}
+
+/// `total` requests of `width` inputs, `window` in flight at a time (within the ring's slots),
+/// each completion replaced at once; the results by input index.
+fn closed_loop(m: &serve::Model, width: usize, total: u64, window: u64) -> Vec<(u64, serve::Result<Output>)> {
+    let q = CompletionQueue::new().unwrap();
+    let submit = |k: u64| {
+        m.submit_to(Input::F32(input(width, k)), SubmitOptions::default(), &q, k).unwrap();
+    };
+    (0..window.min(total)).for_each(submit);
+    let mut next = window.min(total);
+    let mut out = Vec::new();
+    while (out.len() as u64) < total {
+        for c in q.next(64, Duration::from_secs(20)).unwrap() {
+            out.push((c.tag, c.result));
+            if next < total {
+                submit(next);
+                next += 1;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn n_ebird_serves_an_mlp_in_full_batches() {
+    let (dir, mlp) = mlp_dir("elastic", &[16, 64, 8], 1);
+    let rt = runtime(FaultPlan::new());
+    let m = rt.load_model(&dir, elastic(ElasticConfig::default())).unwrap();
+    for (k, r) in closed_loop(&m, 16, 400, 96) {
+        let Ok(Output::F32(v)) = r else { panic!("failed: {r:?}") };
+        assert_close(&v, &mlp.forward_reference(&input(16, k)));
+    }
+    let s = rt.stats();
+    assert_eq!((s.completed(Code::Ok), s.batched_requests), (400, 400));
+    assert!(s.tasks_launched <= 400);
+}
+
+#[test]
+fn elastic_is_for_fixed_shape_models_and_checks_its_workers() {
+    let rt = runtime(FaultPlan::new());
+    let (dir, _) = mlp_dir("elastic-bad", &[4, 4], 1);
+    let e = rt
+        .load_model(&dir, elastic(ElasticConfig { workers: vec![2, 4], ..Default::default() }))
+        .err()
+        .expect("refused");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    let e = rt
+        .load_model(&dir, elastic(ElasticConfig { ring_slots: 8, ..Default::default() }))
+        .err()
+        .expect("refused");
+    assert!(e.message().contains("ring"), "{e}");
+    let lstm = common::recurrent::fixture("lstm_small");
+    let e = rt.load_model(&lstm, elastic(ElasticConfig::default())).err().expect("refused");
+    assert_eq!(e.code(), Code::Unsupported, "{e}");
+}
+
+/// One bs-1 worker, MaxInf 1, a ring of 3 slots; the first launch stalls until released. Slot 0
+/// runs, slots 1 and 2 wait: the next request is refused BUSY at once. A waiting request is
+/// cancelled, another expires, both at once, while the worker is still stalled; after the
+/// release the rest complete and the freed slots take new requests.
+#[test]
+fn a_full_ring_is_busy_and_requests_in_it_cancel_and_expire() {
+    let plan =
+        FaultPlan::new().at(Some(0), 0, FaultKind::Stall { release_after: Some(Duration::from_millis(400)) });
+    let rt = runtime(plan.clone());
+    let (dir, mlp) = mlp_dir("elastic-ring", &[4, 8, 3], 1);
+    let cfg = ElasticConfig { workers: vec![1], max_inflight: 1, ring_slots: 3, ..Default::default() };
+    let m = rt.load_model(&dir, elastic(cfg)).unwrap();
+    let first = m.submit(Input::F32(input(4, 0)), SubmitOptions::default()).unwrap();
+    let cancelled = m.submit(Input::F32(input(4, 1)), SubmitOptions::default()).unwrap();
+    let expiring =
+        m.submit(Input::F32(input(4, 2)), SubmitOptions::with_timeout(Duration::from_millis(50))).unwrap();
+    let busy = m.submit(Input::F32(input(4, 3)), SubmitOptions::default()).unwrap();
+    let e = wait(busy).expect_err("refused");
+    assert_eq!(e.code(), Code::Busy, "{e}");
+    assert!(e.message().contains("input ring"), "{e}");
+    rt.cancel(cancelled.id()).unwrap();
+    assert_eq!(code(&wait(cancelled)), Code::Cancelled);
+    assert_eq!(code(&wait(expiring)), Code::DeadlineExceeded);
+    let Output::F32(v) = wait(first).unwrap() else { panic!("f32") };
+    assert_close(&v, &mlp.forward_reference(&input(4, 0)));
+    assert_eq!(plan.fired(), 1);
+    for k in 10..16 {
+        let Output::F32(v) =
+            wait(m.submit(Input::F32(input(4, k)), SubmitOptions::default()).unwrap()).unwrap()
+        else {
+            panic!("f32")
+        };
+        assert_close(&v, &mlp.forward_reference(&input(4, k)));
+    }
+}
+
+/// A worker's launch fails: its requests fail BACKEND, its slots are freed, the other workers
+/// and later requests go on.
+#[test]
+fn a_failed_launch_fails_its_batch_and_the_ring_goes_on() {
+    let plan = FaultPlan::new().at(Some(0), 2, FaultKind::FailLaunch);
+    let rt = runtime(plan.clone());
+    let (dir, mlp) = mlp_dir("elastic-fail", &[4, 8, 3], 1);
+    let m = rt.load_model(&dir, elastic(ElasticConfig::default())).unwrap();
+    let mut failed = 0;
+    for (k, r) in closed_loop(&m, 4, 300, 64) {
+        match r {
+            Ok(Output::F32(v)) => assert_close(&v, &mlp.forward_reference(&input(4, k))),
+            Err(e) => {
+                assert_eq!(e.code(), Code::Backend, "{e}");
+                failed += 1;
+            }
+            Ok(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(plan.fired(), 1);
+    assert!((1..=16).contains(&failed), "one batch failed: {failed} requests");
+    // More requests than the ring has slots went through after it.
+    assert_eq!(rt.stats().completed(Code::Ok) + failed, 300);
+}
