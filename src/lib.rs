@@ -21,6 +21,7 @@ pub use runtime::{
     CellularOptions, Completion, CompletionQueue, Model, ModelOptions, PolicyConfig, Runtime, RuntimeBuilder,
     StatsSnapshot, SubmitOptions, Ticket,
 };
+pub use sched::adaptive::AdaptiveConfig;
 pub use sched::baseline::padding::{BucketOrder, PaddingConfig};
 pub use sched::baseline::timeout::TimeoutConfig;
 pub use sched::elastic::ElasticConfig;

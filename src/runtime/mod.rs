@@ -29,6 +29,7 @@ use crate::backend::fault::{FaultPlan, FaultyBackend};
 use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify, RunnerShape};
 use crate::error::{Code, Error, Result};
 use crate::model::{self, Input, ModelKind, Network};
+use crate::sched::adaptive::{AdaptiveConfig, AdaptivePolicy};
 use crate::sched::baseline::padding::{PaddingConfig, PaddingPolicy};
 use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
 use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy, DEFAULT_MAX_TASKS_TO_SUBMIT};
@@ -171,6 +172,9 @@ pub enum PolicyConfig {
     /// E²bird's elastic batching (N-Ebird, or E-Ebird with engine configurations): workers of
     /// fixed batch sizes, full batches from the input ring, no timer. Fixed-shape models only.
     Elastic(ElasticConfig),
+    /// Adaptive batching on a latency model (async-transfer slides): the batch size from the
+    /// fitted stage costs, the arrival rate and a latency bound. Fixed-shape models only.
+    Adaptive(AdaptiveConfig),
 }
 
 /// Options of cellular batching for a model; cell types come from the model.
@@ -223,6 +227,7 @@ pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig, max_task_steps: u32
     match cfg {
         PolicyConfig::Timeout(_) if recurrent => unsupported("timeout", "fixed-shape models"),
         PolicyConfig::Elastic(_) if recurrent => unsupported("elastic", "fixed-shape models"),
+        PolicyConfig::Adaptive(_) if recurrent => unsupported("adaptive", "fixed-shape models"),
         PolicyConfig::Cellular(_) | PolicyConfig::Padding(_) if !recurrent => {
             unsupported("cellular and padding", "recurrent models (lstm, seq2seq, treelstm)")
         }
@@ -237,6 +242,10 @@ pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig, max_task_steps: u32
                 check::max_batch(bs)?;
             }
             Ok(Box::new(ElasticPolicy::new(cfg)?))
+        }
+        PolicyConfig::Adaptive(cfg) => {
+            check::max_batch(cfg.max_batch)?;
+            Ok(Box::new(AdaptivePolicy::new(cfg)?))
         }
         PolicyConfig::Cellular(o) => {
             check::workers(o.workers)?;

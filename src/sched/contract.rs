@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::Code;
+use crate::sched::adaptive::{AdaptiveConfig, AdaptivePolicy, Formula, Streams};
 use crate::sched::baseline::padding::{BucketOrder, PaddingConfig, PaddingPolicy};
 use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
 use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy};
@@ -63,6 +64,17 @@ fn policies() -> Vec<(&'static str, Make)> {
                 pad_to_max: rng.random_bool(0.3),
             };
             UnderTest { policy: Box::new(TimeoutPolicy::new(cfg)), requests: Requests::Fixed }
+        }),
+        ("adaptive", |rng| {
+            let cfg = AdaptiveConfig {
+                latency_bound: std::time::Duration::from_micros(rng.random_range(1..400)),
+                max_batch: rng.random_range(1..=8),
+                streams: if rng.random_bool(0.5) { Streams::Serial } else { Streams::Async },
+                formula: if rng.random_bool(0.5) { Formula::Paper } else { Formula::Exact },
+                window: rng.random_range(2..=8),
+            };
+            let policy = Box::new(AdaptivePolicy::new(cfg).expect("valid adaptive config"));
+            UnderTest { policy, requests: Requests::Fixed }
         }),
         ("elastic", |rng| {
             // N-Ebird over random worker sizes, or E-Ebird over random level configurations;

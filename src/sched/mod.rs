@@ -32,6 +32,7 @@
 //! The bookkeeping every policy needs to keep that contract (its decision outbox, deadline heap,
 //! queued/running counts, task ids, the model it serves) is written once, in [`book`].
 
+pub mod adaptive;
 pub mod baseline;
 pub(crate) mod book;
 pub mod cellular;

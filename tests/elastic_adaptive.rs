@@ -1,6 +1,7 @@
-//! E²bird's elastic batching through the runtime on the CPU backend (issue 15): outputs, the
-//! input ring's BUSY, cancel and deadline of a request whose input is in the ring, and a
-//! worker's launch failing while the others go on.
+//! Issue 15's policies through the runtime on the CPU backend. E²bird's elastic batching:
+//! outputs, the input ring's BUSY, cancel and deadline of a request whose input is in the ring,
+//! a worker's launch failing while the others go on. Adaptive batching: outputs with one and two
+//! tasks in flight, and an infeasible latency bound still served.
 
 mod common;
 
@@ -8,9 +9,10 @@ use std::time::Duration;
 
 use common::{assert_close, input, mlp_dir};
 use serve::backend::fault::{FaultKind, FaultPlan};
+use serve::sched::adaptive::{Formula, Streams};
 use serve::{
-    BackendChoice, Code, CompletionQueue, ElasticConfig, Input, ModelOptions, Output, PolicyConfig, Runtime,
-    SubmitOptions, Ticket,
+    AdaptiveConfig, BackendChoice, Code, CompletionQueue, ElasticConfig, Input, ModelOptions, Output,
+    PolicyConfig, Runtime, SubmitOptions, Ticket,
 };
 
 fn runtime(plan: FaultPlan) -> Runtime {
@@ -144,4 +146,30 @@ fn a_failed_launch_fails_its_batch_and_the_ring_goes_on() {
     assert!((1..=16).contains(&failed), "one batch failed: {failed} requests");
     // More requests than the ring has slots went through after it.
     assert_eq!(rt.stats().completed(Code::Ok) + failed, 300);
+}
+
+#[test]
+fn adaptive_serves_an_mlp_serially_and_with_two_tasks_out() {
+    let (dir, mlp) = mlp_dir("adaptive", &[16, 64, 8], 1);
+    let rt = runtime(FaultPlan::new());
+    for (streams, bound_ms) in [(Streams::Serial, 50), (Streams::Async, 50), (Streams::Async, 0)] {
+        // A bound of 0 is refused; 1 µs cannot be met: flagged, still served.
+        let latency_bound =
+            if bound_ms == 0 { Duration::from_micros(1) } else { Duration::from_millis(bound_ms) };
+        let cfg =
+            AdaptiveConfig { latency_bound, max_batch: 16, streams, formula: Formula::Exact, window: 8 };
+        let m = rt
+            .load_model(&dir, ModelOptions { policy: PolicyConfig::Adaptive(cfg), ..ModelOptions::default() })
+            .unwrap();
+        for (k, r) in closed_loop(&m, 16, 300, 48) {
+            let Ok(Output::F32(v)) = r else { panic!("{streams:?}: failed: {r:?}") };
+            assert_close(&v, &mlp.forward_reference(&input(16, k)));
+        }
+    }
+    let bad = AdaptiveConfig { latency_bound: Duration::ZERO, ..AdaptiveConfig::default() };
+    let e = rt
+        .load_model(&dir, ModelOptions { policy: PolicyConfig::Adaptive(bad), ..ModelOptions::default() })
+        .err()
+        .expect("refused");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
 }
