@@ -63,6 +63,14 @@
 // Graph batching with padding, the TF/MXNet baseline (recurrent models).
 #define SERVE_POLICY_PADDING 3
 
+// E²bird's elastic batching: workers of fixed batch sizes fed full batches from an input ring,
+// no timer (fixed-shape models).
+#define SERVE_POLICY_ELASTIC 4
+
+// Adaptive batching on a latency model: the batch size from fitted stage costs, the arrival
+// rate and a latency bound (fixed-shape models).
+#define SERVE_POLICY_ADAPTIVE 5
+
 // Major version: changes only with an incompatible ABI change.
 #define SERVE_VERSION_MAJOR 0
 
@@ -365,6 +373,41 @@ serve_error *serve_model_options_set_admission_bound(serve_model_options *option
 
 // The model's name in messages (copied).
 serve_error *serve_model_options_set_name(serve_model_options *options, const char *name);
+
+// Elastic policy: the batch size of each worker (`len` entries, 1 to 256, each 1 to 65536;
+// one must be 1). Default: N-Ebird's `{1, 1, 2, 4, 8, 16}`, or with engine configurations the
+// union of them plus a worker of 1 and one of 2. Copied.
+serve_error *serve_model_options_set_elastic_workers(serve_model_options *options,
+                                                     const uint32_t *batch_sizes,
+                                                     size_t len);
+
+// Elastic policy: the most rows running at once over every worker (E²bird's MaxInf = MaxBS, the
+// largest batch one worker runs within the QoS), 1 to 65536, at most the ring slots. Default 32.
+serve_error *serve_model_options_set_max_inflight(serve_model_options *options,
+                                                  uint32_t max_inflight);
+
+// Elastic policy: slots of the input ring, 1 to 65536 (default 128). A request arriving while
+// every slot holds an unanswered one completes `SERVE_CODE_BUSY` at once.
+serve_error *serve_model_options_set_ring_slots(serve_model_options *options, uint32_t slots);
+
+// Elastic policy, E-Ebird: at load level `total_batch` (requests in the pool), run the workers of
+// these batch sizes (`len` entries summing to `total_batch`), e.g. as `serve profile
+// --engine-configs` picked them. Adding any turns N-Ebird into E-Ebird; a level given twice
+// keeps the last. Copied.
+serve_error *serve_model_options_add_engine_config(serve_model_options *options,
+                                                   uint32_t total_batch,
+                                                   const uint32_t *batch_sizes,
+                                                   size_t len);
+
+// Adaptive policy: the latency bound, in nanoseconds (> 0), the batch size is chosen for. A
+// bound the load makes infeasible is served anyway (the batch size follows the load). Default
+// 100 ms.
+serve_error *serve_model_options_set_latency_bound_ns(serve_model_options *options,
+                                                      uint64_t bound_ns);
+
+// Adaptive policy: 2 (default) uploads the next batch while one computes; 1 runs one batch at
+// a time (the serial server).
+serve_error *serve_model_options_set_streams(serve_model_options *options, uint32_t streams);
 
 // Load the model directory `dir` (model.toml + weights.safetensors) into `runtime`. `options`
 // may be NULL for the defaults. Errors: `SERVE_CODE_NOT_FOUND` (no such directory or file),

@@ -414,3 +414,105 @@ fn a_completion_holds_its_admission_place_until_freed() {
     serve_model_free(model);
     serve_runtime_free(rt);
 }
+
+/// Elastic (N-Ebird, E-Ebird) and adaptive batching chosen and set through the C ABI, and every
+/// bad setting refused with a message naming it.
+#[test]
+fn elastic_and_adaptive_policies_through_the_c_abi() {
+    let (dir, _) = common::mlp_dir("ffi-elastic", &[4, 2], 3);
+    let path = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+    let rt = cpu_runtime();
+    let serve_with = |mo: *mut serve_model_options| {
+        let mut model = null_mut();
+        ok(serve_runtime_load_model(rt, path.as_ptr(), mo, &mut model));
+        serve_model_options_free(mo);
+        let mut q = null_mut();
+        ok(serve_queue_new(&mut q));
+        let x = [0.5f32; 4];
+        let mut id = 0;
+        for tag in 0..40 {
+            ok(serve_submit_f32(model, q, tag, x.as_ptr(), 4, null(), &mut id));
+        }
+        let mut out = [null_mut(); 40];
+        let mut seen = 0;
+        while seen < 40 {
+            let mut n = 0;
+            ok(serve_queue_next(q, out.as_mut_ptr(), 40, 10_000_000_000, &mut n));
+            for c in &out[..n] {
+                if serve_completion_code(*c) != Code::Ok {
+                    let msg = unsafe { CStr::from_ptr(serve_completion_message(*c)) };
+                    panic!("{:?}: {msg:?}", serve_completion_code(*c));
+                }
+                serve_completion_free(*c);
+            }
+            seen += n;
+        }
+        serve_queue_free(q);
+        serve_model_free(model);
+    };
+    // N-Ebird over workers {1, 2, 4}, MaxInf 4, a ring of 64 (all 40 requests fit).
+    let mut mo = null_mut();
+    ok(serve_model_options_new(&mut mo));
+    ok(serve_model_options_set_policy(mo, SERVE_POLICY_ELASTIC));
+    ok(serve_model_options_set_elastic_workers(mo, [1u32, 2, 4].as_ptr(), 3));
+    ok(serve_model_options_set_max_inflight(mo, 4));
+    ok(serve_model_options_set_ring_slots(mo, 64));
+    serve_with(mo);
+    // E-Ebird from two levels (the engine: their union plus 1 and 2).
+    let mut mo = null_mut();
+    ok(serve_model_options_new(&mut mo));
+    ok(serve_model_options_set_policy(mo, SERVE_POLICY_ELASTIC));
+    ok(serve_model_options_add_engine_config(mo, 4, [2u32, 2].as_ptr(), 2));
+    ok(serve_model_options_add_engine_config(mo, 8, [4u32, 4].as_ptr(), 2));
+    ok(serve_model_options_set_max_inflight(mo, 8));
+    serve_with(mo);
+    // Adaptive, serial and async.
+    for streams in [1, 2] {
+        let mut mo = null_mut();
+        ok(serve_model_options_new(&mut mo));
+        ok(serve_model_options_set_policy(mo, SERVE_POLICY_ADAPTIVE));
+        ok(serve_model_options_set_latency_bound_ns(mo, 20_000_000));
+        ok(serve_model_options_set_streams(mo, streams));
+        ok(serve_model_options_set_max_batch(mo, 8));
+        serve_with(mo);
+    }
+
+    // Bad settings: refused by the setter, or at load for a policy that lacks the option.
+    let mut mo = null_mut();
+    ok(serve_model_options_new(&mut mo));
+    refused(serve_model_options_set_policy(mo, 6), &["unknown policy 6"]);
+    refused(serve_model_options_set_elastic_workers(mo, null(), 2), &["batch_sizes"]);
+    refused(serve_model_options_set_elastic_workers(mo, [1u32].as_ptr(), 0), &["0 entries"]);
+    refused(serve_model_options_set_elastic_workers(mo, [1u32; 300].as_ptr(), 300), &["300 entries"]);
+    refused(serve_model_options_set_elastic_workers(mo, [1u32, 0].as_ptr(), 2), &["max batch"]);
+    refused(serve_model_options_add_engine_config(mo, 8, [4u32, 2].as_ptr(), 2), &["sums to 6"]);
+    refused(serve_model_options_set_ring_slots(mo, 0), &["ring slots"]);
+    refused(serve_model_options_set_latency_bound_ns(mo, 0), &["latency bound"]);
+    refused(serve_model_options_set_streams(mo, 3), &["3 streams"]);
+    let load_refused = |mo: *mut serve_model_options, want: &[&str]| {
+        let mut model = null_mut();
+        refused(serve_runtime_load_model(rt, path.as_ptr(), mo, &mut model), want);
+        assert!(model.is_null());
+        serve_model_options_free(mo);
+    };
+    // A latency bound under the elastic policy; elastic workers under the timeout policy; a max
+    // batch under elastic; elastic workers without a batch size 1.
+    ok(serve_model_options_set_policy(mo, SERVE_POLICY_ELASTIC));
+    ok(serve_model_options_set_latency_bound_ns(mo, 1_000_000));
+    load_refused(mo, &["adaptive policy", "uses elastic"]);
+    let mut mo = null_mut();
+    ok(serve_model_options_new(&mut mo));
+    ok(serve_model_options_set_elastic_workers(mo, [1u32].as_ptr(), 1));
+    load_refused(mo, &["elastic policy", "uses timeout"]);
+    let mut mo = null_mut();
+    ok(serve_model_options_new(&mut mo));
+    ok(serve_model_options_set_policy(mo, SERVE_POLICY_ELASTIC));
+    ok(serve_model_options_set_max_batch(mo, 8));
+    load_refused(mo, &["batch sizes"]);
+    let mut mo = null_mut();
+    ok(serve_model_options_new(&mut mo));
+    ok(serve_model_options_set_policy(mo, SERVE_POLICY_ELASTIC));
+    ok(serve_model_options_set_elastic_workers(mo, [2u32, 4].as_ptr(), 2));
+    load_refused(mo, &["batch size 1"]);
+    serve_runtime_free(rt);
+}

@@ -1,5 +1,6 @@
 //! `serve_model` and its options builder.
 
+use std::collections::BTreeMap;
 use std::ffi::c_char;
 use std::path::Path;
 use std::time::Duration;
@@ -7,11 +8,14 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::ffi::error::serve_error;
 use crate::ffi::runtime::serve_runtime;
+use crate::ffi::slice_arg;
 use crate::ffi::{arg, arg_mut, free_handle, into_handle, out_arg, str_arg, write_out};
 use crate::ffi_boundary;
 use crate::model::Network;
 use crate::runtime::{Model, ModelOptions, PolicyConfig, check};
-use crate::{CellularOptions, PaddingConfig, TimeoutConfig};
+use crate::sched::adaptive::Streams;
+use crate::sched::elastic::MAX_RING_SLOTS;
+use crate::{AdaptiveConfig, CellularOptions, ElasticConfig, PaddingConfig, TimeoutConfig};
 
 /// Options for `serve_runtime_load_model`: an opaque builder. Not thread-safe while being set; a
 /// `const serve_model_options *` may be shared.
@@ -30,6 +34,14 @@ struct Knobs {
     workers: Option<usize>,
     pad: Option<bool>,
     max_tasks: Option<usize>,
+    /// Elastic: worker batch sizes, MaxInf, ring slots, E-Ebird's configurations.
+    elastic_workers: Option<Vec<usize>>,
+    max_inflight: Option<usize>,
+    ring_slots: Option<usize>,
+    engine_confs: BTreeMap<usize, Vec<usize>>,
+    /// Adaptive: the latency bound and the streams (1: serial, 2: async).
+    latency_bound: Option<Duration>,
+    streams: Option<Streams>,
 }
 
 /// The model kind's own policy: timeout batching (no wait) for `mlp`, cellular batching for
@@ -41,6 +53,15 @@ pub const SERVE_POLICY_TIMEOUT: u32 = 1;
 pub const SERVE_POLICY_CELLULAR: u32 = 2;
 /// Graph batching with padding, the TF/MXNet baseline (recurrent models).
 pub const SERVE_POLICY_PADDING: u32 = 3;
+/// E²bird's elastic batching: workers of fixed batch sizes fed full batches from an input ring,
+/// no timer (fixed-shape models).
+pub const SERVE_POLICY_ELASTIC: u32 = 4;
+/// Adaptive batching on a latency model: the batch size from fitted stage costs, the arrival
+/// rate and a latency bound (fixed-shape models).
+pub const SERVE_POLICY_ADAPTIVE: u32 = 5;
+
+/// Most entries of a worker or engine-configuration list given to the C setters.
+const MAX_LIST: usize = 256;
 
 impl Knobs {
     fn policy(&self, net: &Network) -> crate::Result<PolicyConfig> {
@@ -49,9 +70,28 @@ impl Knobs {
             SERVE_POLICY_TIMEOUT => "timeout",
             SERVE_POLICY_CELLULAR => "cellular",
             SERVE_POLICY_PADDING => "padding",
+            SERVE_POLICY_ELASTIC => "elastic",
+            SERVE_POLICY_ADAPTIVE => "adaptive",
             _ if recurrent => "cellular",
             _ => "timeout",
         };
+        let elastic_set = self.elastic_workers.is_some()
+            || self.max_inflight.is_some()
+            || self.ring_slots.is_some()
+            || !self.engine_confs.is_empty();
+        if elastic_set && name != "elastic" {
+            return Err(Error::invalid(format!(
+                "elastic workers, max in flight, ring slots and engine configurations apply to the elastic \
+                 policy; this `{}` model uses {name}",
+                net.kind()
+            )));
+        }
+        if (self.latency_bound.is_some() || self.streams.is_some()) && name != "adaptive" {
+            return Err(Error::invalid(format!(
+                "the latency bound and streams apply to the adaptive policy; this `{}` model uses {name}",
+                net.kind()
+            )));
+        }
         let only_timeout = |what: &str| {
             Error::invalid(format!(
                 "{what} applies to the timeout policy; this `{}` model uses {name}",
@@ -74,6 +114,40 @@ impl Knobs {
             }
             _ if self.max_wait.is_some() => return Err(only_timeout("max wait")),
             _ if self.pad.is_some() => return Err(only_timeout("pad to max")),
+            "elastic" | "adaptive" if self.max_tasks.is_some() => {
+                return Err(Error::invalid(
+                    "max tasks to submit applies to the cellular and padding policies",
+                ));
+            }
+            "elastic" => {
+                if self.max_batch.is_some() || self.workers.is_some() {
+                    return Err(Error::invalid(
+                        "elastic batching takes its workers' batch sizes (serve_model_options_set_elastic_workers) \
+                         and max in flight, not a max batch or a worker count",
+                    ));
+                }
+                let max_inflight = self.max_inflight.unwrap_or(ElasticConfig::DEFAULT_MAX_INFLIGHT);
+                let mut c = if self.engine_confs.is_empty() {
+                    ElasticConfig { max_inflight, ..ElasticConfig::default() }
+                } else {
+                    ElasticConfig::e_ebird(self.engine_confs.clone(), max_inflight)
+                };
+                if let Some(w) = &self.elastic_workers {
+                    c.workers = w.clone();
+                }
+                c.ring_slots = self.ring_slots.unwrap_or(c.ring_slots);
+                PolicyConfig::Elastic(c)
+            }
+            "adaptive" => {
+                if self.workers.is_some() {
+                    return Err(Error::invalid("adaptive batching runs one worker"));
+                }
+                let mut c = AdaptiveConfig::default();
+                c.max_batch = self.max_batch.unwrap_or(c.max_batch);
+                c.latency_bound = self.latency_bound.unwrap_or(c.latency_bound);
+                c.streams = self.streams.unwrap_or(c.streams);
+                PolicyConfig::Adaptive(c)
+            }
             "cellular" => {
                 let mut c = CellularOptions::default();
                 c.workers = self.workers.unwrap_or(c.workers);
@@ -134,7 +208,8 @@ fn set(
 }
 
 /// The batching policy: one of the `SERVE_POLICY_*` constants. A policy that does not fit the
-/// model's kind (timeout for a recurrent model, cellular or padding for `mlp`) makes
+/// model's kind (timeout, elastic or adaptive for a recurrent model, cellular or padding for a
+/// fixed-shape one) makes
 /// `serve_runtime_load_model` fail with `SERVE_CODE_UNSUPPORTED`.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_policy(
@@ -142,7 +217,7 @@ pub extern "C" fn serve_model_options_set_policy(
     policy: u32,
 ) -> *mut serve_error {
     ffi_boundary! {
-        if policy > SERVE_POLICY_PADDING {
+        if policy > SERVE_POLICY_ADAPTIVE {
             return Err(Error::invalid(format!("unknown policy {policy}; use a SERVE_POLICY_* constant")));
         }
         set(options, |o| {
@@ -153,7 +228,8 @@ pub extern "C" fn serve_model_options_set_policy(
 }
 
 /// Maximum rows per batched task, 1 to 65536: the `s` of timeout batching, the max batch of every
-/// cell type under cellular batching, the requests per batch of the padding policy.
+/// cell type under cellular batching, the requests per batch of the padding policy, the largest
+/// batch of the adaptive policy. (Elastic batching takes its workers' sizes instead.)
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_max_batch(
     options: *mut serve_model_options,
@@ -296,6 +372,147 @@ pub extern "C" fn serve_model_options_set_name(
         let name = unsafe { str_arg(name, "name") }?.to_string();
         set(options, |o| {
             o.opts.name = Some(name);
+            Ok(())
+        })
+    }
+}
+
+/// The `len` batch sizes at `sizes` (1 to 256 entries, each 1 to 65536).
+///
+/// # Safety
+/// `sizes` points at `len` readable `uint32_t`s (NULL only with `len` 0, which is refused).
+unsafe fn read_batch_sizes(sizes: *const u32, len: usize, name: &str) -> crate::Result<Vec<usize>> {
+    if !(1..=MAX_LIST).contains(&len) {
+        return Err(Error::invalid(format!("`{name}` has {len} entries: 1 to {MAX_LIST}")));
+    }
+    // SAFETY: the caller's contract; the length is bounded above.
+    let sizes = unsafe { slice_arg(sizes, len, name) }?;
+    sizes
+        .iter()
+        .map(|&b| {
+            check::max_batch(b as usize)?;
+            Ok(b as usize)
+        })
+        .collect()
+}
+
+/// Elastic policy: the batch size of each worker (`len` entries, 1 to 256, each 1 to 65536;
+/// one must be 1). Default: N-Ebird's `{1, 1, 2, 4, 8, 16}`, or with engine configurations the
+/// union of them plus a worker of 1 and one of 2. Copied.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_elastic_workers(
+    options: *mut serve_model_options,
+    batch_sizes: *const u32,
+    len: usize,
+) -> *mut serve_error {
+    ffi_boundary! {
+        // SAFETY: the caller's contract (the header's).
+        let sizes = unsafe { read_batch_sizes(batch_sizes, len, "batch_sizes") }?;
+        set(options, |o| {
+            o.knobs.elastic_workers = Some(sizes);
+            Ok(())
+        })
+    }
+}
+
+/// Elastic policy: the most rows running at once over every worker (E²bird's MaxInf = MaxBS, the
+/// largest batch one worker runs within the QoS), 1 to 65536, at most the ring slots. Default 32.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_max_inflight(
+    options: *mut serve_model_options,
+    max_inflight: u32,
+) -> *mut serve_error {
+    ffi_boundary! {
+        check::max_batch(max_inflight as usize)?;
+        set(options, |o| {
+            o.knobs.max_inflight = Some(max_inflight as usize);
+            Ok(())
+        })
+    }
+}
+
+/// Elastic policy: slots of the input ring, 1 to 65536 (default 128). A request arriving while
+/// every slot holds an unanswered one completes `SERVE_CODE_BUSY` at once.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_ring_slots(
+    options: *mut serve_model_options,
+    slots: u32,
+) -> *mut serve_error {
+    ffi_boundary! {
+        if slots == 0 || slots as usize > MAX_RING_SLOTS {
+            return Err(Error::invalid(format!("{slots} ring slots: 1 to {MAX_RING_SLOTS}")));
+        }
+        set(options, |o| {
+            o.knobs.ring_slots = Some(slots as usize);
+            Ok(())
+        })
+    }
+}
+
+/// Elastic policy, E-Ebird: at load level `total_batch` (requests in the pool), run the workers of
+/// these batch sizes (`len` entries summing to `total_batch`), e.g. as `serve profile
+/// --engine-configs` picked them. Adding any turns N-Ebird into E-Ebird; a level given twice
+/// keeps the last. Copied.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_add_engine_config(
+    options: *mut serve_model_options,
+    total_batch: u32,
+    batch_sizes: *const u32,
+    len: usize,
+) -> *mut serve_error {
+    ffi_boundary! {
+        // SAFETY: the caller's contract (the header's).
+        let sizes = unsafe { read_batch_sizes(batch_sizes, len, "batch_sizes") }?;
+        let sum: usize = sizes.iter().sum();
+        if sum != total_batch as usize {
+            return Err(Error::invalid(format!(
+                "engine configuration {sizes:?} sums to {sum}, not its total batch {total_batch}"
+            )));
+        }
+        set(options, |o| {
+            if o.knobs.engine_confs.len() >= MAX_LIST && !o.knobs.engine_confs.contains_key(&sum) {
+                return Err(Error::invalid(format!("more than {MAX_LIST} engine configurations")));
+            }
+            o.knobs.engine_confs.insert(sum, sizes);
+            Ok(())
+        })
+    }
+}
+
+/// Adaptive policy: the latency bound, in nanoseconds (> 0), the batch size is chosen for. A
+/// bound the load makes infeasible is served anyway (the batch size follows the load). Default
+/// 100 ms.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_latency_bound_ns(
+    options: *mut serve_model_options,
+    bound_ns: u64,
+) -> *mut serve_error {
+    ffi_boundary! {
+        if bound_ns == 0 {
+            return Err(Error::invalid("the latency bound must be positive"));
+        }
+        set(options, |o| {
+            o.knobs.latency_bound = Some(Duration::from_nanos(bound_ns));
+            Ok(())
+        })
+    }
+}
+
+/// Adaptive policy: 2 (default) uploads the next batch while one computes; 1 runs one batch at
+/// a time (the serial server).
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_model_options_set_streams(
+    options: *mut serve_model_options,
+    streams: u32,
+) -> *mut serve_error {
+    ffi_boundary! {
+        let streams = match streams {
+            1 => Streams::Serial,
+            2 => Streams::Async,
+            n => return Err(Error::invalid(format!("{n} streams: 1 (serial) or 2 (async)"))),
+        };
+        set(options, |o| {
+            o.knobs.streams = Some(streams);
             Ok(())
         })
     }
