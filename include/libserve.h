@@ -329,12 +329,14 @@ serve_error *serve_model_options_new(serve_model_options **out);
 void serve_model_options_free(serve_model_options *options);
 
 // The batching policy: one of the `SERVE_POLICY_*` constants. A policy that does not fit the
-// model's kind (timeout for a recurrent model, cellular or padding for `mlp`) makes
+// model's kind (timeout, elastic or adaptive for a recurrent model, cellular or padding for a
+// fixed-shape one) makes
 // `serve_runtime_load_model` fail with `SERVE_CODE_UNSUPPORTED`.
 serve_error *serve_model_options_set_policy(serve_model_options *options, uint32_t policy);
 
 // Maximum rows per batched task, 1 to 65536: the `s` of timeout batching, the max batch of every
-// cell type under cellular batching, the requests per batch of the padding policy.
+// cell type under cellular batching, the requests per batch of the padding policy, the largest
+// batch of the adaptive policy. (Elastic batching takes its workers' sizes instead.)
 serve_error *serve_model_options_set_max_batch(serve_model_options *options, uint32_t max_batch);
 
 // Longest time, in nanoseconds, the oldest queued request waits for a fuller batch (the `t` of
