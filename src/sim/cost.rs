@@ -61,6 +61,12 @@ pub trait CostModel {
         let _ = idle;
         1.0
     }
+    /// The workers share one device: tasks running at once progress together as one batch of
+    /// their summed rows would (E²bird's co-running workers: each at rate `t(b_w) / t(Σb)`).
+    /// `false`: every worker's stream runs at full speed alone (a CPU worker on its own cores).
+    fn shared_device(&self) -> bool {
+        false
+    }
 }
 
 /// Most points one cell type may have, and most cell types in a file (files come from outside).
@@ -105,6 +111,9 @@ pub struct CostFile {
     /// as the shipped GPU figures are).
     #[serde(default = "one_step")]
     pub max_task_steps: u32,
+    /// The workers share one device ([`CostModel::shared_device`]); absent: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_device: bool,
 }
 
 fn one_step() -> u32 {
@@ -235,6 +244,9 @@ fn micros(us: f64) -> Duration {
 impl CostModel for CostFile {
     fn task_time(&self, cell: &str, rows: usize) -> Option<Duration> {
         self.micros(cell, rows).map(micros)
+    }
+    fn shared_device(&self) -> bool {
+        self.shared_device
     }
     fn max_task_steps(&self) -> u32 {
         self.max_task_steps.max(1)

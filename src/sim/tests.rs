@@ -235,3 +235,41 @@ fn a_task_after_an_idle_stream_takes_its_idle_factor_longer() {
     let us = |v: u64| Duration::from_micros(v);
     assert_eq!(out.latencies, vec![us(10), us(15), us(30)]);
 }
+
+/// A shared device (E²bird's GPU): N-Ebird splits 32 requests that arrive together over its six
+/// workers (16, 8, 4, 2, 1, 1), which run at once and end together, as one batch of 32 would:
+/// t(32) = 93.7 ms on ResNet-152. Run as independent streams instead, the bs-16 worker's task
+/// would end at t(16) = 49.5 ms.
+#[test]
+fn co_running_workers_on_a_shared_device_end_as_one_batch() {
+    let net = Network::Mlp(crate::model::Mlp::random(&[4, 4], 0));
+    let policy = PolicyConfig::Elastic(crate::ElasticConfig::default());
+    let reqs = requests(&net, Lengths::Fixed(1), 32, 0).unwrap();
+    let shared = CostFile::builtin("e2bird-titanrtx-resnet152").unwrap();
+    assert!(shared.shared_device);
+    let at = Load::Open(vec![Duration::ZERO; 32]);
+    let out = simulate(&spec(&net, &policy, &shared), &reqs, &at).unwrap();
+    assert_eq!((out.completed(), out.tasks), (32, 6));
+    for l in &out.latencies {
+        assert!((l.as_secs_f64() - 0.0937).abs() < 1e-6, "{l:?}");
+    }
+    let alone = CostFile { shared_device: false, ..shared.clone() };
+    let out = simulate(&spec(&net, &policy, &alone), &reqs, &at).unwrap();
+    let worst = out.latencies.iter().max().unwrap().as_secs_f64();
+    assert!((worst - 0.0495).abs() < 1e-6, "{worst}");
+    // A task joining later shares what is left: 16 at 0, then 16 more at 20 ms (on the bs-8, -4,
+    // -2, -1, -1 workers... and the bs-16 busy: 8 + 4 + 2 + 1 + 1 = 16). The first task's
+    // work left at 20 ms is 1 − 20/49.5; from then all progress at 1/t(32) per second.
+    let mut at = vec![Duration::ZERO; 16];
+    at.extend(vec![Duration::from_millis(20); 16]);
+    let reqs = requests(&net, Lengths::Fixed(1), 32, 0).unwrap();
+    let out = simulate(&spec(&net, &policy, &shared), &reqs, &Load::Open(at)).unwrap();
+    let first_end = 0.020 + (1.0 - 0.020 / 0.0495) * 0.0937;
+    let firsts: Vec<f64> = out.latencies.iter().map(|l| l.as_secs_f64()).filter(|l| *l < 0.07).collect();
+    assert_eq!(firsts.len(), 0, "no task ends before the shared ones: {:?}", out.latencies);
+    assert!(
+        out.latencies.iter().any(|l| (l.as_secs_f64() - first_end).abs() < 1e-6),
+        "{first_end} in {:?}",
+        out.latencies
+    );
+}

@@ -242,6 +242,9 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         delivery_us: 0.0,
         idle,
         max_task_steps: backend.max_task_steps(),
+        // The CPU backend's workers are simulated as streams of their own (their tasks run on
+        // the stream's thread or the compute pool).
+        shared_device: false,
     };
 
     // Engine delays: requests one at a time through a real runtime, each cell step waiting for
