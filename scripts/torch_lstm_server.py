@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-# libserve's PyTorch peer for `serve bench lstm` (issue 19): the bench embeds this file and runs it
-# first, at the same request lengths and model sizes, then compares against its JSON (--json).
-"""PyTorch peer baseline for `serve bench lstm`: an LSTM served with a dynamic batcher on CPU.
+# libserve's PyTorch peer for `serve bench lstm|seq2seq|treelstm` (issue 19): the bench embeds this
+# file (and torch_rnn_models.py, written beside it) and runs it first, at the same request lengths
+# and model sizes (seq2seq, treelstm: the same weights and requests), then compares against its JSON.
+"""PyTorch peer baseline for `serve bench lstm|seq2seq|treelstm`: served with a dynamic batcher on CPU.
 
 What a user would pick instead of libserve: PyTorch eager (torch.nn.Embedding + torch.nn.LSTM,
 batch_first, torch.inference_mode, torch.set_num_threads(2)) behind a dynamic batcher as TorchServe
@@ -14,6 +15,15 @@ Variable lengths (--modes):
   bucket  the TF/MXNet baseline of the BatchMaker paper: requests wait in buckets of
           --bucket-width tokens (1-10, 11-20, ...); a batch takes requests of one bucket (the
           ready bucket with the oldest head), padded to its longest (<= width-1 steps wasted), dense.
+
+--model seq2seq|treelstm (torch_rnn_models.py, beside this file, says how each runs): the bench's
+own model (--model-dir: its weights.safetensors) and exact requests (--requests FILE), sizes
+--vocab --embed --hidden (--layers --bos --eos --max-decode for seq2seq). Modes: seq2seq `pack`
+(FIFO batches; the encoder through pack_padded_sequence) and `bucket` (source-length buckets as
+above, packed too), both decoding until the batch's last row ends (ended rows dropped); treelstm
+`fifo` (batches by arrival, as a DGL-style server batches trees) and `bucket` (buckets of
+--bucket-width nodes). --outputs FILE writes the outputs of the first --check-requests distinct
+requests (tokens, or the roots' h) for the bench to compare with libserve's; --check-only stops there.
 
 Workload and measurement, mirroring libserve's src/workload.rs and src/bin/serve/bench{,_rnn}.rs:
   * model: vocab 30000, embed 256, hidden 256, 1 layer, random weights;
@@ -49,6 +59,7 @@ large ones, so a 2 s run's p90 can vary 3x between identical repeats; pass a lar
 
 Example:
   python torch_lstm_server.py --rates-from serve_bench.json --lengths lens.json --json out.json
+  python torch_lstm_server.py --model treelstm --model-dir m --requests trees.json --vocab 30000 --json out.json
 """
 
 import argparse
@@ -56,13 +67,22 @@ import collections
 import gc
 import json
 import math
+import os
 import sys
 import threading
 import time
 
-import numpy as np
-import torch
-from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+try:
+    import numpy as np
+    import torch
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+except ImportError as e:  # --help needs neither
+    if not {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit(f"{e}: the peer needs a python with torch and numpy")
+
+# Batching modes of each --model, and the default grid.
+MODES = {"lstm": ("bucket", "pack", "pad"), "seq2seq": ("pack", "bucket"), "treelstm": ("fifo", "bucket")}
+DEFAULT_MODES = {"lstm": "bucket,pack,pad", "seq2seq": "bucket,pack", "treelstm": "fifo,bucket"}
 
 # Constants of libserve's src/workload.rs (WMT-like lengths) and bench_rnn.rs.
 WMT_MEAN_LEN = 24.0
@@ -98,6 +118,12 @@ class LstmModel:
         if int(lens.min()) == x.shape[1]:  # no padding in this batch
             return h[-1]
         return out[torch.arange(len(seqs)), lens - 1]
+
+    def run_batch(self, mode, reqs, idxs):
+        """The final h of requests idxs, as a numpy array (the per-request results are its rows)."""
+        seqs = [reqs.get(i)[0] for i in idxs]
+        lens = torch.tensor([reqs.get(i)[1] for i in idxs], dtype=torch.int64)
+        return self.run(mode, seqs, lens).numpy()
 
 
 def wmt_lengths(n, seed):
@@ -358,10 +384,7 @@ def serve(model, reqs, cfg, source, stop_at, on_batch):
             break
         batch = batcher.take(now)
         if batch is not None:
-            seqs = [reqs.get(i)[0] for i, _, _ in batch]
-            lens = torch.tensor([n for _, _, n in batch], dtype=torch.int64)
-            h = model.run(cfg.mode, seqs, lens)
-            out = h.numpy()  # the per-request results are the rows of `out`
+            out = model.run_batch(cfg.mode, reqs, [i for i, _, _ in batch])
             done = clock()
             del out
             on_batch(batch, done)
@@ -484,7 +507,10 @@ def parse_args():
     head, _, rest = __doc__.partition("\n\n")
     p = argparse.ArgumentParser(description=head, epilog=rest,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", default="bucket,pack,pad", help="pack, pad, bucket (comma-separated)")
+    p.add_argument("--model", choices=list(MODES), default="lstm",
+                   help="lstm: random weights (seeded); seq2seq, treelstm: --model-dir and --requests")
+    p.add_argument("--modes", help="comma-separated; lstm: pack, pad, bucket (default all); seq2seq: "
+                                   "pack, bucket (default both); treelstm: fifo, bucket (default both)")
     p.add_argument("--max-batch", type=ints, default=[16, 64, 256], help="grid of max batch sizes")
     p.add_argument("--max-delay-ms", type=floats, default=[0.0, 2.0, 10.0], help="grid of max queue delays")
     p.add_argument("--bucket-width", type=int, default=10)
@@ -510,7 +536,20 @@ def parse_args():
     p.add_argument("--capacity-s", type=float, default=3.0, help="closed-loop seconds per peak")
     p.add_argument("--window", type=int, default=2048,
                    help="closed-loop requests in flight (libserve: 4 x cellular's max batch 512)")
-    p.add_argument("--lengths", help="JSON list of request lengths (e.g. libserve's exact ones)")
+    p.add_argument("--lengths", help="lstm: JSON list of request lengths (e.g. libserve's exact ones)")
+    p.add_argument("--model-dir", help="seq2seq, treelstm: libserve's model directory (weights.safetensors)")
+    p.add_argument("--requests", help="seq2seq, treelstm: JSON file of the bench's requests "
+                                      "({\"sources\": [...]} or {\"trees\": [...]})")
+    p.add_argument("--bos", type=int, default=1, help="seq2seq: the first token fed to the decoder")
+    p.add_argument("--eos", type=int, default=2, help="seq2seq: the token that ends a decode")
+    p.add_argument("--max-decode", type=int, default=20, help="seq2seq: most output tokens")
+    p.add_argument("--decoder-step", choices=["cell", "lstm"], default="cell",
+                   help="seq2seq: a decoder step as one nn.LSTMCell per layer, or one nn.LSTM call")
+    p.add_argument("--outputs", help="seq2seq, treelstm: write the outputs of the first --check-requests "
+                                     "distinct requests here (JSON) for the bench to compare")
+    p.add_argument("--check-requests", type=int, default=1024)
+    p.add_argument("--check-only", action="store_true",
+                   help="seq2seq, treelstm: write --outputs and stop (no serving)")
     p.add_argument("--vocab", type=int, default=30000)
     p.add_argument("--embed", type=int, default=256)
     p.add_argument("--hidden", type=int, default=256)
@@ -532,36 +571,88 @@ def rank(rows, peaks, screen, tol):
     return near + rest
 
 
-def main():
-    a = parse_args()
-    t0 = clock()
-    torch.set_num_threads(a.threads)
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    for m in modes:
-        if m not in ("pack", "pad", "bucket"):
-            sys.exit(f"unknown mode {m!r}")
+def load_lstm(a, say):
+    """--model lstm: random weights and requests of the given (or sampled) lengths."""
+    if a.model_dir or a.requests or a.outputs or a.check_only:
+        sys.exit("--model-dir, --requests, --outputs and --check-only are for --model seq2seq|treelstm")
     if a.lengths:
         with open(a.lengths) as f:
             lengths, lengths_src = json.load(f), a.lengths
     else:
         lengths, lengths_src = wmt_lengths(DISTINCT_REQUESTS, a.seed), "numpy lognormal(seed)"
+    model = LstmModel(a.vocab, a.embed, a.hidden, a.layers, a.seed)
+    reqs = Requests(lengths, a.vocab, a.seed)
+    mean_len = sum(lengths) / len(lengths)
+    say(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; model vocab {a.vocab} embed "
+        f"{a.embed} hidden {a.hidden} layers {a.layers}; {len(lengths)} distinct requests, mean length "
+        f"{mean_len:.2f} ({lengths_src}); arrivals {a.arrivals}")
+    model_json = {"kind": "lstm", "vocab": a.vocab, "embed": a.embed, "hidden": a.hidden,
+                  "layers": a.layers, "source": f"random(seed={a.seed})"}
+    return model, reqs, model_json, {"distinct": len(lengths), "mean_cells": mean_len, "lengths": lengths_src}
+
+
+def load_rnn(a, say):
+    """--model seq2seq|treelstm: the bench's weights (--model-dir) and requests (--requests)."""
+    if not (a.model_dir and a.requests):
+        sys.exit(f"--model {a.model} needs --model-dir and --requests (the bench passes both)")
+    if a.lengths:
+        sys.exit("--lengths is for --model lstm (seq2seq and treelstm read --requests)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_rnn_models  # noqa: E402 (beside this file; the bench writes both)
+
+    try:
+        model, reqs = torch_rnn_models.load(a)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        sys.exit(f"cannot load the {a.model} model from {a.model_dir} or the requests {a.requests}: {e}")
+    desc, mean = reqs.describe()
+    model_json = {"kind": a.model, "vocab": a.vocab, "embed": a.embed, "hidden": a.hidden,
+                  "source": a.model_dir}
+    extra = ""
+    if a.model == "seq2seq":
+        model_json.update(layers=a.layers, bos=a.bos, eos=a.eos, max_decode=a.max_decode)
+        model_json["decoder_step"] = a.decoder_step
+        extra = f" layers {a.layers} bos {a.bos} eos {a.eos} max_decode {a.max_decode}; decoder step {a.decoder_step}"
+    say(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; model {a.model} vocab {a.vocab} "
+        f"embed {a.embed} hidden {a.hidden}{extra} (weights of {a.model_dir}); {len(reqs)} distinct "
+        f"requests, {desc} ({a.requests}); arrivals {a.arrivals}")
+    return model, reqs, model_json, {"distinct": len(reqs), "mean_cells": mean, "source": a.requests}
+
+
+def main():
+    a = parse_args()
+    t0 = clock()
+    torch.set_num_threads(a.threads)
+    modes = [m.strip() for m in (a.modes or DEFAULT_MODES[a.model]).split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES[a.model]:
+            sys.exit(f"unknown mode {m!r} for --model {a.model} (modes: {', '.join(MODES[a.model])})")
     rates = list(a.rates)
     if a.rates_from:
         with open(a.rates_from) as f:
             rates += [r["offered_rps"] for r in json.load(f)["results"]]
-    model = LstmModel(a.vocab, a.embed, a.hidden, a.layers, a.seed)
-    reqs = Requests(lengths, a.vocab, a.seed)
-    mean_len = sum(lengths) / len(lengths)
     say = lambda s: print(s, flush=True)  # noqa: E731
-    say(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; model vocab {a.vocab} embed "
-        f"{a.embed} hidden {a.hidden} layers {a.layers}; {len(lengths)} distinct requests, mean length "
-        f"{mean_len:.2f} ({lengths_src}); arrivals {a.arrivals}")
+    model, reqs, model_json, requests_json = (load_lstm if a.model == "lstm" else load_rnn)(a, say)
     # As long-running Python servers do: move the start-up objects (model, requests, torch's own)
     # out of the collector's reach, so a full collection does not stall serving for ~100 ms.
     gc.collect()
     gc.freeze()
+    check = None
     with torch.inference_mode():
-        self_check(model, reqs, modes)
+        if a.model == "lstm":
+            self_check(model, reqs, modes)
+        else:
+            import torch_rnn_models
+
+            failed = torch_rnn_models.self_check(model, reqs, modes, a.model)
+            if failed:
+                sys.exit(f"self-check failed: {failed}")
+            check = torch_rnn_models.write_outputs(model, reqs, modes[0], a.model, a.check_requests, a.outputs)
+            mean = check.get("mean_decode_tokens")
+            say(f"# check: outputs of the first {check['requests']} distinct requests ({modes[0]}, batches of 64)"
+                + (f": mean decode {mean:.2f} tokens" if mean is not None else "")
+                + (f"; written to {a.outputs}" if a.outputs else ""))
+            if a.check_only:
+                return
         grid = [Config(m, b, d, a.bucket_width) for m in modes for b in a.max_batch for d in a.max_delay_ms]
 
         peaks = {}
@@ -570,6 +661,9 @@ def main():
             say(f"# peak {c.label:<34} {peaks[c.label]['peak_rps']:9.1f} rps "
                 f"(closed loop, {a.window} in flight, mean batch {peaks[c.label]['mean_batch']:.1f})")
         best_peak = max(p["peak_rps"] for p in peaks.values())
+        if best_peak <= 0:
+            sys.exit(f"no configuration completed requests in its closed loop of {a.capacity_s} s "
+                     f"(--capacity-s): no peak to offer fractions of")
 
         screen = {}
         screen_rate = round(0.5 * best_peak)
@@ -598,6 +692,9 @@ def main():
         say(f"# best: {best.label} (peak {ref_peak:.1f} rps; rule: {rule}); swept: {', '.join(chosen)}")
 
         all_rates = sorted(set([round(r, 1) for r in rates] + [float(round(f * ref_peak)) for f in a.fractions]))
+        if any(r <= 0 for r in all_rates):
+            say(f"# not offered (below 1 rps): {', '.join(f'{r:g}' for r in all_rates if r <= 0)}")
+            all_rates = [r for r in all_rates if r > 0]
         say(f"# offered rates (rps): {', '.join(f'{r:g}' for r in all_rates)}")
         say(f"{'policy':<40} {'offered':>9} {'thrpt':>9} {'p50_ms':>9} {'p90_ms':>9} {'p99_ms':>9} "
             f"{'batch':>7} {'errors':>7}")
@@ -607,7 +704,7 @@ def main():
             for c in chosen.values():
                 r = run_open_loop(model, reqs, c, rate, n, a.seed + 1 + k, a.arrivals)
                 r["peak_rps"] = peaks[c.label]["peak_rps"]
-                r["fraction_of_peak"] = rate / r["peak_rps"]
+                r["fraction_of_peak"] = rate / r["peak_rps"] if r["peak_rps"] > 0 else None
                 r["fraction_of_best_peak"] = rate / ref_peak
                 results.append(r)
                 say(f"{r['policy']:<40} {rate:9.1f} {r['throughput_rps']:9.1f} {r['p50_ms']:9.2f} "
@@ -616,12 +713,11 @@ def main():
     if a.json:
         report = {
             "tool": "torch_lstm_server.py",
-            "workload": "poisson/wmt",
+            "workload": "poisson/treebank" if a.model == "treelstm" else "poisson/wmt",
             "backend": "torch-cpu",
             "backend_description": f"PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads",
-            "model": {"kind": "lstm", "vocab": a.vocab, "embed": a.embed, "hidden": a.hidden,
-                      "layers": a.layers, "source": f"random(seed={a.seed})"},
-            "requests": {"distinct": len(lengths), "mean_cells": mean_len, "lengths": lengths_src},
+            "model": model_json,
+            "requests": requests_json,
             "arrivals": a.arrivals,
             "grid": {"modes": modes, "max_batch": a.max_batch, "max_delay_ms": a.max_delay_ms,
                      "bucket_width": a.bucket_width},
@@ -633,6 +729,8 @@ def main():
             "screen": list(screen.values()),
             "results": results,
         }
+        if check is not None:
+            report["check"] = check
         with open(a.json, "w") as f:
             json.dump(finite(report), f, indent=2, allow_nan=False)
             f.write("\n")

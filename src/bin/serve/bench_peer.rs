@@ -1,15 +1,24 @@
-//! The PyTorch peer of `serve bench lstm` (issue 19; ARCHITECTURE.md §8.3): the server a user
-//! would deploy instead of libserve, run in the same bench at the same offered rates.
+//! The PyTorch peer of `serve bench lstm|seq2seq|treelstm` (issue 19; ARCHITECTURE.md §8.3): the
+//! server a user would deploy instead of libserve, run in the same bench at the same offered rates.
 //!
 //! The peer is `scripts/torch_lstm_server.py`, embedded in this binary, written to a temporary
-//! directory with the request lengths and run as `PYTHON SCRIPT ARGS`: PyTorch eager
-//! (`nn.Embedding` + `nn.LSTM`) behind a dynamic batcher. It screens a grid of configurations
-//! (pack / pad / bucket × max batch × max delay), picks the best and sweeps [`PEER_FRACTIONS`]
-//! of that configuration's peak. It runs *before* libserve's
-//! policies, with libserve's exact request lengths, model sizes, compute threads, seed, closed-loop
-//! window, `--capacity-s` and `--duration-s` (or `--requests`); libserve's policies then run at
-//! its offered rates too, so every policy and the peer have results at the same rates, and the
-//! bench prints the peer's rows in its own table and the ratios against it.
+//! directory with the requests and run as `PYTHON SCRIPT ARGS`: PyTorch eager behind a dynamic
+//! batcher. It screens a grid of configurations (batching mode × max batch × max delay), picks the
+//! best and sweeps [`PEER_FRACTIONS`] of that configuration's peak. It runs *before* libserve's
+//! policies, with libserve's compute threads, seed, closed-loop window, `--capacity-s` and
+//! `--duration-s` (or `--requests`); libserve's policies then run at its offered rates too, so
+//! every policy and the peer have results at the same rates, and the bench prints the peer's rows
+//! in its own table and the ratios against it.
+//!
+//! * `lstm`: `nn.Embedding` + `nn.LSTM` with libserve's exact request lengths and model sizes
+//!   (random weights and tokens of its own).
+//! * `seq2seq`, `treelstm`: the same network on the same requests. The bench's model is saved
+//!   ([`Network::save`]) into the temporary directory (or, with `--model-dir`, that directory is
+//!   passed), its exact requests go in a JSON file, and `scripts/torch_rnn_models.py` (embedded
+//!   too, written beside the script) loads both. The harness also writes its outputs of the first
+//!   [`CHECK_REQUESTS`] distinct requests; the bench computes libserve's and prints how they
+//!   compare ([`OutputCheck`]: seq2seq decodes equal and both mean decode lengths, treelstm root h
+//!   within [`H_TOLERANCE`]).
 //!
 //! `--peer auto` (the default) runs it when `--python` imports torch and numpy, and otherwise says
 //! why not in one `# PyTorch peer: SKIPPED (…)` line; a harness that fails is one
@@ -24,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use serve::BackendKind;
+use serve::{BackendKind, Input, Network, Output};
 
 use crate::bench::{RunResult, fmt_ratio, print_row, ratio};
 use crate::bench_rnn::{RnnKind, Sizes};
@@ -32,21 +41,61 @@ use crate::compute_threads;
 
 /// The peer harness (written out and run by `--python`).
 const SCRIPT: &str = include_str!("../../../scripts/torch_lstm_server.py");
+/// Its seq2seq and treelstm models, written beside it (it imports them).
+const MODELS_SCRIPT: &str = include_str!("../../../scripts/torch_rnn_models.py");
 /// Where it lives in the repository (for messages).
 const SCRIPT_PATH: &str = "scripts/torch_lstm_server.py";
 /// Fractions of the peer's best peak it offers, and libserve's policies with it.
 const PEER_FRACTIONS: [f64; 3] = [0.25, 0.5, 0.75];
 /// Largest harness report read.
 const MAX_REPORT_BYTES: u64 = 16 << 20;
+/// seq2seq, treelstm: distinct requests whose outputs the harness writes for the check against
+/// libserve's (`--check-requests`; `--peer-args` may change it).
+const CHECK_REQUESTS: usize = 1024;
+/// Largest outputs file read (treelstm: the roots' h as JSON numbers).
+const MAX_OUTPUTS_BYTES: u64 = 256 << 20;
+/// Largest |libserve − torch| of a treelstm root's h for the same function.
+const H_TOLERANCE: f64 = 1e-4;
 /// Longest line of the harness's output passed on at once (a longer one comes in pieces).
 const MAX_LINE_BYTES: u64 = 64 << 10;
 /// Longest wait for `PYTHON -c "import torch, numpy"`.
 const IMPORT_TIMEOUT: Duration = Duration::from_secs(120);
-/// Issue 19's goals: cellular's peak ≥ 1.3× the peer's, padding's ≥ the peer's, cellular's p50
-/// and p90 ≤ 0.5× the peer's at the same offered rate.
-const CELLULAR_PEAK_GOAL: f64 = 1.3;
-const PADDING_PEAK_GOAL: f64 = 1.0;
-const LATENCY_GOAL: f64 = 0.5;
+/// Issue 19's goals, per kind ([`Goals::of`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Goals {
+    cellular_peak: f64,
+    padding_peak: f64,
+    /// Cellular's p50 and p90 against the peer's at the same offered rate: at most this.
+    latency: f64,
+    /// How the goal is stated on the peak lines ([`Goals::peak_text`]).
+    text: &'static str,
+}
+
+impl Goals {
+    /// lstm: cellular's peak ≥ 1.3× the peer's, padding's ≥ the peer's, cellular's p50 and p90 ≤
+    /// 0.5× the peer's; seq2seq and treelstm: at least at parity (peaks ≥ 1×, p50 and p90 ≤ 1×).
+    fn of(kind: RnnKind) -> Goals {
+        match kind {
+            RnnKind::Lstm => Goals { cellular_peak: 1.3, padding_peak: 1.0, latency: 0.5, text: "goal" },
+            RnnKind::Seq2Seq | RnnKind::TreeLstm => Goals {
+                cellular_peak: 1.0,
+                padding_peak: 1.0,
+                latency: 1.0,
+                text: "goal: seq2seq and treelstm at least at parity",
+            },
+        }
+    }
+
+    /// The goal of a peak line, e.g. `goal ≥ 1.30x` (lstm) or `goal: seq2seq and treelstm at least
+    /// at parity (≥ 1.00x)`.
+    fn peak_text(&self, goal: f64) -> String {
+        if self.text == "goal" {
+            format!("goal ≥ {goal:.2}x")
+        } else {
+            format!("{} (≥ {goal:.2}x)", self.text)
+        }
+    }
+}
 /// How to get a python with torch (CPU wheels).
 const VENV_HINT: &str =
     "python3 -m venv v && v/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu numpy";
@@ -58,13 +107,13 @@ pub(crate) enum PeerMode {
     Off,
 }
 
-/// The options of the PyTorch peer (`serve bench lstm|seq2seq|treelstm`; only lstm on the CPU has
-/// one).
+/// The options of the PyTorch peer (`serve bench lstm|seq2seq|treelstm` on the CPU).
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct PeerArgs {
-    /// `bench lstm` on the CPU: first run the PyTorch peer (scripts/torch_lstm_server.py, a dynamic
-    /// batcher over torch.nn.LSTM) on the same requests, offer libserve's policies its rates too
-    /// and print ratios against it. auto: when --python imports torch; off: never.
+    /// On the CPU: first run the PyTorch peer (scripts/torch_lstm_server.py, a dynamic batcher
+    /// over the same model in PyTorch eager; seq2seq and treelstm: the bench's weights) on the same
+    /// requests, offer libserve's policies its rates too and print ratios against it. auto: when
+    /// --python imports torch; off: never.
     #[arg(long = "peer", value_enum, default_value_t = PeerMode::Auto)]
     pub(crate) mode: PeerMode,
     /// Python interpreter with torch and numpy for the peer (default: $SERVE_TORCH_PYTHON, else
@@ -87,12 +136,22 @@ impl PeerArgs {
     }
 }
 
+/// libserve's outputs of the first n distinct requests (for [`OutputCheck`]).
+pub(crate) type LibserveOutputs<'a> = &'a dyn Fn(usize) -> Result<Vec<Output>, String>;
+
 /// libserve's side of the comparison: what the peer is run with.
 pub(crate) struct PeerPlan<'a> {
     pub(crate) kind: RnnKind,
     pub(crate) backend: BackendKind,
-    /// The length of every distinct request, in order.
-    pub(crate) lengths: Vec<usize>,
+    /// The bench's network (seq2seq, treelstm: the peer gets its weights).
+    pub(crate) net: &'a Network,
+    /// A directory that holds exactly `net`'s weights (`--model-dir`); else they are saved for
+    /// the peer.
+    pub(crate) model_dir: Option<&'a Path>,
+    /// Every distinct request, in order (lstm: the peer gets their lengths).
+    pub(crate) inputs: &'a [Input],
+    /// seq2seq, treelstm: libserve's outputs, compared with the peer's.
+    pub(crate) outputs: LibserveOutputs<'a>,
     pub(crate) sizes: Sizes,
     /// libserve's compute threads (0 = one per core).
     pub(crate) threads: usize,
@@ -121,6 +180,8 @@ pub(crate) enum Peer {
 /// The harness's report, read.
 #[derive(Debug)]
 pub(crate) struct PeerReport {
+    /// The bench's kind (sets the goals).
+    kind: RnnKind,
     /// Its JSON as written.
     raw: Value,
     /// The configuration it chose (its latency comparisons are against this one) and its peak.
@@ -131,6 +192,26 @@ pub(crate) struct PeerReport {
     rows: Vec<RunResult>,
     /// The rates it was given (libserve's `--rate`), as opposed to fractions of its own peak.
     given_rates: Vec<f64>,
+    /// seq2seq, treelstm: its outputs against libserve's.
+    check: Option<OutputCheck>,
+}
+
+/// The peer's outputs against libserve's on the same requests.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OutputCheck {
+    /// seq2seq: `differ` of `requests` decodes are not identical (`length_differ` of them in
+    /// length; the first is `first_differ`), and both mean decode lengths.
+    Tokens {
+        requests: usize,
+        differ: usize,
+        length_differ: usize,
+        first_differ: Option<usize>,
+        libserve_mean: f64,
+        torch_mean: f64,
+    },
+    /// treelstm: the largest |libserve − torch| of any root's h entry over `requests`, and how
+    /// many requests are above [`H_TOLERANCE`].
+    H { requests: usize, max_abs_diff: f64, over_tolerance: usize },
 }
 
 /// Run the peer as `args` say, printing its progress; never fails the bench.
@@ -141,10 +222,6 @@ pub(crate) fn run(args: &PeerArgs, plan: &PeerPlan<'_>) -> Peer {
     };
     if args.mode == PeerMode::Off {
         return Peer::Off;
-    }
-    if plan.kind != RnnKind::Lstm {
-        let why = format!("not available for `bench {}` (only `bench lstm` has one)", plan.kind.name());
-        return not_run("unavailable", why.clone(), why);
     }
     if plan.backend != BackendKind::Cpu {
         let why = format!("not available on the {} backend (the peer runs PyTorch on the CPU)", plan.backend);
@@ -236,19 +313,42 @@ fn list(xs: &[f64]) -> String {
     xs.iter().map(f64::to_string).collect::<Vec<_>>().join(",")
 }
 
+/// The files the harness reads and writes.
+struct HarnessFiles {
+    /// lstm: the request lengths; seq2seq, treelstm: the requests ([`requests_json`]).
+    requests: PathBuf,
+    /// seq2seq, treelstm: the model directory whose weights it loads.
+    model_dir: Option<PathBuf>,
+    /// seq2seq, treelstm: where it writes its outputs for [`OutputCheck`].
+    outputs: Option<PathBuf>,
+    report: PathBuf,
+}
+
 /// The harness's arguments: libserve's workload and measurement, then `--peer-args`.
-fn harness_args(plan: &PeerPlan<'_>, lengths: &Path, report: &Path, extra: Option<&str>) -> Vec<String> {
+fn harness_args(plan: &PeerPlan<'_>, files: &HarnessFiles, extra: Option<&str>) -> Vec<String> {
     let threads = compute_threads(plan.threads);
     let s = plan.sizes;
-    let mut args: Vec<String> = vec!["--lengths".into(), lengths.display().to_string()];
-    for (flag, v) in [
-        ("--vocab", s.vocab),
-        ("--embed", s.embed),
-        ("--hidden", s.hidden),
-        ("--layers", s.layers),
-        ("--threads", threads),
-        ("--window", plan.window),
-    ] {
+    let path = |p: &Path| p.display().to_string();
+    let mut args: Vec<String> = Vec::new();
+    if plan.kind == RnnKind::Lstm {
+        args.extend(["--lengths".into(), path(&files.requests)]);
+    } else {
+        args.extend(["--model".into(), plan.kind.name().into()]);
+        if let Some(dir) = &files.model_dir {
+            args.extend(["--model-dir".into(), path(dir)]);
+        }
+        args.extend(["--requests".into(), path(&files.requests)]);
+    }
+    let mut sizes = vec![("--vocab", s.vocab), ("--embed", s.embed), ("--hidden", s.hidden)];
+    if plan.kind != RnnKind::TreeLstm {
+        sizes.push(("--layers", s.layers));
+    }
+    if let Network::Seq2Seq(m) = plan.net {
+        sizes.extend([("--bos", m.cfg.bos as usize), ("--eos", m.cfg.eos as usize)]);
+        sizes.push(("--max-decode", m.cfg.max_decode));
+    }
+    sizes.extend([("--threads", threads), ("--window", plan.window)]);
+    for (flag, v) in sizes {
         args.extend([flag.to_string(), v.to_string()]);
     }
     args.extend(["--seed".into(), plan.seed.to_string()]);
@@ -264,9 +364,50 @@ fn harness_args(plan: &PeerPlan<'_>, lengths: &Path, report: &Path, extra: Optio
     if !plan.rates.is_empty() {
         args.extend(["--rates".into(), list(plan.rates)]);
     }
-    args.extend(["--json".into(), report.display().to_string()]);
+    if let Some(out) = &files.outputs {
+        args.extend(["--outputs".into(), path(out)]);
+        args.extend(["--check-requests".into(), CHECK_REQUESTS.min(plan.inputs.len()).to_string()]);
+    }
+    args.extend(["--json".into(), path(&files.report)]);
     args.extend(extra.unwrap_or("").split_whitespace().map(str::to_string));
     args
+}
+
+/// The requests file of the harness: lstm, the lengths (`[n, …]`); seq2seq, the sources
+/// (`{"sources": [[token, …], …]}`); treelstm, the trees (`{"trees": [{"tokens", "parents"}, …]}`,
+/// token [`serve::model::NO_TOKEN`] = no input). All in libserve's order.
+fn requests_json(kind: RnnKind, inputs: &[Input]) -> Result<String, String> {
+    let mismatch =
+        |i: usize, want: &str| format!("request {i} is not {want}, as `bench {}` sends", kind.name());
+    let v = match kind {
+        RnnKind::Lstm | RnnKind::Seq2Seq => {
+            let sources = inputs
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match x {
+                    Input::Tokens(t) => Ok(t),
+                    _ => Err(mismatch(i, "a token sequence")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if kind == RnnKind::Lstm {
+                json!(sources.iter().map(|t| t.len()).collect::<Vec<_>>())
+            } else {
+                json!({ "sources": sources })
+            }
+        }
+        RnnKind::TreeLstm => {
+            let trees = inputs
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match x {
+                    Input::Tree { tokens, parents } => Ok(json!({"tokens": tokens, "parents": parents})),
+                    _ => Err(mismatch(i, "a tree")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            json!({ "trees": trees })
+        }
+    };
+    serde_json::to_string(&v).map_err(|e| format!("cannot encode the requests: {e}"))
 }
 
 /// Calls `f` with each line of `r` (lossy UTF-8, no line end); a line longer than
@@ -289,13 +430,31 @@ fn for_each_line(r: impl Read, mut f: impl FnMut(&str)) {
 /// Run the harness, passing its output on as `# peer: …` lines, and read its report.
 fn run_harness(python: &Path, args: &PeerArgs, plan: &PeerPlan<'_>) -> Result<PeerReport, String> {
     let tmp = TempDir::new()?;
-    let [script, lengths, report] =
-        ["torch_lstm_server.py", "lengths.json", "peer.json"].map(|f| tmp.0.join(f));
-    let text = serde_json::to_string(&plan.lengths).map_err(|e| format!("cannot encode the lengths: {e}"))?;
-    for (path, text) in [(&script, SCRIPT), (&lengths, &text)] {
+    let lstm = plan.kind == RnnKind::Lstm;
+    let [script, models, report] =
+        ["torch_lstm_server.py", "torch_rnn_models.py", "peer.json"].map(|f| tmp.0.join(f));
+    let requests = tmp.0.join(if lstm { "lengths.json" } else { "requests.json" });
+    let text = requests_json(plan.kind, plan.inputs)?;
+    let mut files = vec![(&script, SCRIPT), (&requests, text.as_str())];
+    if !lstm {
+        files.push((&models, MODELS_SCRIPT));
+    }
+    for (path, text) in files {
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
-    let hargs = harness_args(plan, &lengths, &report, args.peer_args.as_deref());
+    // seq2seq, treelstm: the bench's own weights, from --model-dir or saved here.
+    let model_dir = match (lstm, plan.model_dir) {
+        (true, _) => None,
+        (false, Some(dir)) => Some(dir.to_path_buf()),
+        (false, None) => {
+            let dir = tmp.0.join("model");
+            plan.net.save(&dir).map_err(|e| format!("cannot save the model for the peer: {e}"))?;
+            Some(dir)
+        }
+    };
+    let files =
+        HarnessFiles { requests, model_dir, outputs: (!lstm).then(|| tmp.0.join("outputs.json")), report };
+    let hargs = harness_args(plan, &files, args.peer_args.as_deref());
     println!("# PyTorch peer: {} {SCRIPT_PATH} {} (run first)", python.display(), hargs.join(" "));
     let mut child = Command::new(python)
         .arg(&script)
@@ -329,19 +488,150 @@ fn run_harness(python: &Path, args: &PeerArgs, plan: &PeerPlan<'_>) -> Result<Pe
         let why = if last_err.is_empty() { "no message" } else { &last_err };
         return Err(format!("{SCRIPT_PATH} exited with {status}: {why}"));
     }
-    let text = read_capped(&report)?;
-    parse_report(&text, plan.rates).map_err(|e| format!("{}: {e}", report.display()))
+    let text = read_capped(&files.report, MAX_REPORT_BYTES)?;
+    let mut report =
+        parse_report(&text, plan.kind, plan.rates).map_err(|e| format!("{}: {e}", files.report.display()))?;
+    if let Some(path) = &files.outputs {
+        let text = read_capped(path, MAX_OUTPUTS_BYTES)?;
+        let check = check_outputs(plan, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("# PyTorch peer check: {}", check.line());
+        report.check = Some(check);
+    }
+    Ok(report)
 }
 
-/// `path`'s text, at most [`MAX_REPORT_BYTES`].
-fn read_capped(path: &Path) -> Result<String, String> {
+/// The peer's outputs (`text`, its `--outputs` file) against libserve's on the same requests.
+fn check_outputs(plan: &PeerPlan<'_>, text: &str) -> Result<OutputCheck, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("malformed JSON: {e}"))?;
+    let key = if plan.kind == RnnKind::Seq2Seq { "tokens" } else { "h" };
+    let n = v.get(key).and_then(Value::as_array).ok_or_else(|| format!("no `{key}` list"))?.len();
+    if n > plan.inputs.len() {
+        return Err(format!("{n} outputs for {} distinct requests", plan.inputs.len()));
+    }
+    let ours = (plan.outputs)(n).map_err(|e| format!("libserve's outputs for the check: {e}"))?;
+    compare_outputs(plan.kind, &v, &ours)
+}
+
+/// Compare the peer's outputs `v` (`{"tokens": [[…], …]}` or `{"h": [[…], …]}`) with libserve's
+/// `ours`, request by request.
+pub(crate) fn compare_outputs(kind: RnnKind, v: &Value, ours: &[Output]) -> Result<OutputCheck, String> {
+    let key = if kind == RnnKind::Seq2Seq { "tokens" } else { "h" };
+    let theirs = v.get(key).and_then(Value::as_array).ok_or_else(|| format!("no `{key}` list"))?;
+    if theirs.len() != ours.len() {
+        return Err(format!("{} outputs from the peer, {} from libserve", theirs.len(), ours.len()));
+    }
+    let row = |i: usize, x: &Value| -> Result<Vec<f64>, String> {
+        let xs = x.as_array().ok_or_else(|| format!("{key}[{i}] is not a list"))?;
+        xs.iter()
+            .enumerate()
+            .map(|(j, y)| y.as_f64().ok_or_else(|| format!("{key}[{i}][{j}] is not a number: {y}")))
+            .collect()
+    };
+    let requests = ours.len();
+    match kind {
+        RnnKind::Seq2Seq => {
+            let (mut differ, mut length_differ, mut first_differ) = (0, 0, None);
+            let (mut our_len, mut their_len) = (0usize, 0usize);
+            for (i, (t, o)) in theirs.iter().zip(ours).enumerate() {
+                let Output::Tokens(o) = o else { return Err(format!("libserve's output {i} is not tokens")) };
+                let t = row(i, t)?;
+                if let Some((j, y)) = t.iter().enumerate().find(|(_, y)| y.fract() != 0.0 || **y < 0.0) {
+                    return Err(format!("tokens[{i}][{j}] is not a token: {y}"));
+                }
+                (our_len, their_len) = (our_len + o.len(), their_len + t.len());
+                if t.len() != o.len() || t.iter().zip(o).any(|(&a, &b)| a != f64::from(b)) {
+                    differ += 1;
+                    length_differ += usize::from(t.len() != o.len());
+                    first_differ.get_or_insert(i);
+                }
+            }
+            let mean = |total: usize| if requests == 0 { 0.0 } else { total as f64 / requests as f64 };
+            Ok(OutputCheck::Tokens {
+                requests,
+                differ,
+                length_differ,
+                first_differ,
+                libserve_mean: mean(our_len),
+                torch_mean: mean(their_len),
+            })
+        }
+        RnnKind::TreeLstm | RnnKind::Lstm => {
+            let (mut max_abs_diff, mut over_tolerance) = (0.0f64, 0);
+            for (i, (t, o)) in theirs.iter().zip(ours).enumerate() {
+                let Output::F32(o) = o else { return Err(format!("libserve's output {i} is not floats")) };
+                let t = row(i, t)?;
+                if t.len() != o.len() {
+                    return Err(format!("{key}[{i}] has {} values, libserve's output {}", t.len(), o.len()));
+                }
+                let d = t.iter().zip(o).map(|(&a, &b)| (a - f64::from(b)).abs()).fold(0.0, f64::max);
+                // NaN anywhere counts as over the tolerance.
+                if d.is_nan() || d > H_TOLERANCE {
+                    over_tolerance += 1;
+                }
+                max_abs_diff = if d.is_nan() { f64::NAN } else { max_abs_diff.max(d) };
+            }
+            Ok(OutputCheck::H { requests, max_abs_diff, over_tolerance })
+        }
+    }
+}
+
+impl OutputCheck {
+    /// Its one line (after `# PyTorch peer check: `).
+    fn line(&self) -> String {
+        match *self {
+            OutputCheck::Tokens {
+                requests,
+                differ,
+                length_differ,
+                first_differ,
+                libserve_mean,
+                torch_mean,
+            } => {
+                let first = first_differ.map_or_else(String::new, |i| format!("; first: request {i}"));
+                format!(
+                    "seq2seq decodes of the first {requests} distinct requests: {} identical to libserve's, {differ} \
+                     differ ({length_differ} in length{first}); mean decode length libserve {libserve_mean:.2}, torch \
+                     {torch_mean:.2} tokens",
+                    requests - differ
+                )
+            }
+            OutputCheck::H { requests, max_abs_diff, over_tolerance } => format!(
+                "treelstm roots' h of the first {requests} distinct requests: max |libserve - torch| {max_abs_diff:.2e} \
+                 (tolerance {H_TOLERANCE:.0e}: {}, {over_tolerance} request(s) above)",
+                if over_tolerance == 0 { "met" } else { "NOT met: not the same function" }
+            ),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        match *self {
+            OutputCheck::Tokens {
+                requests,
+                differ,
+                length_differ,
+                first_differ,
+                libserve_mean,
+                torch_mean,
+            } => {
+                json!({"requests": requests, "identical": requests - differ, "differ": differ,
+                       "length_differ": length_differ, "first_differ": first_differ,
+                       "libserve_mean_decode_tokens": libserve_mean, "torch_mean_decode_tokens": torch_mean})
+            }
+            OutputCheck::H { requests, max_abs_diff, over_tolerance } => {
+                json!({"requests": requests, "max_abs_diff": max_abs_diff, "tolerance": H_TOLERANCE,
+                       "over_tolerance": over_tolerance, "met": over_tolerance == 0})
+            }
+        }
+    }
+}
+
+/// `path`'s text, at most `cap` bytes.
+fn read_capped(path: &Path, cap: u64) -> Result<String, String> {
     let f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let mut bytes = Vec::new();
-    f.take(MAX_REPORT_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_REPORT_BYTES {
-        return Err(format!("{} is larger than {} MiB", path.display(), MAX_REPORT_BYTES >> 20));
+    f.take(cap + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > cap {
+        return Err(format!("{} is larger than {} MiB", path.display(), cap >> 20));
     }
     String::from_utf8(bytes).map_err(|e| format!("{} is not UTF-8: {e}", path.display()))
 }
@@ -399,9 +689,19 @@ fn parse_row(v: &Value) -> Result<RunResult, String> {
     })
 }
 
-/// Read the harness's JSON report; `given_rates` are the `--rates` it was passed.
-pub(crate) fn parse_report(text: &str, given_rates: &[f64]) -> Result<PeerReport, String> {
+/// Read the harness's JSON report of a `kind` model (its `model.kind`, when given, must be that);
+/// `given_rates` are the `--rates` it was passed.
+pub(crate) fn parse_report(text: &str, kind: RnnKind, given_rates: &[f64]) -> Result<PeerReport, String> {
     let raw: Value = serde_json::from_str(text).map_err(|e| format!("malformed JSON: {e}"))?;
+    if let Some(k) = raw.get("model").and_then(|m| m.get("kind"))
+        && k.as_str() != Some(kind.name())
+    {
+        return Err(format!(
+            "the report is of a {k} model, not of `bench {}`'s {}",
+            kind.name(),
+            kind.name()
+        ));
+    }
     let best_v = raw.get("best").ok_or("no `best` object")?;
     let best = (label(best_v, "policy")?, required(best_v, "peak_rps")?);
     let mut highest = best.clone();
@@ -419,7 +719,7 @@ pub(crate) fn parse_report(text: &str, given_rates: &[f64]) -> Result<PeerReport
         .enumerate()
         .map(|(i, r)| parse_row(r).map_err(|e| format!("results[{i}]: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(PeerReport { raw, best, highest, rows, given_rates: given_rates.to_vec() })
+    Ok(PeerReport { kind, raw, best, highest, rows, given_rates: given_rates.to_vec(), check: None })
 }
 
 /// Two offered rates are the same run's (the bench rounds fractions to whole rps, the harness
@@ -494,20 +794,25 @@ impl Peer {
     /// Print the ratios against the peer and return them for the report (null when it did not run).
     pub(crate) fn summarize(&self, cellular: Side<'_>, padding: Side<'_>, results: &[RunResult]) -> Value {
         let Some(p) = self.report() else { return Value::Null };
+        let goals = Goals::of(p.kind);
         let (hi_label, hi_peak) = &p.highest;
         let peak_line = |name: &str, side: Side<'_>, goal: f64| -> Value {
             let Some((_, peak)) = side else { return Value::Null };
             let r = peak.and_then(|x| ratio(x, *hi_peak));
             let met = verdict(r, |x| x >= goal);
             println!(
-                "# ratio {name}/torch-best peak throughput: {} (goal ≥ {goal:.2}x: {met}) [torch's highest peak: \
-                 {hi_label} {hi_peak:.1} rps]",
-                fmt_ratio(r)
+                "# ratio {name}/torch-best peak throughput: {} ({}: {met}) [torch's highest peak: {hi_label} \
+                 {hi_peak:.1} rps]",
+                fmt_ratio(r),
+                goals.peak_text(goal)
             );
             json!({"ratio": r, "goal": goal, "met": r.map(|x| x >= goal)})
         };
-        let cellular_peak = peak_line("cellular", cellular, CELLULAR_PEAK_GOAL);
-        let padding_peak = peak_line("padding", padding, PADDING_PEAK_GOAL);
+        if let Some(c) = &p.check {
+            println!("# PyTorch peer check: {}", c.line());
+        }
+        let cellular_peak = peak_line("cellular", cellular, goals.cellular_peak);
+        let padding_peak = peak_line("padding", padding, goals.padding_peak);
         let mut at_rates = Vec::new();
         if let Some((c_label, _)) = cellular {
             for (rps, f) in p.fraction_rates() {
@@ -517,10 +822,11 @@ impl Peer {
                 let (Some(c), Some(t)) = (find(c_label, results), find(&p.best.0, &p.rows)) else { continue };
                 let (r50, r90) = (ratio(c.p50_ms, t.p50_ms), ratio(c.p90_ms, t.p90_ms));
                 let worst = r50.zip(r90).map(|(a, b)| a.max(b));
-                let met = verdict(worst, |x| x <= LATENCY_GOAL);
+                let goal = goals.latency;
+                let met = verdict(worst, |x| x <= goal);
                 println!(
                     "# ratio cellular/torch at {rps:.1} rps ({:.0}% of torch's peak): p50 {}, p90 {} (goal ≤ \
-                     {LATENCY_GOAL:.2}x: {met}) [vs {}]",
+                     {goal:.2}x: {met}) [vs {}]",
                     f * 100.0,
                     fmt_ratio(r50),
                     fmt_ratio(r90),
@@ -529,8 +835,8 @@ impl Peer {
                 at_rates.push(json!({
                     "offered_rps": rps, "fraction_of_torch_peak": f, "policy": c.policy, "baseline": t.policy,
                     "throughput_ratio": ratio(c.throughput_rps, t.throughput_rps), "p50_ratio": r50,
-                    "p90_ratio": r90, "p99_ratio": ratio(c.p99_ms, t.p99_ms), "goal": LATENCY_GOAL,
-                    "met": worst.map(|x| x <= LATENCY_GOAL),
+                    "p90_ratio": r90, "p99_ratio": ratio(c.p99_ms, t.p99_ms), "goal": goal,
+                    "met": worst.map(|x| x <= goal),
                 }));
             }
         }
@@ -553,6 +859,9 @@ impl Peer {
                 if let Some(obj) = v.as_object_mut() {
                     obj.insert("status".into(), json!("ran"));
                     obj.insert("ratios".into(), ratios);
+                    if let Some(c) = &p.check {
+                        obj.insert("output_check".into(), c.to_json());
+                    }
                 }
                 v
             }
@@ -562,6 +871,8 @@ impl Peer {
 
 #[cfg(test)]
 mod tests {
+    use serve::model::{Lstm, NO_TOKEN, Seq2Seq, TreeLstm};
+
     use super::*;
 
     /// A harness report cut down to two configurations and two rates (one given, one a fraction).
@@ -588,7 +899,7 @@ mod tests {
 
     #[test]
     fn a_harness_report_parses_into_rows() {
-        let p = parse_report(FIXTURE, &[300.0]).unwrap();
+        let p = parse_report(FIXTURE, RnnKind::Lstm, &[300.0]).unwrap();
         assert_eq!(p.best, ("torch-bucket(b=256,d=10ms,w=10)".to_string(), 1000.0));
         assert_eq!(p.highest, ("torch-pack(b=256,d=2ms)".to_string(), 1100.0));
         assert_eq!(p.rows.len(), 3);
@@ -605,10 +916,10 @@ mod tests {
         // 300 rps was given (libserve's --rate), 250 is 25% of the chosen configuration's peak.
         assert_eq!(p.fraction_rates(), vec![(250.0, 0.25)]);
         // A given rate that is also a fraction of the peak is one.
-        let both = parse_report(FIXTURE, &[250.0, 300.0]).unwrap();
+        let both = parse_report(FIXTURE, RnnKind::Lstm, &[250.0, 300.0]).unwrap();
         assert_eq!(both.fraction_rates(), vec![(250.0, 0.25)]);
         // Rates not given are fractions (--peer-args may pass its own --fractions).
-        let none_given = parse_report(FIXTURE, &[]).unwrap();
+        let none_given = parse_report(FIXTURE, RnnKind::Lstm, &[]).unwrap();
         assert_eq!(none_given.fraction_rates(), vec![(250.0, 0.25), (300.0, 0.3)]);
     }
 
@@ -628,7 +939,7 @@ mod tests {
                 "throughput_rps",
             ),
         ] {
-            let e = parse_report(text, &[]).unwrap_err();
+            let e = parse_report(text, RnnKind::Lstm, &[]).unwrap_err();
             assert!(e.contains(want), "`{text}`: `{e}` should mention `{want}`");
         }
     }
@@ -641,7 +952,7 @@ mod tests {
 
     #[test]
     fn ratios_are_against_the_highest_peak_and_the_chosen_configuration() {
-        let peer = Peer::Ran(Box::new(parse_report(FIXTURE, &[300.0]).unwrap()));
+        let peer = Peer::Ran(Box::new(parse_report(FIXTURE, RnnKind::Lstm, &[300.0]).unwrap()));
         assert_eq!(peer.offered_rates(), vec![(250.0, 0.25)]);
         assert_eq!(peer.rows_at(250.2).count(), 2);
         let ours = [
@@ -670,13 +981,26 @@ mod tests {
         assert_eq!(skipped.to_json(Value::Null), json!({"status": "skipped", "reason": "no torch"}));
     }
 
-    #[test]
-    fn the_harness_gets_libserves_workload_then_the_users_arguments() {
-        let plan = PeerPlan {
-            kind: RnnKind::Lstm,
+    /// A plan for `kind` over `net` and `inputs` (libserve's outputs: `outputs`).
+    fn plan<'a>(
+        kind: RnnKind,
+        net: &'a Network,
+        inputs: &'a [Input],
+        outputs: LibserveOutputs<'a>,
+    ) -> PeerPlan<'a> {
+        PeerPlan {
+            kind,
             backend: BackendKind::Cpu,
-            lengths: vec![3, 5],
-            sizes: Sizes { vocab: 64, embed: 16, hidden: 16, layers: 2 },
+            net,
+            model_dir: None,
+            inputs,
+            outputs,
+            sizes: Sizes {
+                vocab: 64,
+                embed: 16,
+                hidden: 16,
+                layers: if kind == RnnKind::TreeLstm { 0 } else { 2 },
+            },
             threads: 2,
             seed: 7,
             window: 256,
@@ -684,10 +1008,29 @@ mod tests {
             duration_s: 2.0,
             requests: Some(40),
             rates: &[100.0, 250.5],
-        };
-        let args =
-            harness_args(&plan, Path::new("/t/l.json"), Path::new("/t/p.json"), Some(" --screen-s 1  "));
-        let line = args.join(" ");
+        }
+    }
+
+    fn no_outputs(_: usize) -> Result<Vec<Output>, String> {
+        Err("not asked for".into())
+    }
+
+    fn files(kind: RnnKind) -> HarnessFiles {
+        let lstm = kind == RnnKind::Lstm;
+        HarnessFiles {
+            requests: PathBuf::from(if lstm { "/t/l.json" } else { "/t/r.json" }),
+            model_dir: (!lstm).then(|| PathBuf::from("/t/m")),
+            outputs: (!lstm).then(|| PathBuf::from("/t/o.json")),
+            report: PathBuf::from("/t/p.json"),
+        }
+    }
+
+    #[test]
+    fn the_harness_gets_libserves_workload_then_the_users_arguments() {
+        let net = Network::Lstm(Lstm::random(64, 16, 16, 2, 1));
+        let inputs = [Input::Tokens(vec![1, 2, 3]), Input::Tokens(vec![4; 5])];
+        let p = plan(RnnKind::Lstm, &net, &inputs, &no_outputs);
+        let line = harness_args(&p, &files(RnnKind::Lstm), Some(" --screen-s 1  ")).join(" ");
         for want in [
             "--lengths /t/l.json --vocab 64 --embed 16 --hidden 16 --layers 2 --threads 2 --window 256",
             "--seed 7 --fractions 0.25,0.5,0.75 --capacity-s 1.5 --min-requests 40 --duration-s 0",
@@ -696,6 +1039,127 @@ mod tests {
             assert!(line.contains(want), "`{line}` should contain `{want}`");
         }
         assert!(line.ends_with("--screen-s 1"), "--peer-args come last: {line}");
+        assert!(!line.contains("--model") && !line.contains("--outputs"), "lstm as before: {line}");
+        assert_eq!(requests_json(RnnKind::Lstm, &inputs).unwrap(), "[3,5]");
+    }
+
+    #[test]
+    fn seq2seq_and_treelstm_peers_get_the_model_the_requests_and_the_check() {
+        let s2s = Network::Seq2Seq(Seq2Seq::random(64, 16, 16, 2, 1, 2, 7, 1));
+        let sources = [Input::Tokens(vec![3, 4, 5]), Input::Tokens(vec![9])];
+        let p = plan(RnnKind::Seq2Seq, &s2s, &sources, &no_outputs);
+        let line = harness_args(&p, &files(RnnKind::Seq2Seq), Some("--modes bucket")).join(" ");
+        for want in [
+            "--model seq2seq --model-dir /t/m --requests /t/r.json --vocab 64 --embed 16 --hidden 16 --layers 2 \
+             --bos 1 --eos 2 --max-decode 7 --threads 2 --window 256 --seed 7",
+            "--rates 100,250.5 --outputs /t/o.json --check-requests 2 --json /t/p.json --modes bucket",
+        ] {
+            assert!(line.contains(want), "`{line}` should contain `{want}`");
+        }
+        assert!(!line.contains("--lengths"), "{line}");
+        assert_eq!(requests_json(RnnKind::Seq2Seq, &sources).unwrap(), r#"{"sources":[[3,4,5],[9]]}"#);
+
+        let tree = Network::TreeLstm(TreeLstm::random(64, 16, 16, 1));
+        let trees = [Input::Tree { tokens: vec![NO_TOKEN, 5, 6], parents: vec![-1, 0, 0] }];
+        let p = plan(RnnKind::TreeLstm, &tree, &trees, &no_outputs);
+        let line = harness_args(&p, &files(RnnKind::TreeLstm), None).join(" ");
+        let want = "--model treelstm --model-dir /t/m --requests /t/r.json --vocab 64 --embed 16 --hidden 16 \
+                    --threads 2";
+        assert!(line.contains(want), "`{line}` should contain `{want}`");
+        assert!(!line.contains("--layers") && !line.contains("--bos"), "{line}");
+        assert!(line.contains("--outputs /t/o.json --check-requests 1 --json /t/p.json"), "{line}");
+        assert_eq!(
+            requests_json(RnnKind::TreeLstm, &trees).unwrap(),
+            r#"{"trees":[{"parents":[-1,0,0],"tokens":[4294967295,5,6]}]}"#
+        );
+        let e = requests_json(RnnKind::TreeLstm, &sources).unwrap_err();
+        assert!(e.contains("request 0 is not a tree"), "{e}");
+    }
+
+    #[test]
+    fn the_peers_outputs_are_compared_request_by_request() {
+        let ours = [Output::Tokens(vec![5, 2]), Output::Tokens(vec![7, 7, 7]), Output::Tokens(vec![2])];
+        let same = json!({"tokens": [[5, 2], [7, 7, 7], [2]]});
+        let c = compare_outputs(RnnKind::Seq2Seq, &same, &ours).unwrap();
+        assert_eq!(
+            c,
+            OutputCheck::Tokens {
+                requests: 3,
+                differ: 0,
+                length_differ: 0,
+                first_differ: None,
+                libserve_mean: 2.0,
+                torch_mean: 2.0
+            }
+        );
+        let other = json!({"tokens": [[5, 2], [7, 7, 8], [2, 2]]});
+        let c = compare_outputs(RnnKind::Seq2Seq, &other, &ours).unwrap();
+        let OutputCheck::Tokens { differ, length_differ, first_differ, torch_mean, .. } = c.clone() else {
+            panic!("{c:?}")
+        };
+        assert_eq!((differ, length_differ, first_differ), (2, 1, Some(1)));
+        assert!((torch_mean - 7.0 / 3.0).abs() < 1e-12);
+        assert!(
+            c.line().contains("1 identical to libserve's, 2 differ (1 in length; first: request 1)"),
+            "{}",
+            c.line()
+        );
+
+        let h = [Output::F32(vec![0.5, -0.25]), Output::F32(vec![0.0, 1.0])];
+        let close = json!({"h": [[0.50001, -0.25], [0.0, 1.0]]});
+        let c = compare_outputs(RnnKind::TreeLstm, &close, &h).unwrap();
+        let OutputCheck::H { max_abs_diff, over_tolerance, .. } = c else { panic!("{c:?}") };
+        assert!((max_abs_diff - 1e-5).abs() < 1e-9 && over_tolerance == 0, "{c:?}");
+        let far = json!({"h": [[0.5, -0.25], [0.0, 1.001]]});
+        let c = compare_outputs(RnnKind::TreeLstm, &far, &h).unwrap();
+        assert!(matches!(c, OutputCheck::H { over_tolerance: 1, .. }), "{c:?}");
+        assert!(c.line().contains("NOT met"), "{}", c.line());
+        assert_eq!(c.to_json()["met"], json!(false));
+
+        for (kind, v, want) in [
+            (RnnKind::Seq2Seq, json!({"h": []}), "no `tokens` list"),
+            (RnnKind::Seq2Seq, json!({"tokens": [[5, 2]]}), "1 outputs from the peer, 3 from libserve"),
+            (RnnKind::Seq2Seq, json!({"tokens": [[5, 2], [7, "x"], [2]]}), "tokens[1][1] is not a number"),
+            (RnnKind::Seq2Seq, json!({"tokens": [[5, 2], [7, -1], [2]]}), "tokens[1][1] is not a token"),
+            (RnnKind::TreeLstm, json!({"h": [[0.5], [0.0, 1.0]]}), "h[0] has 1 values"),
+            (RnnKind::TreeLstm, json!({"h": [[0.5, 1.0], 3]}), "h[1] is not a list"),
+        ] {
+            let ours: &[Output] = if kind == RnnKind::Seq2Seq { &ours } else { &h };
+            let e = compare_outputs(kind, &v, ours).unwrap_err();
+            assert!(e.contains(want), "`{v}`: `{e}` should mention `{want}`");
+        }
+    }
+
+    #[test]
+    fn seq2seq_and_treelstm_goals_are_parity_lstms_unchanged() {
+        let with_kind = |kind: &str| {
+            FIXTURE.replacen(
+                r#""backend": "torch-cpu","#,
+                &format!(r#""backend": "torch-cpu", "model": {{"kind": "{kind}"}},"#),
+                1,
+            )
+        };
+        let e = parse_report(&with_kind("lstm"), RnnKind::Seq2Seq, &[]).unwrap_err();
+        assert!(e.contains("of a \"lstm\" model"), "{e}");
+        let ours = [row("cellular(b=512,k=5)", 250.0, 10.0, 19.0)];
+        for (kind, cellular_goal, latency_goal, met) in [
+            (RnnKind::Lstm, 1.3, 0.5, false),
+            (RnnKind::Seq2Seq, 1.0, 1.0, true),
+            (RnnKind::TreeLstm, 1.0, 1.0, true),
+        ] {
+            let peer = Peer::Ran(Box::new(parse_report(&with_kind(kind.name()), kind, &[300.0]).unwrap()));
+            let v = peer.summarize(Some(("cellular(b=512,k=5)", Some(1210.0))), None, &ours);
+            assert_eq!(v["cellular_peak"]["goal"], json!(cellular_goal), "{kind:?}");
+            assert_eq!(v["cellular_peak"]["met"], json!(met), "1.1x is parity, not 1.3x: {kind:?}");
+            assert_eq!(v["at_rates"][0]["goal"], json!(latency_goal), "{kind:?}");
+            // p50 0.8x, p90 0.95x of torch's: at parity, not at half.
+            assert_eq!(v["at_rates"][0]["met"], json!(met), "{kind:?}");
+        }
+        assert_eq!(Goals::of(RnnKind::Lstm).peak_text(1.3), "goal ≥ 1.30x");
+        assert_eq!(
+            Goals::of(RnnKind::TreeLstm).peak_text(1.0),
+            "goal: seq2seq and treelstm at least at parity (≥ 1.00x)"
+        );
     }
 
     #[test]

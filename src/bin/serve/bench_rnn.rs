@@ -10,8 +10,9 @@
 //! * Offered rates: `--rate`, or else `--fractions` of each policy's peak (plus 50 % of
 //!   padding's peak when both policies run: the issue's comparison point); every policy runs at
 //!   every rate with the same arrival times and requests, so latencies compare at equal load.
-//! * `bench lstm` on the CPU: the PyTorch peer ([`crate::bench_peer`]) runs first; every policy
-//!   also runs at its offered rates, and the ratios against it are printed.
+//! * On the CPU: the PyTorch peer ([`crate::bench_peer`]; seq2seq and treelstm: the same model
+//!   and requests, and a check of its outputs against libserve's) runs first; every policy also
+//!   runs at its offered rates, and the ratios against it are printed.
 //!
 //! A random seq2seq decoder almost never emits `eos` on its own (greedy decoding settles on a
 //! few tokens), so every decode would run to `max_decode`. To make decode lengths vary as in
@@ -36,7 +37,7 @@ use serve::{
 
 use crate::bench::{
     PolicySpec, RunResult, Workload, fmt_ratio, measure_capacity, open_report, print_header, print_row,
-    ratio, requests_per_run, run_open_loop, write_report,
+    ratio, requests_per_run, run_open_loop, start_model, write_report,
 };
 use crate::bench_alone::measure_alone;
 use crate::bench_peer::{self, PeerPlan};
@@ -472,6 +473,24 @@ fn calibrate_eos_bias(
     Ok(if (lo_len - target).abs() < (hi_len - target).abs() { (lo, lo_len) } else { (hi, hi_len) })
 }
 
+/// libserve's outputs of the first `n` distinct requests under `spec` (the PyTorch peer's check).
+fn libserve_outputs(work: &Workload, spec: &PolicySpec, n: usize) -> CliResult<Vec<Output>> {
+    let (rt, model) = start_model(work, spec)?;
+    let mut out = Vec::with_capacity(n);
+    for chunk in work.inputs[..n.min(work.inputs.len())].chunks(spec.window.max(1)) {
+        let tickets = chunk
+            .iter()
+            .map(|x| model.submit(x.clone(), SubmitOptions::default()))
+            .collect::<serve::Result<Vec<_>>>()?;
+        for t in tickets {
+            out.push(t.wait().map_err(|e| fatal(format!("request for the peer's check failed: {e}")))?);
+        }
+    }
+    drop(model);
+    drop(rt);
+    Ok(out)
+}
+
 /// One offered rate and why it is in the list.
 struct Rate {
     rps: f64,
@@ -598,12 +617,20 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     );
 
     // The PyTorch peer first (issue 19, `bench_peer.rs`): its offered rates join libserve's below.
+    // Its outputs are checked against cellular's (the policy the comparison is about).
+    let check_spec =
+        specs.iter().find(|s| matches!(s.config, PolicyConfig::Cellular(_))).unwrap_or(&specs[0]);
+    let outputs = |n: usize| libserve_outputs(&work, check_spec, n).map_err(|e| e.0);
     let peer = bench_peer::run(
         &a.peer,
         &PeerPlan {
             kind,
             backend,
-            lengths: work.inputs.iter().map(|x| input_size(x).0).collect(),
+            net: &work.net,
+            // --model-dir never takes an eos bias: its weights are the bench's.
+            model_dir: a.model_dir.as_deref(),
+            inputs: &work.inputs,
+            outputs: &outputs,
             sizes,
             threads: a.rt.threads,
             seed: a.seed,
