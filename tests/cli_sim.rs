@@ -193,3 +193,67 @@ fn a_layer_model_is_profiled_layer_by_layer() {
     assert!(!e.status.success());
     assert!(String::from_utf8_lossy(&e.stderr).contains("--cores applies to layer models"));
 }
+
+/// `serve sim elastic` on E²bird's ResNet-152 figures (shared device): every policy at Poisson
+/// rates with goodput and throughput at QoS, E6 (N-Ebird's low-load latency at least 44% below
+/// OPT_Wait's), and the diurnal run's phases (E7's ordering) with its latency-by-arrival plot.
+#[test]
+fn sim_elastic_compares_the_fixed_shape_policies() {
+    let (j, svg) = (temp("elastic.json"), temp("diurnal.svg"));
+    let out = ok(&serve(&[
+        "sim",
+        "elastic",
+        "--cost",
+        "e2bird-res152",
+        "--requests",
+        "800",
+        "--json",
+        j.to_str().unwrap(),
+    ]));
+    assert!(out.contains("SIMULATED") && out.contains("workers share the device"), "{out}");
+    let v = json(&j);
+    let at_qos = v["throughput_at_qos_rps"].as_object().unwrap();
+    for p in ["no-wait", "opt-wait", "static", "nebird", "eebird", "adaptive", "serial"] {
+        assert!(at_qos[p].as_f64().unwrap() > 0.0, "{p}: {v}");
+    }
+    assert!(v["e6_low_load_cut"].as_f64().unwrap() >= 0.44, "E6: {}", v["e6_low_load_cut"]);
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 5 * 7, "five rates × seven policies");
+    assert!(rows.iter().all(|r| r["goodput_rps"].as_f64().is_some() && r["errors"] == 0), "{v}");
+
+    ok(&serve(&[
+        "sim",
+        "elastic",
+        "--cost",
+        "e2bird-res152",
+        "--arrivals",
+        "diurnal",
+        "--policies",
+        "opt-wait,nebird",
+        "--requests",
+        "400",
+        "--json",
+        j.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]));
+    let v = json(&j);
+    let high = |p: &str| v["phases"][p]["high_mean_ms"].as_f64().unwrap();
+    assert!(high("nebird") < high("opt-wait"), "E7: N-Ebird below OPT_Wait at high load: {v}");
+    assert!(
+        v["phases"]["nebird"]["low_mean_ms"].as_f64().unwrap()
+            < v["phases"]["opt-wait"]["low_mean_ms"].as_f64().unwrap()
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    // A cost file without a whole-model cell is refused, naming the problem.
+    let o = serve(&["sim", "elastic", "--cost", "batchmaker-v100"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no `dense` cell"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for f in [j, svg] {
+        let _ = std::fs::remove_file(f);
+    }
+}

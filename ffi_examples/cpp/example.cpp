@@ -279,7 +279,9 @@ void check_options() {
   static_assert(static_cast<std::uint32_t>(serve::Policy::automatic) == SERVE_POLICY_AUTO &&
                     static_cast<std::uint32_t>(serve::Policy::timeout) == SERVE_POLICY_TIMEOUT &&
                     static_cast<std::uint32_t>(serve::Policy::cellular) == SERVE_POLICY_CELLULAR &&
-                    static_cast<std::uint32_t>(serve::Policy::padding) == SERVE_POLICY_PADDING,
+                    static_cast<std::uint32_t>(serve::Policy::padding) == SERVE_POLICY_PADDING &&
+                    static_cast<std::uint32_t>(serve::Policy::elastic) == SERVE_POLICY_ELASTIC &&
+                    static_cast<std::uint32_t>(serve::Policy::adaptive) == SERVE_POLICY_ADAPTIVE,
                 "serve::Policy mirrors SERVE_POLICY_*");
   // Unset builders pass NULL (the C defaults); a setter creates the C object.
   serve::SubmitOptions o;
@@ -848,6 +850,45 @@ void run_recurrent(const std::string& mlp_dir, const std::string& lstm_dir,
   check(st.in_flight() == 0, "recurrent stats: requests in flight after shutdown");
 }
 
+/// Issue 15's fixed-shape policies through the wrapper: elastic (N-Ebird, E-Ebird) and adaptive
+/// (serial, two streams), every output checked; bad settings throw INVALID_ARGUMENT.
+void run_fixed_policies(const serve::Runtime& rt, const std::string& dir, const Expected& e) {
+  expect_error(SERVE_CODE_INVALID_ARGUMENT, "ModelOptions::elastic_workers({})",
+               [] { serve::ModelOptions().elastic_workers({}); });
+  expect_error(SERVE_CODE_INVALID_ARGUMENT, "ModelOptions::streams(3)",
+               [] { serve::ModelOptions().streams(3); });
+  expect_error(SERVE_CODE_INVALID_ARGUMENT, "ModelOptions::latency_bound(0ns)",
+               [] { serve::ModelOptions().latency_bound(0ns); });
+  expect_error(SERVE_CODE_INVALID_ARGUMENT, "ModelOptions::add_engine_config(8, {4, 2})",
+               [] { serve::ModelOptions().add_engine_config(8, {4, 2}); });
+  const char* names[] = {"nebird", "eebird", "adaptive-serial", "adaptive"};
+  for (int which = 0; which < 4; which++) {
+    serve::ModelOptions o;
+    if (which == 0) {
+      o.policy(serve::Policy::elastic).elastic_workers({1, 2, 4}).max_inflight(4).ring_slots(64);
+    } else if (which == 1) {
+      o.policy(serve::Policy::elastic).add_engine_config(4, {2, 2}).add_engine_config(8, {4, 4});
+      o.max_inflight(8);
+    } else {
+      o.policy(serve::Policy::adaptive).latency_bound(20ms).streams(which == 2 ? 1 : 2).max_batch(8);
+    }
+    serve::Model m = rt.load_model(dir, o);
+    std::vector<std::pair<std::size_t, serve::Submitted>> out;
+    for (std::size_t i = 0; i < 40; i++) {
+      const std::size_t k = i % e.inputs.size();
+      out.emplace_back(k, m.submit_with_id(e.inputs[k]));
+    }
+    for (auto& p : out) {
+      try {
+        Vec y = p.second.result.get();
+        check_output(e, p.first, y, names[which]);
+      } catch (const serve::Error& err) {
+        fail(std::string(names[which]) + ": " + err.what());
+      }
+    }
+  }
+}
+
 int run(const std::string& dir) {
   // Version: the header compiled against must match the linked library.
   const std::string want = std::to_string(SERVE_VERSION_MAJOR) + "." +
@@ -888,6 +929,7 @@ int run(const std::string& dir) {
   unsigned long rejects = run_bad_requests(rt, model, e);
   unsigned long expired = run_deadline_and_cancel(rt, slow, e);
   good += run_queue(model, e);
+  run_fixed_policies(rt, dir, e);
 
   {
     serve::Stats st = rt.stats();

@@ -264,6 +264,11 @@ enum class Policy : std::uint32_t {
   cellular = SERVE_POLICY_CELLULAR,
   /// Graph batching with padding, the TF/MXNet baseline (recurrent models).
   padding = SERVE_POLICY_PADDING,
+  /// E²bird's elastic batching: workers of fixed batch sizes fed full batches from an input
+  /// ring, no timer (fixed-shape models).
+  elastic = SERVE_POLICY_ELASTIC,
+  /// Adaptive batching on a latency model (fixed-shape models).
+  adaptive = SERVE_POLICY_ADAPTIVE,
 };
 
 /// Options for Runtime::load_model. A default-constructed object allocates nothing and means the
@@ -318,6 +323,33 @@ class ModelOptions
   /// 256 MiB.
   ModelOptions& token_gates_bytes(std::uint64_t bytes) {
     return set(serve_model_options_set_token_gates_bytes, bytes);
+  }
+  /// Elastic policy: the batch size of each worker (1 to 256 of them, one of size 1); copied.
+  ModelOptions& elastic_workers(const std::vector<std::uint32_t>& batch_sizes) {
+    return set(serve_model_options_set_elastic_workers, batch_sizes.data(), batch_sizes.size());
+  }
+  /// Elastic policy: the most rows running at once over every worker (MaxInf); default 32.
+  ModelOptions& max_inflight(std::uint32_t n) {
+    return set(serve_model_options_set_max_inflight, n);
+  }
+  /// Elastic policy: slots of the input ring (default 128); a full ring refuses BUSY at once.
+  ModelOptions& ring_slots(std::uint32_t slots) {
+    return set(serve_model_options_set_ring_slots, slots);
+  }
+  /// Elastic policy, E-Ebird: the workers' batch sizes to run at load level total_batch (they
+  /// sum to it); copied.
+  ModelOptions& add_engine_config(std::uint32_t total_batch,
+                                  const std::vector<std::uint32_t>& batch_sizes) {
+    return set(serve_model_options_add_engine_config, total_batch, batch_sizes.data(),
+               batch_sizes.size());
+  }
+  /// Adaptive policy: the latency bound the batch size is chosen for (> 0; default 100 ms).
+  ModelOptions& latency_bound(std::chrono::nanoseconds bound) {
+    return set(serve_model_options_set_latency_bound_ns, detail::option_ns(bound, "latency_bound"));
+  }
+  /// Adaptive policy: 2 (default) uploads the next batch while one computes, 1 is serial.
+  ModelOptions& streams(std::uint32_t n) {
+    return set(serve_model_options_set_streams, n);
   }
   /// This model's admission bound (overrides the runtime's); at least 1.
   ModelOptions& admission_bound(std::uint64_t bound) {

@@ -656,3 +656,47 @@ func TestRawPathBaseline(t *testing.T) {
 		}
 	}
 }
+
+// TestElasticAndAdaptivePolicies: the fixed-shape policies of issue 15 through ModelOptions,
+// concurrent submits (within the ring), every output checked; bad settings are invalid.
+func TestElasticAndAdaptivePolicies(t *testing.T) {
+	f := loadFixture(t)
+	rt := newRuntime(t, nil)
+	for name, opts := range map[string]*ModelOptions{
+		"nebird": {Policy: PolicyElastic, ElasticWorkers: []int{1, 2, 4}, MaxInflight: 4, RingSlots: 64},
+		"eebird": {Policy: PolicyElastic, EngineConfigs: map[int][]int{4: {2, 2}, 8: {4, 4}}, MaxInflight: 8},
+		"serial": {Policy: PolicyAdaptive, LatencyBound: 20 * time.Millisecond, Streams: 1, MaxBatch: 8},
+		"async":  {Policy: PolicyAdaptive, LatencyBound: 20 * time.Millisecond, MaxBatch: 8},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := loadModel(t, rt, opts)
+			var wg sync.WaitGroup
+			for i := 0; i < 40; i++ {
+				wg.Add(1)
+				go func(k int) {
+					defer wg.Done()
+					out, err := m.Submit(context.Background(), f.Inputs[k])
+					if err != nil || !closeEnough(out, f.Outputs[k]) {
+						t.Errorf("input %d: %v, %v", k, out, err)
+					}
+				}(i % len(f.Inputs))
+			}
+			wg.Wait()
+		})
+	}
+	for name, opts := range map[string]*ModelOptions{
+		"no workers":            {Policy: PolicyElastic, ElasticWorkers: []int{}},
+		"zero worker size":      {Policy: PolicyElastic, ElasticWorkers: []int{1, 0}},
+		"no bs-1 worker":        {Policy: PolicyElastic, ElasticWorkers: []int{2, 4}},
+		"config sum":            {Policy: PolicyElastic, EngineConfigs: map[int][]int{8: {4, 2}}},
+		"three streams":         {Policy: PolicyAdaptive, Streams: 3},
+		"negative bound":        {Policy: PolicyAdaptive, LatencyBound: -time.Millisecond},
+		"bound under elastic":   {Policy: PolicyElastic, LatencyBound: time.Millisecond},
+		"ring under timeout":    {Policy: PolicyTimeout, RingSlots: 8},
+		"max batch for elastic": {Policy: PolicyElastic, MaxBatch: 8},
+	} {
+		if _, err := rt.LoadModel(fixtureDir, opts); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: got %v, want INVALID_ARGUMENT", name, err)
+		}
+	}
+}

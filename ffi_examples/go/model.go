@@ -42,9 +42,16 @@ const (
 	// PolicyPadding is graph batching with padding, the TF/MXNet baseline, for recurrent models
 	// (SERVE_POLICY_PADDING).
 	PolicyPadding Policy = C.SERVE_POLICY_PADDING
+	// PolicyElastic is E²bird's elastic batching, for fixed-shape models: workers of fixed batch
+	// sizes fed full batches from an input ring, no timer (SERVE_POLICY_ELASTIC).
+	PolicyElastic Policy = C.SERVE_POLICY_ELASTIC
+	// PolicyAdaptive is adaptive batching on a latency model, for fixed-shape models
+	// (SERVE_POLICY_ADAPTIVE).
+	PolicyAdaptive Policy = C.SERVE_POLICY_ADAPTIVE
 )
 
-// String returns the policy's name: "auto", "timeout", "cellular", "padding", or
+// String returns the policy's name: "auto", "timeout", "cellular", "padding", "elastic",
+// "adaptive", or
 // "Policy(N)" for a value that is not a policy.
 func (p Policy) String() string {
 	switch p {
@@ -56,6 +63,10 @@ func (p Policy) String() string {
 		return "cellular"
 	case PolicyPadding:
 		return "padding"
+	case PolicyElastic:
+		return "elastic"
+	case PolicyAdaptive:
+		return "adaptive"
 	}
 	return fmt.Sprintf("Policy(%d)", uint32(p))
 }
@@ -102,6 +113,24 @@ type ModelOptions struct {
 	TokenGatesBytes int64
 	// NoTokenGates turns token-gate tables off (TokenGatesBytes must then be 0).
 	NoTokenGates bool
+	// ElasticWorkers is the batch size of each worker under PolicyElastic (1 to 256 of them,
+	// one of size 1); nil means N-Ebird's {1, 1, 2, 4, 8, 16}, or with EngineConfigs their union
+	// plus a worker of 1 and one of 2.
+	ElasticWorkers []int
+	// MaxInflight is the most rows running at once over every elastic worker (MaxInf); 0 means
+	// 32.
+	MaxInflight int
+	// RingSlots is the number of slots of the elastic input ring; 0 means 128. A full ring
+	// refuses a request with ErrBusy at once.
+	RingSlots int
+	// EngineConfigs turns N-Ebird into E-Ebird: at load level TotalBS (the key), run the
+	// workers of these batch sizes (summing to it).
+	EngineConfigs map[int][]int
+	// LatencyBound is the latency the adaptive policy sizes batches for; 0 means 100 ms.
+	LatencyBound time.Duration
+	// Streams is 2 (the adaptive default: the next batch uploads while one computes) or 1 (the
+	// serial server); 0 means the default.
+	Streams int
 	// Name names the model in messages; "" means the directory's name.
 	Name string
 }
@@ -132,6 +161,48 @@ func (o *ModelOptions) build() (*C.serve_model_options, error) {
 	if o.NoTokenGates && o.TokenGatesBytes != 0 {
 		return nil, invalid("NoTokenGates with TokenGatesBytes = %d: choose one", o.TokenGatesBytes)
 	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"MaxInflight", o.MaxInflight}, {"RingSlots", o.RingSlots}, {"Streams", o.Streams}} {
+		if f.v < 0 || uint64(f.v) > math.MaxUint32 {
+			return nil, invalid("%s = %d is out of range", f.name, f.v)
+		}
+	}
+	if o.LatencyBound < 0 {
+		return nil, invalid("LatencyBound = %v is negative", o.LatencyBound)
+	}
+	sizes := func(name string, v []int) ([]C.uint32_t, error) {
+		out := make([]C.uint32_t, len(v))
+		for i, b := range v {
+			if b <= 0 || uint64(b) > math.MaxUint32 {
+				return nil, invalid("%s[%d] = %d is out of range", name, i, b)
+			}
+			out[i] = C.uint32_t(b)
+		}
+		return out, nil
+	}
+	elasticWorkers, err := sizes("ElasticWorkers", o.ElasticWorkers)
+	if err != nil {
+		return nil, err
+	}
+	if o.ElasticWorkers != nil && len(o.ElasticWorkers) == 0 {
+		return nil, invalid("ElasticWorkers is empty")
+	}
+	engineConfigs := make(map[int][]C.uint32_t, len(o.EngineConfigs))
+	for total, conf := range o.EngineConfigs {
+		if total <= 0 || uint64(total) > math.MaxUint32 {
+			return nil, invalid("EngineConfigs key %d is out of range", total)
+		}
+		if len(conf) == 0 {
+			return nil, invalid("EngineConfigs[%d] is empty", total)
+		}
+		c, err := sizes(fmt.Sprintf("EngineConfigs[%d]", total), conf)
+		if err != nil {
+			return nil, err
+		}
+		engineConfigs[total] = c
+	}
 	if strings.IndexByte(o.Name, 0) >= 0 {
 		return nil, invalid("Name contains a NUL byte")
 	}
@@ -139,7 +210,7 @@ func (o *ModelOptions) build() (*C.serve_model_options, error) {
 	if err := takeError(C.serve_model_options_new(&opts)); err != nil {
 		return nil, err
 	}
-	err := func() error {
+	err = func() error {
 		if o.Policy != PolicyAuto {
 			if err := takeError(C.serve_model_options_set_policy(opts, C.uint32_t(o.Policy))); err != nil {
 				return err
@@ -179,6 +250,36 @@ func (o *ModelOptions) build() (*C.serve_model_options, error) {
 		}
 		if o.AdmissionBound > 0 {
 			if err := takeError(C.serve_model_options_set_admission_bound(opts, C.uint64_t(o.AdmissionBound))); err != nil {
+				return err
+			}
+		}
+		if len(elasticWorkers) > 0 {
+			if err := takeError(C.serve_model_options_set_elastic_workers(opts, &elasticWorkers[0], C.size_t(len(elasticWorkers)))); err != nil {
+				return err
+			}
+		}
+		if o.MaxInflight > 0 {
+			if err := takeError(C.serve_model_options_set_max_inflight(opts, C.uint32_t(o.MaxInflight))); err != nil {
+				return err
+			}
+		}
+		if o.RingSlots > 0 {
+			if err := takeError(C.serve_model_options_set_ring_slots(opts, C.uint32_t(o.RingSlots))); err != nil {
+				return err
+			}
+		}
+		for total, conf := range engineConfigs {
+			if err := takeError(C.serve_model_options_add_engine_config(opts, C.uint32_t(total), &conf[0], C.size_t(len(conf)))); err != nil {
+				return err
+			}
+		}
+		if o.LatencyBound > 0 {
+			if err := takeError(C.serve_model_options_set_latency_bound_ns(opts, C.uint64_t(o.LatencyBound))); err != nil {
+				return err
+			}
+		}
+		if o.Streams > 0 {
+			if err := takeError(C.serve_model_options_set_streams(opts, C.uint32_t(o.Streams))); err != nil {
 				return err
 			}
 		}

@@ -134,8 +134,14 @@ impl CostFile {
         BUILTIN.iter().map(|(n, _)| *n)
     }
 
-    /// A shipped cost file by name.
+    /// A shipped cost file by name (the E²bird files also as `e2bird-res50|101|152`).
     pub fn builtin(name: &str) -> Option<CostFile> {
+        let name = match name {
+            "e2bird-res50" => "e2bird-titanrtx-resnet50",
+            "e2bird-res101" => "e2bird-titanrtx-resnet101",
+            "e2bird-res152" => "e2bird-titanrtx-resnet152",
+            other => other,
+        };
         BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, json)| {
             CostFile::parse(json).unwrap_or_else(|e| panic!("shipped cost file `{name}` is invalid: {e}"))
         })

@@ -26,6 +26,7 @@ mod profile;
 mod profile_layers;
 mod request;
 mod sim;
+mod sim_elastic;
 
 use std::fmt;
 use std::io;
@@ -470,6 +471,92 @@ enum SimKind {
     Seq2seq,
     Treelstm,
     Mlp,
+    /// A fixed-shape model under E²bird's, the async-transfer slides' and TF-Serving's policies
+    /// (issue 15; `--policies`, `--arrivals`, `--qos-ms`).
+    Elastic,
+}
+
+/// `serve sim elastic`'s policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ElasticPolicyArg {
+    /// TF-Serving, no wait (s = MaxBS, t = 0).
+    NoWait,
+    /// TF-Serving, t = --opt-wait-ms.
+    OptWait,
+    /// OPT_Wait padded to MaxBS.
+    Static,
+    /// E²bird's N-Ebird.
+    Nebird,
+    /// E²bird's E-Ebird (--engine-configs).
+    Eebird,
+    /// Adaptive batching, two streams.
+    Adaptive,
+    /// Adaptive batching, one stream (the slides' serial server).
+    Serial,
+}
+
+impl ElasticPolicyArg {
+    const ALL: [ElasticPolicyArg; 7] = [
+        ElasticPolicyArg::NoWait,
+        ElasticPolicyArg::OptWait,
+        ElasticPolicyArg::Static,
+        ElasticPolicyArg::Nebird,
+        ElasticPolicyArg::Eebird,
+        ElasticPolicyArg::Adaptive,
+        ElasticPolicyArg::Serial,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            ElasticPolicyArg::NoWait => "no-wait",
+            ElasticPolicyArg::OptWait => "opt-wait",
+            ElasticPolicyArg::Static => "static",
+            ElasticPolicyArg::Nebird => "nebird",
+            ElasticPolicyArg::Eebird => "eebird",
+            ElasticPolicyArg::Adaptive => "adaptive",
+            ElasticPolicyArg::Serial => "serial",
+        }
+    }
+}
+
+/// `serve sim elastic --arrivals`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ElasticArrivals {
+    /// Poisson at each --rate.
+    Poisson,
+    /// The rate stepped from --low-rps to --high-rps every 150 requests.
+    Step,
+    /// 150 requests at --low-rps, then 250 at --high-rps (E²bird's Fig. 13).
+    Diurnal,
+}
+
+/// Options of `serve sim elastic` (ignored by the other workloads).
+#[derive(Args, Debug, Clone)]
+struct ElasticSimArgs {
+    /// Policies to compare (default: all).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    policies: Vec<ElasticPolicyArg>,
+    #[arg(long, value_enum, default_value_t = ElasticArrivals::Poisson)]
+    arrivals: ElasticArrivals,
+    /// The QoS: latency bound of throughput at QoS, goodput and the adaptive policy.
+    #[arg(long, default_value_t = 200.0, value_parser = positive_f64)]
+    qos_ms: f64,
+    /// OPT_Wait's (and Static's) max wait (the paper's 30 ms for ResNet-152).
+    #[arg(long, default_value_t = 30.0, value_parser = positive_f64)]
+    opt_wait_ms: f64,
+    /// MaxBS: TF-Serving's max batch, N-Ebird's max in flight, the adaptive max batch.
+    #[arg(long, default_value_t = 32, value_parser = in_range(1, 65536))]
+    max_bs: usize,
+    /// E-Ebird's engine configurations, `{"TotalBS": [batch sizes], …}` (default: the paper's
+    /// Table 4 for ResNet-152).
+    #[arg(long)]
+    engine_configs: Option<PathBuf>,
+    /// Step/diurnal low rate (default: a quarter of one full batch's capacity).
+    #[arg(long, value_parser = positive_f64)]
+    low_rps: Option<f64>,
+    /// Step/diurnal high rate (default: 0.95 of one full batch's capacity).
+    #[arg(long, value_parser = positive_f64)]
+    high_rps: Option<f64>,
 }
 
 /// Most requests per simulated run.
@@ -520,6 +607,8 @@ struct SimArgs {
     /// offered rates and print both side by side.
     #[arg(long)]
     compare: Option<PathBuf>,
+    #[command(flatten)]
+    elastic: ElasticSimArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -18,6 +18,11 @@ const COLOURS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
+/// The colour of the `i`-th series.
+pub(crate) fn colour(i: usize) -> RGBColor {
+    COLOURS[i % COLOURS.len()]
+}
+
 /// Write the latency–throughput plot of `results` to `path`.
 pub(crate) fn latency_svg(path: &Path, title: &str, results: &[RunResult]) -> CliResult<()> {
     let err = |e: &dyn std::fmt::Display| fatal(format!("cannot draw {}: {e}", path.display()));

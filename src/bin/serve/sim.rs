@@ -48,7 +48,7 @@ pub(crate) fn lengths(s: &str) -> Result<Lengths, String> {
 
 /// `out` as a row of the results table, its percentiles from the same histogram `serve bench`
 /// records into.
-fn run_result(label: &str, offered: f64, out: &SimOutcome) -> CliResult<RunResult> {
+pub(crate) fn run_result(label: &str, offered: f64, out: &SimOutcome) -> CliResult<RunResult> {
     let mut hist = new_hist()?;
     for l in &out.latencies {
         hist.saturating_record((l.as_micros() as u64).max(1));
@@ -85,7 +85,7 @@ fn network(a: &SimArgs, cost: &CostFile) -> CliResult<Network> {
         .or_else(|| cost.model.get("hidden").and_then(Value::as_u64).map(|h| h as usize))
         .unwrap_or(CPU_HIDDEN);
     let kind = match a.workload {
-        SimKind::Mlp => return Ok(Network::Mlp(Mlp::random(&[4, 4], a.seed))),
+        SimKind::Mlp | SimKind::Elastic => return Ok(Network::Mlp(Mlp::random(&[4, 4], a.seed))),
         SimKind::Lstm => RnnKind::Lstm,
         SimKind::Seq2seq => RnnKind::Seq2Seq,
         SimKind::Treelstm => RnnKind::TreeLstm,
@@ -139,6 +139,9 @@ impl SimRuns<'_> {
 }
 
 pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
+    if a.workload == SimKind::Elastic {
+        return crate::sim_elastic::cmd_sim_elastic(&a);
+    }
     let t0 = Instant::now();
     let cost = CostFile::open(&a.cost)?;
     let net = network(&a, &cost)?;
