@@ -28,6 +28,13 @@ pub const PARALLEL_TASK_MIN_MACS: usize = 1 << 24;
 /// its own (its positions or tokens are the rows) and goes to the pool alone.
 pub const PARALLEL_MIN_ROWS: usize = 2;
 
+/// A step whose weights are at least this many bytes streams them from memory (they are past the
+/// caches): its task runs on the compute pool even for one row, whose second thread adds memory
+/// bandwidth. An h = 1024 LSTM step (2048 × 4096 floats, 32 MiB), one row: 0.90–1.09 ms on two
+/// threads against 1.49–1.86 ms on one (`serve bench step --hidden 1024 --batch 1 --threads
+/// 1|2`); an h = 256 step's 2 MiB stays on its stream's thread.
+pub const STREAMED_WEIGHT_BYTES: usize = 8 << 20;
+
 /// How many threads a product may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Threads(pub usize);

@@ -12,7 +12,7 @@ use super::pool::ComputePool;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::cpu::arena::StateArena;
-use crate::backend::cpu::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, Threads};
+use crate::backend::cpu::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, STREAMED_WEIGHT_BYTES, Threads};
 use crate::backend::cpu::lstm_cell::{
     LstmLayer, LstmRow, LstmScratch, Projection, StepInput, embed_rows, lstm_layer_step, project_argmax,
 };
@@ -90,8 +90,9 @@ struct Prepared {
     arena: StateArena,
     /// Where a decoder slot keeps its last token (after every layer's `h`, `c`).
     token_offset: usize,
-    /// Multiply-adds of one row of a step (to decide whether to use the thread pool).
-    macs_per_row: usize,
+    /// Multiply-adds of one row of a step, by cell type (to decide whether to use the thread
+    /// pool): each is also the weights one row of the step streams.
+    macs_per_row: Vec<usize>,
 }
 
 /// Rows of step buffers allocated when a model is prepared.
@@ -192,9 +193,12 @@ impl RecurrentRunner {
         };
         let token_offset = net.token_word();
         let arena = StateArena::new(shape.state_slots, net.state_width())?;
+        let lstm = layers * (embed.max(hidden) + hidden) * 4 * hidden;
         let macs_per_row = match &*net {
-            Network::TreeLstm(_) => (embed * 4 + hidden * 4) * hidden,
-            _ => layers * (embed.max(hidden) + hidden) * 4 * hidden + vocab * hidden,
+            Network::TreeLstm(_) => vec![(embed * 4 + hidden * 4) * hidden; 2],
+            // The encoder's steps, and the decoder's with its projection to the vocabulary.
+            Network::Seq2Seq(_) => vec![lstm, lstm + vocab * hidden],
+            _ => vec![lstm],
         };
         let model = Arc::new(Prepared { cells, embed, hidden, vocab, arena, token_offset, macs_per_row });
         // Buffers for the rows a task usually has, allocated now; a padded tree level can be far
@@ -419,8 +423,11 @@ impl Runner for RecurrentRunner {
                 return;
             }
             let (out, tokens) = (&mut io.output, &mut io.tokens);
-            if threads > 1 && rows >= PARALLEL_MIN_ROWS && rows * model.macs_per_row >= PARALLEL_TASK_MIN_MACS
-            {
+            let macs = model.macs_per_row.get(usize::from(cells.cell)).copied().unwrap_or(0);
+            let big = rows >= PARALLEL_MIN_ROWS && rows * macs >= PARALLEL_TASK_MIN_MACS;
+            // A step whose weights stream from memory gains a thread's bandwidth even for one row.
+            let streamed = macs * size_of::<f32>() >= STREAMED_WEIGHT_BYTES;
+            if threads > 1 && (big || streamed) {
                 pool.install(|| run(&model, cells, rows, scratch, out, tokens, Threads(threads)));
             } else {
                 run(&model, cells, rows, scratch, out, tokens, Threads(1));
