@@ -68,6 +68,20 @@ impl<K: Ord + Copy> Book<K> {
         self.out.push_back(Decision::Complete { id, code });
     }
 
+    /// A started request of a fixed-shape policy whose task has finished at `now` completes:
+    /// `Cancelled` if it was cancelled while running, `DeadlineExceeded` if its deadline has
+    /// passed, else `Ok`.
+    pub fn finish_running(&mut self, id: RequestId, cancelled: bool, deadline: Option<Time>, now: Time) {
+        let code = if cancelled {
+            Code::Cancelled
+        } else if deadline.is_some_and(|d| d <= now) {
+            Code::DeadlineExceeded
+        } else {
+            Code::Ok
+        };
+        self.complete(id, code, true);
+    }
+
     /// A queued request is refused with `code`, for `reason` ([`Decision::Reject`]): E²bird's
     /// full ring.
     pub fn reject(&mut self, id: RequestId, code: Code, reason: &'static str) {

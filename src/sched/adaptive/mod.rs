@@ -309,14 +309,7 @@ impl Policy for AdaptivePolicy {
         }
         for id in r.requests {
             let e = self.requests.remove(&id).expect("running request is known");
-            let code = if e.cancelled {
-                Code::Cancelled
-            } else if e.deadline.is_some_and(|d| d <= now) {
-                Code::DeadlineExceeded
-            } else {
-                Code::Ok
-            };
-            self.book.complete(id, code, true);
+            self.book.finish_running(id, e.cancelled, e.deadline, now);
         }
         self.dispatch(now);
     }

@@ -200,14 +200,7 @@ impl Policy for TimeoutPolicy {
         for id in ids {
             let e = self.requests.remove(&id).expect("running request is known");
             debug_assert_eq!(e.state, State::Running(task));
-            let code = if e.cancelled {
-                Code::Cancelled
-            } else if e.deadline.is_some_and(|d| d <= now) {
-                Code::DeadlineExceeded
-            } else {
-                Code::Ok
-            };
-            self.book.complete(id, code, true);
+            self.book.finish_running(id, e.cancelled, e.deadline, now);
         }
         self.idle.insert(worker);
         self.dispatch(now);

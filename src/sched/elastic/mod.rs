@@ -437,14 +437,7 @@ impl Policy for ElasticPolicy {
         let t = self.tasks.remove(&report.task).expect("task_done for an unknown task");
         for id in t.requests {
             let r = self.requests.remove(&id).expect("running request is known");
-            let code = if r.cancelled {
-                Code::Cancelled
-            } else if r.deadline.is_some_and(|d| d <= now) {
-                Code::DeadlineExceeded
-            } else {
-                Code::Ok
-            };
-            self.book.complete(id, code, true);
+            self.book.finish_running(id, r.cancelled, r.deadline, now);
         }
         for serial in t.first..t.first + t.slots as u64 {
             *self.slot_mut(serial) = Slot::Free;
