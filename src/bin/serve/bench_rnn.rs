@@ -513,11 +513,11 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     let (mut net, name, source) = build_network(kind, &a, backend)?;
     let inputs = make_inputs(&net, a.seed)?;
     let sizes = sizes_of(&net);
-    let padding = match backend {
+    let padding_defaults = match backend {
         BackendKind::Cpu => PaddingDefaults::cpu_framework(compute_threads(a.rt.threads)),
         _ => PaddingDefaults::paper(),
     };
-    let specs = policy_specs(&a.pol, &net, padding)?;
+    let specs = policy_specs(&a.pol, &net, padding_defaults)?;
 
     println!("# serve bench {}: workload poisson arrivals (open loop), backend {backend_desc}", kind.name());
     let n_inputs = inputs.len() as f64;
@@ -809,6 +809,9 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             "workload": kind.workload(),
             "backend": backend.to_string(),
             "backend_description": backend_desc,
+            // The padding baseline's defaults follow from these (`serve sim --compare` reads them).
+            "padding_defaults": {"workers": padding_defaults.workers, "max_batch": padding_defaults.max_batch,
+                                 "oldest_first": padding_defaults.order == BucketOrder::OldestHead},
             "model": model_json,
             "requests": {"distinct": work.inputs.len(), "mean_cells": mean_cells},
             "qos_ms": a.qos_ms,

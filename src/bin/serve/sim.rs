@@ -93,9 +93,24 @@ fn network(a: &SimArgs, cost: &CostFile) -> CliResult<Network> {
     random_network(kind, 16, hidden, 4, a.layers, a.max_decode, a.seed)
 }
 
-fn specs(a: &SimArgs, net: &Network) -> CliResult<Vec<PolicySpec>> {
+/// The policies to simulate: the command line's, with the padding defaults of the bench report
+/// being compared against (a CPU bench sets padding up as a framework would), else the paper's.
+fn specs(a: &SimArgs, net: &Network, bench: Option<&Value>) -> CliResult<Vec<PolicySpec>> {
     if net.is_recurrent() {
-        return policy_specs(&a.pol, net, PaddingDefaults::paper());
+        let d = bench.and_then(|b| b.get("padding_defaults"));
+        let padding = match d {
+            Some(d) => PaddingDefaults {
+                workers: d["workers"].as_u64().map_or(1, |w| w as usize),
+                max_batch: d["max_batch"].as_u64().map_or(64, |b| b as usize),
+                order: if d["oldest_first"].as_bool() == Some(true) {
+                    serve::BucketOrder::OldestHead
+                } else {
+                    serve::BucketOrder::RoundRobin
+                },
+            },
+            None => PaddingDefaults::paper(),
+        };
+        return policy_specs(&a.pol, net, padding);
     }
     let b = a.pol.max_batch.first().copied().unwrap_or(32);
     let mut spec = timeout_spec(timeout_policy(b, 0, a.pol.workers.unwrap_or(1)));
@@ -145,7 +160,8 @@ pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
     let t0 = Instant::now();
     let cost = CostFile::open(&a.cost)?;
     let net = network(&a, &cost)?;
-    let specs = specs(&a, &net)?;
+    let bench = a.compare.as_ref().map(read_bench).transpose()?;
+    let specs = specs(&a, &net, bench.as_ref())?;
     let report_file = open_report(a.json.as_ref())?;
     let reqs = requests(&net, a.lengths, a.requests, a.seed)?;
     let mean_cells = reqs.iter().map(|r| r.graph.as_ref().map_or(1, |g| g.len())).sum::<usize>() as f64
@@ -162,7 +178,7 @@ pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
     }
     let mut runner = SimRuns { net: &net, cost: &cost, reqs, simulated: 0 };
     if let Some(path) = &a.compare {
-        return compare(&mut runner, &specs, path, a.seed);
+        return compare(&mut runner, &specs, path, bench.as_ref().expect("read above"), a.seed);
     }
 
     let mut peaks = Vec::new();
@@ -235,11 +251,20 @@ fn short(spec: &PolicySpec) -> &str {
 }
 
 /// Replay a `serve bench --json` report on the simulator and print both side by side.
-fn compare(runner: &mut SimRuns<'_>, specs: &[PolicySpec], path: &PathBuf, seed: u64) -> CliResult<()> {
+/// A `serve bench … --json` report.
+fn read_bench(path: &PathBuf) -> CliResult<Value> {
     let text =
         std::fs::read_to_string(path).map_err(|e| fatal(format!("cannot read {}: {e}", path.display())))?;
-    let bench: Value = serde_json::from_str(&text)
-        .map_err(|e| fatal(format!("{}: not a JSON report: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| fatal(format!("{}: not a JSON report: {e}", path.display())))
+}
+
+fn compare(
+    runner: &mut SimRuns<'_>,
+    specs: &[PolicySpec],
+    path: &PathBuf,
+    bench: &Value,
+    seed: u64,
+) -> CliResult<()> {
     let find = |label: &str| {
         specs.iter().find(|s| s.label == label).ok_or_else(|| {
             fatal(format!(
