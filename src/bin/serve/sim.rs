@@ -9,7 +9,7 @@
 //! p50/p90 within 20%).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{Value, json};
@@ -261,7 +261,7 @@ fn read_bench(path: &PathBuf) -> CliResult<Value> {
 fn compare(
     runner: &mut SimRuns<'_>,
     specs: &[PolicySpec],
-    path: &PathBuf,
+    path: &Path,
     bench: &Value,
     seed: u64,
 ) -> CliResult<()> {
