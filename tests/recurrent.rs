@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serve::backend::fault::{FaultKind, FaultPlan};
 use serve::model::{Lstm, Network, Seq2Seq, TreeLstm};
 use serve::{
     BackendChoice, CellularOptions, Code, Input, ModelOptions, Output, PaddingConfig, PolicyConfig, Runtime,
@@ -269,46 +270,48 @@ fn every_recurrent_request_completes_exactly_once_under_stress() {
 /// the CPU runner grows its step buffers for it instead of allocating that much up front.
 #[test]
 fn padded_tree_levels_larger_than_the_preallocated_buffers_are_served() {
-    let rt = runtime();
+    // The first tree's first task holds its stream for a second (an injected stall), and one
+    // task at a time is submitted: the other 63 trees queue meanwhile, whatever the machine's
+    // speed, and run as one batch. (Submitted as they came, on a loaded machine they split into
+    // many small batches.)
+    let plan =
+        FaultPlan::new().at(Some(0), 0, FaultKind::Stall { release_after: Some(Duration::from_secs(1)) });
+    let rt = Runtime::builder()
+        .backend(BackendChoice::Cpu)
+        .cpu_threads(2)
+        .inject_faults(plan.clone())
+        .build()
+        .unwrap();
     let net = TreeLstm::random(50, 8, 8, 9);
     let opts = ModelOptions {
-        policy: PolicyConfig::Padding(PaddingConfig { max_batch: 64, ..PaddingConfig::default() }),
+        policy: PolicyConfig::Padding(PaddingConfig {
+            max_batch: 64,
+            max_tasks_to_submit: 1,
+            ..PaddingConfig::default()
+        }),
         ..ModelOptions::default()
     };
     let model = rt.add_network(Arc::new(Network::TreeLstm(net.clone())), "wide".into(), opts).unwrap();
-    // Stars: a root with 40 leaves, so one leaf level of 64 trees pads to 64 × 40 = 2560 rows.
+    // Stars: a root with 40 leaves, so one leaf level of 63 trees pads to 63 × 40 = 2520 rows.
     let parents: Vec<i32> = std::iter::once(-1).chain(std::iter::repeat_n(0, 40)).collect();
     let inputs: Vec<Vec<u32>> = (0..64).map(|k| (0..41).map(|i| (k + i) % 50).collect()).collect();
-    // Normally the first tree starts alone and the other 63 batch together: two batches, two
-    // levels each, so 2624 rows in 4 tasks with roots ≤ 64 rows, and a leaf level had more than
-    // 1024 rows. A slow submitting thread (a loaded machine) can split the 63; then the round is
-    // run again, until one shows the large level.
-    let mut large_level = false;
-    for _round in 0..10 {
-        let before = rt.stats();
-        let tickets: Vec<_> = inputs
-            .iter()
-            .map(|t| {
-                model
-                    .submit(
-                        Input::Tree { tokens: t.clone(), parents: parents.clone() },
-                        SubmitOptions::default(),
-                    )
-                    .unwrap()
-            })
-            .collect();
-        for (k, t) in tickets.into_iter().enumerate() {
-            let Output::F32(y) = t.wait().unwrap() else { panic!("f32 output") };
-            common::assert_close(&y, &net.forward_reference(&inputs[k], &parents));
-        }
-        let s = rt.stats();
-        assert_eq!(s.batched_requests - before.batched_requests, 64 * 41);
-        if s.tasks_launched - before.tasks_launched <= 4 {
-            large_level = true;
-            break;
-        }
+    let tickets: Vec<_> = inputs
+        .iter()
+        .map(|t| {
+            model
+                .submit(Input::Tree { tokens: t.clone(), parents: parents.clone() }, SubmitOptions::default())
+                .unwrap()
+        })
+        .collect();
+    for (k, t) in tickets.into_iter().enumerate() {
+        let Output::F32(y) = t.wait().unwrap() else { panic!("f32 output") };
+        common::assert_close(&y, &net.forward_reference(&inputs[k], &parents));
     }
-    assert!(large_level, "no round of 64 trees ran in two batches");
+    assert_eq!(plan.fired(), 1);
+    let s = rt.stats();
+    assert_eq!(s.batched_requests, 64 * 41);
+    // The lone first tree (leaves, root), then the other 63 (leaves: 2520 rows, root).
+    assert_eq!(s.tasks_launched, 4, "two batches of two levels each");
 }
 
 /// A request waiting for a state slot (the arena is full) still expires at its deadline, without
