@@ -581,13 +581,13 @@ impl Engine {
         rejected: Option<&'static str>,
         mut live: Live,
     ) {
-        let result = match code {
-            Code::Ok => live
+        let result = match (code, rejected) {
+            (Code::Ok, _) => live
                 .result
                 .take()
                 .unwrap_or_else(|| Err(Error::internal("request completed without a result"))),
-            Code::Cancelled => Err(Error::new(Code::Cancelled, "request cancelled")),
-            Code::DeadlineExceeded => Err(Error::new(
+            (Code::Cancelled, _) => Err(Error::new(Code::Cancelled, "request cancelled")),
+            (Code::DeadlineExceeded, _) => Err(Error::new(
                 Code::DeadlineExceeded,
                 if started.is_some() {
                     "the deadline passed while the request was running"
@@ -595,11 +595,10 @@ impl Engine {
                     "the deadline passed while the request was queued"
                 },
             )),
-            other if rejected.is_some() => Err(Error::new(
-                other,
-                format!("the model's policy refused the request: {}", rejected.unwrap_or_default()),
-            )),
-            other => Err(Error::new(other, "request failed")),
+            (other, Some(reason)) => {
+                Err(Error::new(other, format!("the model's policy refused the request: {reason}")))
+            }
+            (other, None) => Err(Error::new(other, "request failed")),
         };
         self.finish(model, started, live, result, rejected.is_some());
     }

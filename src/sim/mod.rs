@@ -26,6 +26,7 @@
 //! broken by the order events were scheduled).
 
 pub mod cost;
+mod device;
 pub mod workload;
 
 use std::cmp::Reverse;
@@ -34,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use cost::{CellCost, CostFile, CostModel};
+use device::Device;
 
 use crate::error::{Code, Error, Result};
 use crate::model::Network;
@@ -157,30 +159,6 @@ enum Ev {
     ShareEnd(u64),
 }
 
-/// A task on a shared device ([`CostModel::shared_device`]).
-#[derive(Clone, Copy, Debug)]
-struct Shared {
-    task: TaskId,
-    rows: usize,
-    cell: &'static str,
-    /// Fraction of its work left (1 when it starts).
-    left: f64,
-    started: Time,
-}
-
-/// The tasks on a shared device: every running task progresses at the same fraction of its
-/// work per second, `1 / t(Σ rows)` (the batch they make together), so they run as one batch of
-/// their summed rows would (rate `t(b_w)/t(Σb)` each, in the task's own time).
-#[derive(Debug, Default)]
-struct Device {
-    /// Per worker: tasks reached and waiting for the one before, in order.
-    waiting: Vec<std::collections::VecDeque<Shared>>,
-    /// Per worker: its running task.
-    running: Vec<Option<Shared>>,
-    last: Time,
-    generation: u64,
-}
-
 /// The model (and group) index the simulator serves its one model under.
 const MODEL: usize = 0;
 
@@ -192,10 +170,8 @@ struct Sim<'a> {
     seq: u64,
     /// When each worker's stream finishes the last task launched on it.
     stream_free: Vec<Time>,
-    /// The shared device, when the cost model has one.
+    /// The shared device, when the cost model has one (then `stream_free` is not used).
     device: Option<Device>,
-    /// Shared device: launched tasks not yet reached, by id.
-    reaching: BTreeMap<TaskId, (WorkerId, Shared)>,
     /// The wakeup already on the heap, if any.
     wake: Option<Time>,
     out: SimOutcome,
@@ -236,12 +212,7 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
         heap: BinaryHeap::new(),
         seq: 0,
         stream_free: vec![Time::ZERO; workers],
-        device: spec.cost.shared_device().then(|| Device {
-            waiting: vec![Default::default(); workers],
-            running: vec![None; workers],
-            ..Device::default()
-        }),
-        reaching: BTreeMap::new(),
+        device: spec.cost.shared_device().then(|| Device::new(workers)),
         wake: None,
         out: SimOutcome::default(),
         next_id: 0,
@@ -362,28 +333,23 @@ impl Sim<'_> {
                     })?;
                     // A task of several steps (a padded batch run in one call) costs each of them.
                     let run = step * t.shape.steps();
-                    let (worker, rows, batch) = (t.worker, t.requests.len(), t.batch);
-                    if self.device.is_some() {
-                        let shared = Shared { task, rows: batch, cell, left: 1.0, started: now };
-                        self.reaching.insert(task, (worker, shared));
-                        self.push(now + self.spec.cost.launch_delay(), Ev::Reach(task));
-                        self.out.tasks += 1;
-                        self.out.task_rows += rows as u64;
-                        if self.spec.trace {
-                            self.out.trace.push(TraceEvent::Launch { at: now, task, worker, rows, batch });
-                        }
-                        continue;
-                    }
-                    let free = &mut self.stream_free[worker];
-                    let start = (now + self.spec.cost.launch_delay()).max(*free);
-                    // A stream that waited for this task starts it cold.
-                    let run = run.mul_f64(self.spec.cost.idle_factor(start.since(*free)));
-                    *free = start + run;
-                    let report = *free + self.spec.cost.report_delay();
-                    self.push(report, Ev::Done(task, run));
+                    let (worker, rows, batch, steps) = (t.worker, t.requests.len(), t.batch, t.shape.steps());
                     self.out.tasks += 1;
                     self.out.task_rows += rows as u64;
-                    self.out.task_time += run;
+                    if let Some(d) = self.device.as_mut() {
+                        // Its time depends on what runs beside it: known when it ends.
+                        d.launch(task, worker, batch, steps, cell);
+                        self.push(now + self.spec.cost.launch_delay(), Ev::Reach(task));
+                    } else {
+                        let free = &mut self.stream_free[worker];
+                        let start = (now + self.spec.cost.launch_delay()).max(*free);
+                        // A stream that waited for this task starts it cold.
+                        let run = run.mul_f64(self.spec.cost.idle_factor(start.since(*free)));
+                        *free = start + run;
+                        let report = *free + self.spec.cost.report_delay();
+                        self.push(report, Ev::Done(task, run));
+                        self.out.task_time += run;
+                    }
                     if self.spec.trace {
                         self.out.trace.push(TraceEvent::Launch { at: now, task, worker, rows, batch });
                     }
@@ -408,93 +374,31 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// Shared device: `t(Σ rows)` of the running tasks (of the cell type of the task with the
-    /// most rows, when they differ), or `None` when nothing runs.
-    fn share_time(&self) -> Result<Option<f64>> {
-        let Some(d) = &self.device else { return Ok(None) };
-        let running: Vec<&Shared> = d.running.iter().flatten().collect();
-        let Some(widest) = running.iter().max_by_key(|s| s.rows) else { return Ok(None) };
-        let rows = running.iter().map(|s| s.rows).sum();
-        let t = self.spec.cost.task_time(widest.cell, rows).ok_or_else(|| {
-            Error::invalid(format!("the cost model has no time for cell type `{}`", widest.cell))
-        })?;
-        Ok(Some(t.as_secs_f64().max(1e-12)))
-    }
-
-    /// Shared device: bring every running task's progress up to `now`.
-    fn share_advance(&mut self, now: Time) -> Result<()> {
-        let t = self.share_time()?;
+    /// Shared device: a launched task reached its worker.
+    fn reach(&mut self, now: Time, task: TaskId) -> Result<()> {
+        let cost = self.spec.cost;
         let Some(d) = self.device.as_mut() else { return Ok(()) };
-        if let Some(t) = t {
-            let done = now.since(d.last).as_secs_f64() / t;
-            for s in d.running.iter_mut().flatten() {
-                s.left -= done;
-            }
-        }
-        d.last = now;
-        Ok(())
-    }
-
-    /// Shared device: start waiting tasks on idle workers, and put the running set's next end
-    /// on the heap under a new generation.
-    fn share_schedule(&mut self, now: Time) -> Result<()> {
-        if let Some(d) = self.device.as_mut() {
-            for w in 0..d.running.len() {
-                if d.running[w].is_none()
-                    && let Some(mut s) = d.waiting[w].pop_front()
-                {
-                    s.started = now;
-                    d.running[w] = Some(s);
-                }
-            }
-            d.generation += 1;
-        }
-        let t = self.share_time()?;
-        let Some(d) = &self.device else { return Ok(()) };
-        let first = d.running.iter().flatten().map(|s| s.left.max(0.0)).min_by(f64::total_cmp);
-        if let (Some(t), Some(left)) = (t, first) {
-            // At least a nanosecond on: time always advances.
-            let at = now + Duration::from_secs_f64(left * t).max(Duration::from_nanos(1));
-            let generation = d.generation;
+        if let Some((at, generation)) = d.reach(now, task, cost)? {
             self.push(at, Ev::ShareEnd(generation));
         }
         Ok(())
     }
 
-    /// Shared device: a launched task reached its worker.
-    fn reach(&mut self, now: Time, task: TaskId) -> Result<()> {
-        let Some((worker, s)) = self.reaching.remove(&task) else { return Ok(()) };
-        self.share_advance(now)?;
-        if let Some(d) = self.device.as_mut() {
-            d.waiting[worker].push_back(s);
-        }
-        self.share_schedule(now)
-    }
-
     /// Shared device: the running set's predicted end, if still current: the tasks whose work
     /// is done end (reported after the report delay), the next on their workers start.
     fn share_end(&mut self, now: Time, generation: u64) -> Result<()> {
-        if self.device.as_ref().is_none_or(|d| d.generation != generation) {
-            return Ok(());
-        }
-        self.share_advance(now)?;
-        // Done: less than a nanosecond of work left (the clock's resolution; rounding must not
-        // leave a sliver that would end "now" again and again).
-        let t = self.share_time()?.unwrap_or(0.0);
-        let mut ended = Vec::new();
-        if let Some(d) = self.device.as_mut() {
-            for slot in d.running.iter_mut() {
-                if slot.is_some_and(|s| s.left * t < 1e-9) {
-                    ended.extend(slot.take());
-                }
-            }
-        }
+        let cost = self.spec.cost;
+        let Some(d) = self.device.as_mut() else { return Ok(()) };
+        let (ended, next) = d.end(now, generation, cost)?;
         for s in ended {
             let run = now.since(s.started);
             self.out.task_time += run;
-            self.push(now + self.spec.cost.report_delay(), Ev::Done(s.task, run));
+            self.push(now + cost.report_delay(), Ev::Done(s.task, run));
         }
-        self.share_schedule(now)
+        if let Some((at, generation)) = next {
+            self.push(at, Ev::ShareEnd(generation));
+        }
+        Ok(())
     }
 
     /// Put the core's next wakeup on the heap unless one at or before it is there already.

@@ -169,7 +169,7 @@ enum Slot {
     /// Its request completed before launch (cancel, deadline): nothing to compute.
     Dead,
     /// In a launched task, until the task is answered.
-    Running(TaskId),
+    Running,
     /// Answered; reusable once every older slot is.
     Free,
 }
@@ -211,7 +211,7 @@ pub struct ElasticPolicy {
     busy: Vec<bool>,
     /// In CurConf (every worker under N-Ebird).
     active: Vec<bool>,
-    /// E-Ebird's current level (TotalBS), `Some(0)` below the smallest.
+    /// E-Ebird's current level (TotalBS; 0 below the smallest), `None` before the first.
     level: Option<usize>,
     reconfigurations: u64,
     tasks: HashMap<TaskId, Task>,
@@ -237,7 +237,9 @@ impl ElasticPolicy {
             tasks: HashMap::new(),
             cfg,
         };
-        p.reconfigure();
+        // N-Ebird: every worker is in Q, for good; E-Ebird: the level of an empty pool.
+        p.reconfigure(0);
+        p.idle = p.idle_in_conf();
         Ok(p)
     }
 
@@ -273,17 +275,12 @@ impl ElasticPolicy {
             .count()
     }
 
-    /// E-Ebird: the level for the current load, and `Q` rebuilt when it changed (Algorithm 2).
-    fn reconfigure(&mut self) {
+    /// E-Ebird: the level for MemState = `load` (the requests in the pool, N + CurInf), and
+    /// `Q` = idle ∩ CurConf rebuilt when it changed (Algorithm 2). N-Ebird has no levels.
+    fn reconfigure(&mut self, load: usize) {
         if self.cfg.engine_confs.is_empty() {
-            if self.level.is_none() {
-                self.level = Some(0);
-                self.idle = self.idle_of(|_| true);
-            }
             return;
         }
-        // MemState: the requests in the pool, N + CurInf.
-        let load = self.ready_run() + self.cur_inf;
         let level = self.cfg.engine_confs.range(..=load).next_back().map_or(0, |(&t, _)| t);
         if self.level == Some(level) {
             return;
@@ -304,13 +301,13 @@ impl ElasticPolicy {
                 *c -= 1;
             }
         }
-        let active = self.active.clone();
-        self.idle = self.idle_of(|w| active[w]);
+        self.idle = self.idle_in_conf();
     }
 
-    fn idle_of(&self, keep: impl Fn(WorkerId) -> bool) -> BTreeSet<(Reverse<usize>, WorkerId)> {
+    /// Q from scratch: the idle workers of CurConf.
+    fn idle_in_conf(&self) -> BTreeSet<(Reverse<usize>, WorkerId)> {
         (0..self.cfg.workers.len())
-            .filter(|&w| !self.busy[w] && keep(w))
+            .filter(|&w| !self.busy[w] && self.active[w])
             .map(|w| (Reverse(self.cfg.workers[w]), w))
             .collect()
     }
@@ -332,8 +329,10 @@ impl ElasticPolicy {
         self.book.tidy(|id| requests.get(&id).is_some_and(|r| r.task.is_none()));
     }
 
-    /// Free answered slots at the ring's start, and pass over dead slots at DevPtr.
-    fn advance(&mut self) {
+    /// Free answered slots at the ring's start, and pass over dead slots at DevPtr; returns how
+    /// many dead slots it passed.
+    fn advance(&mut self) -> usize {
+        let from = self.dev_ptr;
         while self.dev_ptr < self.next && self.slot(self.dev_ptr) == Slot::Dead {
             *self.slot_mut(self.dev_ptr) = Slot::Free;
             self.dev_ptr += 1;
@@ -342,6 +341,7 @@ impl ElasticPolicy {
             self.ring.pop_front();
             self.base += 1;
         }
+        (self.dev_ptr - from) as usize
     }
 
     /// Algorithm 1 (and 2's reconfiguration first): launch full batches on idle workers, the
@@ -349,20 +349,23 @@ impl ElasticPolicy {
     fn dispatch(&mut self, now: Time) {
         self.expire(now);
         self.advance();
-        self.reconfigure();
+        // N: counted once, then advanced with DevPtr as Algorithm 1 does.
+        let mut n = self.ready_run();
+        self.reconfigure(n + self.cur_inf);
         loop {
             let to_end = self.cfg.ring_slots - (self.dev_ptr % self.cfg.ring_slots as u64) as usize;
-            let r = self.ready_run().min(self.cfg.max_inflight - self.cur_inf).min(to_end);
-            // The largest idle worker with bs ≤ R: Q is ordered by Reverse(bs), so the first at
-            // or after (Reverse(R), 0).
+            let r = n.min(self.cfg.max_inflight - self.cur_inf).min(to_end);
             if r == 0 {
                 break;
             }
+            // The largest idle worker with bs ≤ R: Q is ordered by Reverse(bs), so the first at
+            // or after (Reverse(R), 0).
             let Some(&(Reverse(bs), w)) = self.idle.range((Reverse(r), 0)..).next() else { break };
             self.idle.remove(&(Reverse(bs), w));
             self.launch(w, bs);
-            self.advance();
+            n -= bs + self.advance();
         }
+        debug_assert_eq!(n, self.ready_run());
     }
 
     fn launch(&mut self, worker: WorkerId, bs: usize) {
@@ -374,7 +377,7 @@ impl ElasticPolicy {
                 ids.push(id);
                 self.requests.get_mut(&id).expect("waiting request").task = Some(task);
             }
-            *self.slot_mut(serial) = Slot::Running(task);
+            *self.slot_mut(serial) = Slot::Running;
         }
         self.dev_ptr += bs as u64;
         self.cur_inf += bs;
