@@ -14,7 +14,7 @@ use crate::ffi_boundary;
 use crate::model::Network;
 use crate::runtime::{Model, ModelOptions, PolicyConfig, check};
 use crate::sched::adaptive::Streams;
-use crate::sched::elastic::MAX_RING_SLOTS;
+use crate::sched::elastic::{MAX_RING_SLOTS, MAX_WORKERS};
 use crate::{AdaptiveConfig, CellularOptions, ElasticConfig, PaddingConfig, TimeoutConfig};
 
 /// Options for `serve_runtime_load_model`: an opaque builder. Not thread-safe while being set; a
@@ -59,9 +59,6 @@ pub const SERVE_POLICY_ELASTIC: u32 = 4;
 /// Adaptive batching on a latency model: the batch size from fitted stage costs, the arrival
 /// rate and a latency bound (fixed-shape models).
 pub const SERVE_POLICY_ADAPTIVE: u32 = 5;
-
-/// Most entries of a worker or engine-configuration list given to the C setters.
-const MAX_LIST: usize = 256;
 
 impl Knobs {
     fn policy(&self, net: &Network) -> crate::Result<PolicyConfig> {
@@ -382,8 +379,8 @@ pub extern "C" fn serve_model_options_set_name(
 /// # Safety
 /// `sizes` points at `len` readable `uint32_t`s (NULL only with `len` 0, which is refused).
 unsafe fn read_batch_sizes(sizes: *const u32, len: usize, name: &str) -> crate::Result<Vec<usize>> {
-    if !(1..=MAX_LIST).contains(&len) {
-        return Err(Error::invalid(format!("`{name}` has {len} entries: 1 to {MAX_LIST}")));
+    if !(1..=MAX_WORKERS).contains(&len) {
+        return Err(Error::invalid(format!("`{name}` has {len} entries: 1 to {MAX_WORKERS}")));
     }
     // SAFETY: the caller's contract; the length is bounded above.
     let sizes = unsafe { slice_arg(sizes, len, name) }?;
@@ -470,8 +467,8 @@ pub extern "C" fn serve_model_options_add_engine_config(
             )));
         }
         set(options, |o| {
-            if o.knobs.engine_confs.len() >= MAX_LIST && !o.knobs.engine_confs.contains_key(&sum) {
-                return Err(Error::invalid(format!("more than {MAX_LIST} engine configurations")));
+            if o.knobs.engine_confs.len() >= MAX_WORKERS && !o.knobs.engine_confs.contains_key(&sum) {
+                return Err(Error::invalid(format!("more than {MAX_WORKERS} engine configurations")));
             }
             o.knobs.engine_confs.insert(sum, sizes);
             Ok(())

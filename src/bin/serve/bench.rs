@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -738,6 +738,17 @@ pub(crate) fn run_open_loop(
         mean_output_tokens: (token_outputs > 0).then(|| tokens_out as f64 / token_outputs as f64),
         extra: serde_json::Map::new(),
     })
+}
+
+/// `path`'s text, at most `cap` bytes.
+pub(crate) fn read_capped(path: &Path, cap: u64) -> Result<String, String> {
+    let f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    f.take(cap + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > cap {
+        return Err(format!("{} is larger than {} MiB", path.display(), cap >> 20));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("{} is not UTF-8: {e}", path.display()))
 }
 
 #[cfg(test)]

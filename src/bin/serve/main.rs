@@ -16,6 +16,7 @@ mod bench;
 mod bench_alone;
 mod bench_layers;
 mod bench_peer;
+mod bench_peer_check;
 mod bench_rnn;
 mod bench_step;
 mod demo;

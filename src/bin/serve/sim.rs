@@ -9,19 +9,19 @@
 //! p50/p90 within 20%).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use serve::Network;
 use serve::model::Mlp;
 use serve::sim::workload::{Lengths, requests};
 use serve::sim::{CostFile, Load, SimOutcome, SimRequest, SimSpec, simulate};
 use serve::workload::poisson_arrivals;
+use serve::{Network, PolicyConfig};
 
 use crate::bench::{
-    PolicySpec, RunResult, fmt_ratio, ms, new_hist, open_report, print_header, print_row, ratio,
+    PolicySpec, RunResult, fmt_ratio, ms, new_hist, open_report, print_header, print_row, ratio, read_capped,
     timeout_spec, write_report,
 };
 use crate::bench_rnn::{CPU_HIDDEN, PaddingDefaults, RnnKind, policy_specs, random_network};
@@ -119,25 +119,39 @@ fn specs(a: &SimArgs, net: &Network, bench: Option<&Value>) -> CliResult<Vec<Pol
 }
 
 /// The simulated runs of one command: the model, costs and requests they share.
-struct SimRuns<'a> {
-    net: &'a Network,
-    cost: &'a CostFile,
-    reqs: Vec<SimRequest>,
-    simulated: u64,
+pub(crate) struct SimRuns<'a> {
+    pub(crate) net: &'a Network,
+    pub(crate) cost: &'a CostFile,
+    pub(crate) reqs: Vec<SimRequest>,
+    /// Requests simulated so far.
+    pub(crate) simulated: u64,
 }
 
 impl SimRuns<'_> {
     /// The first `n` requests (all: `None`) under `load`.
     fn run(&mut self, spec: &PolicySpec, load: &Load, n: Option<usize>) -> CliResult<SimOutcome> {
+        self.simulate(&spec.label, &spec.config, load, n, false)
+    }
+
+    /// The first `n` requests (all: `None`) under `load` and `policy` (named `label` in errors),
+    /// every decision recorded when `trace`.
+    pub(crate) fn simulate(
+        &mut self,
+        label: &str,
+        policy: &PolicyConfig,
+        load: &Load,
+        n: Option<usize>,
+        trace: bool,
+    ) -> CliResult<SimOutcome> {
         let s = SimSpec {
             net: self.net,
-            policy: &spec.config,
+            policy,
             cost: self.cost,
             admission_bound: serve::runtime::DEFAULT_ADMISSION_BOUND,
-            trace: false,
+            trace,
         };
         let reqs = &self.reqs[..n.unwrap_or(self.reqs.len()).min(self.reqs.len())];
-        let out = simulate(&s, reqs, load).map_err(|e| fatal(format!("{}: {e}", spec.label)))?;
+        let out = simulate(&s, reqs, load).map_err(|e| fatal(format!("{label}: {e}")))?;
         self.simulated += out.completed() + out.error_count();
         Ok(out)
     }
@@ -160,7 +174,7 @@ pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
     let t0 = Instant::now();
     let cost = CostFile::open(&a.cost)?;
     let net = network(&a, &cost)?;
-    let bench = a.compare.as_ref().map(read_bench).transpose()?;
+    let bench = a.compare.as_deref().map(read_bench).transpose()?;
     let specs = specs(&a, &net, bench.as_ref())?;
     let report_file = open_report(a.json.as_ref())?;
     let reqs = requests(&net, a.lengths, a.requests, a.seed)?;
@@ -251,10 +265,12 @@ fn short(spec: &PolicySpec) -> &str {
 }
 
 /// Replay a `serve bench --json` report on the simulator and print both side by side.
+/// Largest `serve bench --json` report read.
+const MAX_BENCH_REPORT_BYTES: u64 = 64 << 20;
+
 /// A `serve bench … --json` report.
-fn read_bench(path: &PathBuf) -> CliResult<Value> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| fatal(format!("cannot read {}: {e}", path.display())))?;
+fn read_bench(path: &Path) -> CliResult<Value> {
+    let text = read_capped(path, MAX_BENCH_REPORT_BYTES).map_err(fatal)?;
     serde_json::from_str(&text).map_err(|e| fatal(format!("{}: not a JSON report: {e}", path.display())))
 }
 

@@ -30,12 +30,14 @@ use serde_json::{Value, json};
 use serve::model::Mlp;
 use serve::sched::adaptive::{Formula, Streams};
 use serve::sim::workload::{Lengths, requests};
-use serve::sim::{CostFile, CostModel, Load, SimOutcome, SimRequest, SimSpec, TraceEvent, simulate};
+use serve::sim::{CostFile, CostModel, Load, SimOutcome, TraceEvent};
 use serve::workload::{DIURNAL_HIGH_REQUESTS, DIURNAL_LOW_REQUESTS, diurnal, poisson_arrivals};
 use serve::{AdaptiveConfig, ElasticConfig, Network, PolicyConfig, TimeoutConfig};
 
-use crate::bench::{RunResult, fmt_ratio, open_report, print_header, print_row, ratio, write_report};
-use crate::sim::run_result;
+use crate::bench::{
+    RunResult, fmt_ratio, open_report, print_header, print_row, ratio, read_capped, write_report,
+};
+use crate::sim::{SimRuns, run_result};
 use crate::{CliResult, ElasticArrivals, ElasticPolicyArg, ElasticSimArgs, SimArgs, fatal};
 
 /// ResNet-152's engine configurations, E²bird Table 4.
@@ -100,14 +102,7 @@ fn engine_confs(path: Option<&Path>) -> CliResult<BTreeMap<usize, Vec<usize>>> {
     let Some(path) = path else {
         return Ok(PAPER_ENGINE_CONFS.iter().map(|(t, c)| (*t, c.to_vec())).collect());
     };
-    let len = std::fs::metadata(path).map_err(|e| fatal(format!("{}: {e}", path.display())))?.len();
-    if len > MAX_CONFS_BYTES {
-        return Err(fatal(format!(
-            "{}: {len} bytes; an engine-configuration file is at most {MAX_CONFS_BYTES}",
-            path.display()
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| fatal(format!("{}: {e}", path.display())))?;
+    let text = read_capped(path, MAX_CONFS_BYTES).map_err(fatal)?;
     let raw: BTreeMap<String, Vec<usize>> = serde_json::from_str(&text).map_err(|e| {
         fatal(format!("{}: not a {{\"TotalBS\": [batch sizes]}} object: {e}", path.display()))
     })?;
@@ -132,47 +127,40 @@ fn capacity(cost: &CostFile, max_bs: usize) -> CliResult<f64> {
     Ok(max_bs as f64 / t.as_secs_f64())
 }
 
-struct Runs<'a> {
-    net: Network,
-    cost: &'a CostFile,
-    reqs: Vec<SimRequest>,
+/// `pol` with one request arriving at each offset of `at`.
+fn run(runs: &mut SimRuns<'_>, pol: &Pol, at: Vec<Duration>, trace: bool) -> CliResult<SimOutcome> {
+    let n = at.len();
+    runs.simulate(pol.name, &pol.config, &Load::Open(at), Some(n), trace)
 }
 
-impl Runs<'_> {
-    fn run(&self, pol: &Pol, at: Vec<Duration>, trace: bool) -> CliResult<SimOutcome> {
-        let spec = SimSpec {
-            net: &self.net,
-            policy: &pol.config,
-            cost: self.cost,
-            admission_bound: serve::runtime::DEFAULT_ADMISSION_BOUND,
-            trace,
-        };
-        simulate(&spec, &self.reqs[..at.len()], &Load::Open(at))
-            .map_err(|e| fatal(format!("{}: {e}", pol.name)))
+/// The highest Poisson rate (to 1%) whose p99 stays within `qos`, between 1 req/s and `hi`; 0
+/// when even 1 req/s misses it.
+fn throughput_at_qos(
+    runs: &mut SimRuns<'_>,
+    pol: &Pol,
+    qos: f64,
+    hi: f64,
+    n: usize,
+    seed: u64,
+) -> CliResult<f64> {
+    let mut within = |rate: f64| -> CliResult<bool> {
+        let out = run(runs, pol, poisson_arrivals(rate, n, seed), false)?;
+        let r = run_result(pol.name, rate, &out)?;
+        Ok(out.error_count() == 0 && r.p99_ms <= qos)
+    };
+    let (mut lo, mut hi) = (1.0, hi);
+    if !within(lo)? {
+        return Ok(0.0);
     }
-
-    /// The highest Poisson rate (to 1%) whose p99 stays within `qos`, between 1 req/s and
-    /// `hi`; 0 when even 1 req/s misses it.
-    fn throughput_at_qos(&self, pol: &Pol, qos: f64, hi: f64, n: usize, seed: u64) -> CliResult<f64> {
-        let within = |rate: f64| -> CliResult<bool> {
-            let out = self.run(pol, poisson_arrivals(rate, n, seed), false)?;
-            let r = run_result(pol.name, rate, &out)?;
-            Ok(out.error_count() == 0 && r.p99_ms <= qos)
-        };
-        let (mut lo, mut hi) = (1.0, hi);
-        if !within(lo)? {
-            return Ok(0.0);
+    while hi / lo > 1.01 {
+        let mid = (lo * hi).sqrt();
+        if within(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
         }
-        while hi / lo > 1.01 {
-            let mid = (lo * hi).sqrt();
-            if within(mid)? {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok(lo)
     }
+    Ok(lo)
 }
 
 /// Latency of every request in arrival order, from a traced run.
@@ -208,7 +196,8 @@ pub(crate) fn cmd_sim_elastic(a: &SimArgs) -> CliResult<()> {
     let report_file = open_report(a.json.as_ref())?;
     let net = Network::Mlp(Mlp::random(&[4, 4], a.seed));
     let n = a.requests.max(DIURNAL.0 + DIURNAL.1);
-    let runs = Runs { reqs: requests(&net, Lengths::Fixed(1), n, a.seed)?, net, cost: &cost };
+    let mut runs =
+        SimRuns { net: &net, cost: &cost, reqs: requests(&net, Lengths::Fixed(1), n, a.seed)?, simulated: 0 };
     println!(
         "# serve sim elastic: SIMULATED on virtual time with cost `{}` ({}{}); MaxBS {}, one full batch's \
          capacity {cap:.1} req/s; QoS {} ms",
@@ -239,7 +228,7 @@ pub(crate) fn cmd_sim_elastic(a: &SimArgs) -> CliResult<()> {
             for (k, &rate) in rates.iter().enumerate() {
                 let at = poisson_arrivals(rate, a.requests, a.seed.wrapping_add(1 + k as u64));
                 for p in &pols {
-                    let out = runs.run(p, at.clone(), false)?;
+                    let out = run(&mut runs, p, at.clone(), false)?;
                     let mut r = run_result(p.name, rate, &out)?;
                     r.goodput_rps = Some(goodput(&out, qos));
                     print_row(&r);
@@ -285,7 +274,7 @@ pub(crate) fn cmd_sim_elastic(a: &SimArgs) -> CliResult<()> {
                 "policy", "low_mean_ms", "high_mean_ms", "high_max_ms", "over_qos"
             );
             for p in &pols {
-                let out = runs.run(p, at.clone(), true)?;
+                let out = run(&mut runs, p, at.clone(), true)?;
                 let lat = by_arrival(&out);
                 let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
                 let (lo, hi) = lat.split_at(split.min(lat.len()));
@@ -312,7 +301,8 @@ pub(crate) fn cmd_sim_elastic(a: &SimArgs) -> CliResult<()> {
     // Throughput at QoS, per policy (Poisson, bisection).
     let mut at_qos = serde_json::Map::new();
     for p in &pols {
-        let t = runs.throughput_at_qos(p, qos, 2.0 * cap, a.requests.min(5000), a.seed.wrapping_add(99))?;
+        let t =
+            throughput_at_qos(&mut runs, p, qos, 2.0 * cap, a.requests.min(5000), a.seed.wrapping_add(99))?;
         println!("# throughput at QoS ({qos} ms p99) {:<10} {t:>9.1} req/s", p.name);
         at_qos.insert(p.name.into(), json!(t));
     }
