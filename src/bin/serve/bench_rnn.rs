@@ -267,30 +267,38 @@ fn input_size(input: &Input) -> (usize, usize) {
     }
 }
 
-/// The padding baseline's settings where the command line leaves them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PaddingDefaults {
-    pub workers: usize,
-    pub max_batch: usize,
-    pub order: BucketOrder,
+/// The padding baseline as a framework's bucketing server on `threads` CPU threads would run it,
+/// the honest baseline of issue 19 (`serve bench` on the CPU; the simulator and CUDA keep
+/// [`PaddingConfig::default`], the BatchMaker paper's: one worker, round-robin buckets, 64): the
+/// bucket whose first request came first, up to 256 requests (the PyTorch peer's largest), and
+/// one worker per thread. A padded batch of fewer than 64 h = 256 rows runs on its worker's
+/// thread alone (waking the pool costs more: `gemm::PARALLEL_TASK_MIN_MACS`), so one worker left
+/// the second core idle and fell behind from half of PyTorch's peak (measured on 2 cores, 3,400
+/// req/s: p50 26–50 ms with one worker, 1.4–3.9 ms with two).
+pub(crate) fn cpu_framework_padding(threads: usize) -> PaddingConfig {
+    PaddingConfig {
+        workers: threads.max(1),
+        max_batch: 256,
+        order: BucketOrder::OldestHead,
+        ..PaddingConfig::default()
+    }
 }
 
-impl PaddingDefaults {
-    /// The BatchMaker paper's baseline ([`PaddingConfig::default`]: one worker, round-robin
-    /// buckets, at most 64 requests): the simulator's, and the CUDA backend's.
-    pub(crate) fn paper() -> PaddingDefaults {
-        let d = PaddingConfig::default();
-        PaddingDefaults { workers: d.workers, max_batch: d.max_batch, order: d.order }
-    }
+/// The padding defaults a bench ran with, as its JSON report records them (`padding_defaults`).
+fn padding_defaults_json(d: &PaddingConfig) -> Value {
+    json!({"workers": d.workers, "max_batch": d.max_batch, "oldest_first": d.order == BucketOrder::OldestHead})
+}
 
-    /// A framework's bucketing server on `threads` CPU threads, the honest baseline of issue 19:
-    /// the bucket whose first request came first, up to 256 requests (the PyTorch peer's largest),
-    /// and one worker per thread. A padded batch of fewer than 64 h = 256 rows runs on its
-    /// worker's thread alone (waking the pool costs more: `gemm::PARALLEL_TASK_MIN_MACS`), so
-    /// one worker left the second core idle and fell behind from half of PyTorch's peak
-    /// (measured on 2 cores, 3,400 req/s: p50 26–50 ms with one worker, 1.4–3.9 ms with two).
-    pub(crate) fn cpu_framework(threads: usize) -> PaddingDefaults {
-        PaddingDefaults { workers: threads.max(1), max_batch: 256, order: BucketOrder::OldestHead }
+/// The padding defaults recorded in a bench report (`serve sim --compare`); a report without
+/// them ran the paper's.
+pub(crate) fn padding_defaults_of(report: &Value) -> PaddingConfig {
+    let paper = PaddingConfig::default();
+    let Some(d) = report.get("padding_defaults") else { return paper };
+    PaddingConfig {
+        workers: d["workers"].as_u64().map_or(paper.workers, |w| w as usize),
+        max_batch: d["max_batch"].as_u64().map_or(paper.max_batch, |b| b as usize),
+        order: if d["oldest_first"].as_bool() == Some(true) { BucketOrder::OldestHead } else { paper.order },
+        ..paper
     }
 }
 
@@ -298,7 +306,7 @@ impl PaddingDefaults {
 pub(crate) fn policy_specs(
     a: &RnnPolicyArgs,
     net: &Network,
-    padding: PaddingDefaults,
+    padding: &PaddingConfig,
 ) -> CliResult<Vec<PolicySpec>> {
     let mut policies = a.policy.clone();
     if policies.is_empty() {
@@ -514,10 +522,10 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     let inputs = make_inputs(&net, a.seed)?;
     let sizes = sizes_of(&net);
     let padding_defaults = match backend {
-        BackendKind::Cpu => PaddingDefaults::cpu_framework(compute_threads(a.rt.threads)),
-        _ => PaddingDefaults::paper(),
+        BackendKind::Cpu => cpu_framework_padding(compute_threads(a.rt.threads)),
+        _ => PaddingConfig::default(),
     };
-    let specs = policy_specs(&a.pol, &net, padding_defaults)?;
+    let specs = policy_specs(&a.pol, &net, &padding_defaults)?;
 
     println!("# serve bench {}: workload poisson arrivals (open loop), backend {backend_desc}", kind.name());
     let n_inputs = inputs.len() as f64;
@@ -810,8 +818,7 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
             "backend": backend.to_string(),
             "backend_description": backend_desc,
             // The padding baseline's defaults follow from these (`serve sim --compare` reads them).
-            "padding_defaults": {"workers": padding_defaults.workers, "max_batch": padding_defaults.max_batch,
-                                 "oldest_first": padding_defaults.order == BucketOrder::OldestHead},
+            "padding_defaults": padding_defaults_json(&padding_defaults),
             "model": model_json,
             "requests": {"distinct": work.inputs.len(), "mean_cells": mean_cells},
             "qos_ms": a.qos_ms,

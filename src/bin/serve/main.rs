@@ -496,30 +496,6 @@ enum ElasticPolicyArg {
     Serial,
 }
 
-impl ElasticPolicyArg {
-    const ALL: [ElasticPolicyArg; 7] = [
-        ElasticPolicyArg::NoWait,
-        ElasticPolicyArg::OptWait,
-        ElasticPolicyArg::Static,
-        ElasticPolicyArg::Nebird,
-        ElasticPolicyArg::Eebird,
-        ElasticPolicyArg::Adaptive,
-        ElasticPolicyArg::Serial,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            ElasticPolicyArg::NoWait => "no-wait",
-            ElasticPolicyArg::OptWait => "opt-wait",
-            ElasticPolicyArg::Static => "static",
-            ElasticPolicyArg::Nebird => "nebird",
-            ElasticPolicyArg::Eebird => "eebird",
-            ElasticPolicyArg::Adaptive => "adaptive",
-            ElasticPolicyArg::Serial => "serial",
-        }
-    }
-}
-
 /// `serve sim elastic --arrivals`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum ElasticArrivals {

@@ -18,13 +18,13 @@ use serve::model::Mlp;
 use serve::sim::workload::{Lengths, requests};
 use serve::sim::{CostFile, Load, SimOutcome, SimRequest, SimSpec, simulate};
 use serve::workload::poisson_arrivals;
-use serve::{Network, PolicyConfig};
+use serve::{Network, PaddingConfig, PolicyConfig};
 
 use crate::bench::{
     PolicySpec, RunResult, fmt_ratio, ms, new_hist, open_report, print_header, print_row, ratio, read_capped,
     timeout_spec, write_report,
 };
-use crate::bench_rnn::{CPU_HIDDEN, PaddingDefaults, RnnKind, policy_specs, random_network};
+use crate::bench_rnn::{CPU_HIDDEN, RnnKind, padding_defaults_of, policy_specs, random_network};
 use crate::plot::latency_svg;
 use crate::{CliResult, SimArgs, SimKind, fatal, timeout_policy};
 
@@ -97,20 +97,8 @@ fn network(a: &SimArgs, cost: &CostFile) -> CliResult<Network> {
 /// being compared against (a CPU bench sets padding up as a framework would), else the paper's.
 fn specs(a: &SimArgs, net: &Network, bench: Option<&Value>) -> CliResult<Vec<PolicySpec>> {
     if net.is_recurrent() {
-        let d = bench.and_then(|b| b.get("padding_defaults"));
-        let padding = match d {
-            Some(d) => PaddingDefaults {
-                workers: d["workers"].as_u64().map_or(1, |w| w as usize),
-                max_batch: d["max_batch"].as_u64().map_or(64, |b| b as usize),
-                order: if d["oldest_first"].as_bool() == Some(true) {
-                    serve::BucketOrder::OldestHead
-                } else {
-                    serve::BucketOrder::RoundRobin
-                },
-            },
-            None => PaddingDefaults::paper(),
-        };
-        return policy_specs(&a.pol, net, padding);
+        let padding = bench.map_or_else(PaddingConfig::default, padding_defaults_of);
+        return policy_specs(&a.pol, net, &padding);
     }
     let b = a.pol.max_batch.first().copied().unwrap_or(32);
     let mut spec = timeout_spec(timeout_policy(b, 0, a.pol.workers.unwrap_or(1)));

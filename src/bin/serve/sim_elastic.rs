@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use plotters::prelude::*;
 use serde_json::{Value, json};
 
@@ -54,7 +55,8 @@ const DIURNAL: (usize, usize) = (DIURNAL_LOW_REQUESTS, DIURNAL_HIGH_REQUESTS);
 const STEP_EVERY: usize = 150;
 
 struct Pol {
-    name: &'static str,
+    /// Its `--policies` name.
+    name: String,
     config: PolicyConfig,
 }
 
@@ -74,7 +76,8 @@ fn policies(e: &ElasticSimArgs) -> CliResult<Vec<Pol>> {
         })
     };
     let confs = engine_confs(e.engine_configs.as_deref())?;
-    let chosen = if e.policies.is_empty() { ElasticPolicyArg::ALL.to_vec() } else { e.policies.clone() };
+    let chosen =
+        if e.policies.is_empty() { ElasticPolicyArg::value_variants().to_vec() } else { e.policies.clone() };
     Ok(chosen
         .into_iter()
         .map(|p| {
@@ -91,7 +94,8 @@ fn policies(e: &ElasticSimArgs) -> CliResult<Vec<Pol>> {
                 ElasticPolicyArg::Adaptive => adaptive(Streams::Async),
                 ElasticPolicyArg::Serial => adaptive(Streams::Serial),
             };
-            Pol { name: p.name(), config }
+            let name = p.to_possible_value().map_or_else(|| format!("{p:?}"), |v| v.get_name().to_string());
+            Pol { name, config }
         })
         .collect())
 }
@@ -130,7 +134,7 @@ fn capacity(cost: &CostFile, max_bs: usize) -> CliResult<f64> {
 /// `pol` with one request arriving at each offset of `at`.
 fn run(runs: &mut SimRuns<'_>, pol: &Pol, at: Vec<Duration>, trace: bool) -> CliResult<SimOutcome> {
     let n = at.len();
-    runs.simulate(pol.name, &pol.config, &Load::Open(at), Some(n), trace)
+    runs.simulate(&pol.name, &pol.config, &Load::Open(at), Some(n), trace)
 }
 
 /// The highest Poisson rate (to 1%) whose p99 stays within `qos`, between 1 req/s and `hi`; 0
@@ -145,7 +149,7 @@ fn throughput_at_qos(
 ) -> CliResult<f64> {
     let mut within = |rate: f64| -> CliResult<bool> {
         let out = run(runs, pol, poisson_arrivals(rate, n, seed), false)?;
-        let r = run_result(pol.name, rate, &out)?;
+        let r = run_result(&pol.name, rate, &out)?;
         Ok(out.error_count() == 0 && r.p99_ms <= qos)
     };
     let (mut lo, mut hi) = (1.0, hi);
@@ -211,100 +215,40 @@ pub(crate) fn cmd_sim_elastic(a: &SimArgs) -> CliResult<()> {
         println!("# cost source: {}", cost.source);
     }
     let qos = e.qos_ms;
-    let mut results: Vec<RunResult> = Vec::new();
     let mut report = json!({
         "backend": "sim", "cost": cost.name, "qos_ms": qos, "max_bs": e.max_bs,
         "opt_wait_ms": e.opt_wait_ms, "capacity_rps": cap,
-        "policies": pols.iter().map(|p| p.name).collect::<Vec<_>>(),
+        "policies": pols.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
     });
-    match e.arrivals {
+    let results = match e.arrivals {
         ElasticArrivals::Poisson => {
             let rates: Vec<f64> = if a.rate.is_empty() {
                 [0.05, 0.25, 0.5, 0.75, 0.9].iter().map(|f| (f * cap).round().max(1.0)).collect()
             } else {
                 a.rate.clone()
             };
-            print_header(true, false);
-            for (k, &rate) in rates.iter().enumerate() {
-                let at = poisson_arrivals(rate, a.requests, a.seed.wrapping_add(1 + k as u64));
-                for p in &pols {
-                    let out = run(&mut runs, p, at.clone(), false)?;
-                    let mut r = run_result(p.name, rate, &out)?;
-                    r.goodput_rps = Some(goodput(&out, qos));
-                    print_row(&r);
-                    results.push(r);
-                }
-            }
-            // E6: at the lowest rate, N-Ebird's latency against OPT_Wait's.
-            let at_low = |name: &str| results.iter().find(|r| r.policy == name && r.offered_rps == rates[0]);
-            if let (Some(n), Some(o)) = (at_low("nebird"), at_low("opt-wait")) {
-                let cut = 1.0 - n.p50_ms / o.p50_ms;
-                println!(
-                    "# E6: at {:.0} req/s N-Ebird's p50 {:.1} ms against OPT_Wait's {:.1} ms: {:.1}% lower (paper: \
-                     44.6–70.9% at low load; goal ≥ 44%: {})",
-                    rates[0],
-                    n.p50_ms,
-                    o.p50_ms,
-                    100.0 * cut,
-                    if cut >= 0.44 { "met" } else { "NOT met" }
-                );
-                report["e6_low_load_cut"] = json!(cut);
-            }
+            poisson_runs(&mut runs, &pols, &rates, a.requests, a.seed, qos, &mut report)?
         }
         ElasticArrivals::Step | ElasticArrivals::Diurnal => {
             let (low, high) = (e.low_rps.unwrap_or(0.25 * cap), e.high_rps.unwrap_or(0.95 * cap));
-            let at = if e.arrivals == ElasticArrivals::Diurnal {
-                diurnal(low, high, a.seed)
-            } else {
-                let steps = 4;
-                let rates: Vec<(f64, usize)> = (0..steps)
-                    .map(|i| (low + (high - low) * i as f64 / (steps - 1) as f64, STEP_EVERY))
-                    .collect();
-                phases(&rates, a.seed)
-            };
-            let split = if e.arrivals == ElasticArrivals::Diurnal { DIURNAL.0 } else { STEP_EVERY * 3 };
-            println!(
-                "# {} arrivals: {low:.1} req/s, then {high:.1} req/s from request {split} ({} requests)",
-                if e.arrivals == ElasticArrivals::Diurnal { "diurnal" } else { "step" },
-                at.len()
-            );
-            let mut curves = Vec::new();
-            println!(
-                "{:<10} {:>14} {:>14} {:>14} {:>12}",
-                "policy", "low_mean_ms", "high_mean_ms", "high_max_ms", "over_qos"
-            );
-            for p in &pols {
-                let out = run(&mut runs, p, at.clone(), true)?;
-                let lat = by_arrival(&out);
-                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-                let (lo, hi) = lat.split_at(split.min(lat.len()));
-                let over = lat.iter().filter(|l| **l > qos).count();
-                let max = hi.iter().cloned().fold(0.0, f64::max);
-                println!("{:<10} {:>14.2} {:>14.2} {:>14.2} {:>12}", p.name, mean(lo), mean(hi), max, over);
-                report["phases"][p.name] = json!({"low_mean_ms": mean(lo), "high_mean_ms": mean(hi), "high_max_ms": max, "over_qos": over});
-                curves.push((p.name, lat));
-            }
-            let high_of = |name: &str| report["phases"][name]["high_mean_ms"].as_f64();
-            if let (Some(n), Some(o)) = (high_of("nebird"), high_of("opt-wait")) {
-                println!(
-                    "# E7: high-load mean latency N-Ebird {n:.1} ms against OPT_Wait {o:.1} ms: {} (paper: 7.4–53.1% lower)",
-                    fmt_ratio(ratio(n, o))
-                );
-            }
+            let curves = phase_runs(&mut runs, &pols, e.arrivals, (low, high), a.seed, qos, &mut report)?;
             if let Some(path) = &a.svg {
                 let title = format!("{}: latency by arrival order (simulated)", cost.name);
+                let curves: Vec<(&str, Vec<f64>)> =
+                    curves.into_iter().map(|(p, l)| (p.name.as_str(), l)).collect();
                 arrival_svg(path, &title, &curves, qos)?;
                 println!("# wrote {}", path.display());
             }
+            Vec::new()
         }
-    }
+    };
     // Throughput at QoS, per policy (Poisson, bisection).
     let mut at_qos = serde_json::Map::new();
     for p in &pols {
         let t =
             throughput_at_qos(&mut runs, p, qos, 2.0 * cap, a.requests.min(5000), a.seed.wrapping_add(99))?;
         println!("# throughput at QoS ({qos} ms p99) {:<10} {t:>9.1} req/s", p.name);
-        at_qos.insert(p.name.into(), json!(t));
+        at_qos.insert(p.name.clone(), json!(t));
     }
     let get = |k: &str| at_qos.get(k).and_then(Value::as_f64);
     if let (Some(n), Some(o)) = (get("nebird"), get("opt-wait")) {
@@ -327,6 +271,97 @@ pub(crate) fn cmd_sim_elastic(a: &SimArgs) -> CliResult<()> {
         write_report(&path, file, &report)?;
     }
     Ok(())
+}
+
+/// Every policy at each Poisson rate: the table with goodput, and E6 (N-Ebird's latency at the
+/// lowest rate against OPT_Wait's) into `report`.
+fn poisson_runs(
+    runs: &mut SimRuns<'_>,
+    pols: &[Pol],
+    rates: &[f64],
+    requests: usize,
+    seed: u64,
+    qos: f64,
+    report: &mut Value,
+) -> CliResult<Vec<RunResult>> {
+    print_header(true, false);
+    let mut results = Vec::new();
+    for (k, &rate) in rates.iter().enumerate() {
+        let at = poisson_arrivals(rate, requests, seed.wrapping_add(1 + k as u64));
+        for p in pols {
+            let out = run(runs, p, at.clone(), false)?;
+            let mut r = run_result(&p.name, rate, &out)?;
+            r.goodput_rps = Some(goodput(&out, qos));
+            print_row(&r);
+            results.push(r);
+        }
+    }
+    let at_low = |name: &str| results.iter().find(|r| r.policy == name && r.offered_rps == rates[0]);
+    if let (Some(n), Some(o)) = (at_low("nebird"), at_low("opt-wait")) {
+        let cut = 1.0 - n.p50_ms / o.p50_ms;
+        println!(
+            "# E6: at {:.0} req/s N-Ebird's p50 {:.1} ms against OPT_Wait's {:.1} ms: {:.1}% lower (paper: \
+             44.6–70.9% at low load; goal ≥ 44%: {})",
+            rates[0],
+            n.p50_ms,
+            o.p50_ms,
+            100.0 * cut,
+            if cut >= 0.44 { "met" } else { "NOT met" }
+        );
+        report["e6_low_load_cut"] = json!(cut);
+    }
+    Ok(results)
+}
+
+/// Every policy under step or diurnal arrivals from `low` to `high` req/s: the mean latency of
+/// each phase into `report`, E7 (N-Ebird's high-phase latency against OPT_Wait's), and each
+/// policy's latencies in arrival order.
+fn phase_runs<'p>(
+    runs: &mut SimRuns<'_>,
+    pols: &'p [Pol],
+    arrivals: ElasticArrivals,
+    (low, high): (f64, f64),
+    seed: u64,
+    qos: f64,
+    report: &mut Value,
+) -> CliResult<Vec<(&'p Pol, Vec<f64>)>> {
+    let (name, at, split) = if arrivals == ElasticArrivals::Diurnal {
+        ("diurnal", diurnal(low, high, seed), DIURNAL.0)
+    } else {
+        let steps = 4;
+        let rates: Vec<(f64, usize)> =
+            (0..steps).map(|i| (low + (high - low) * i as f64 / (steps - 1) as f64, STEP_EVERY)).collect();
+        ("step", phases(&rates, seed), STEP_EVERY * (steps - 1))
+    };
+    println!(
+        "# {name} arrivals: {low:.1} req/s, then {high:.1} req/s from request {split} ({} requests)",
+        at.len()
+    );
+    println!(
+        "{:<10} {:>14} {:>14} {:>14} {:>12}",
+        "policy", "low_mean_ms", "high_mean_ms", "high_max_ms", "over_qos"
+    );
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let mut curves = Vec::new();
+    let mut high_means = BTreeMap::new();
+    for p in pols {
+        let lat = by_arrival(&run(runs, p, at.clone(), true)?);
+        let (lo, hi) = lat.split_at(split.min(lat.len()));
+        let over = lat.iter().filter(|l| **l > qos).count();
+        let max = hi.iter().cloned().fold(0.0, f64::max);
+        println!("{:<10} {:>14.2} {:>14.2} {:>14.2} {:>12}", p.name, mean(lo), mean(hi), max, over);
+        report["phases"][p.name.as_str()] =
+            json!({"low_mean_ms": mean(lo), "high_mean_ms": mean(hi), "high_max_ms": max, "over_qos": over});
+        high_means.insert(p.name.as_str(), mean(hi));
+        curves.push((p, lat));
+    }
+    if let (Some(&n), Some(&o)) = (high_means.get("nebird"), high_means.get("opt-wait")) {
+        println!(
+            "# E7: high-load mean latency N-Ebird {n:.1} ms against OPT_Wait {o:.1} ms: {} (paper: 7.4–53.1% lower)",
+            fmt_ratio(ratio(n, o))
+        );
+    }
+    Ok(curves)
 }
 
 /// Poisson arrivals through consecutive phases of `(rate, requests)` (the step workload).
