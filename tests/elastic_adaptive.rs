@@ -62,7 +62,7 @@ fn closed_loop(m: &serve::Model, width: usize, total: u64, window: u64) -> Vec<(
 }
 
 #[test]
-fn n_ebird_serves_an_mlp_in_full_batches() {
+fn n_ebird_serves_an_mlp_within_its_workers_sizes() {
     let (dir, mlp) = mlp_dir("elastic", &[16, 64, 8], 1);
     let rt = runtime(FaultPlan::new());
     let m = rt.load_model(&dir, elastic(ElasticConfig::default())).unwrap();
@@ -73,7 +73,8 @@ fn n_ebird_serves_an_mlp_in_full_batches() {
     let s = rt.stats();
     assert_eq!(s.completed(Code::Ok), 400);
     assert_eq!(s.batched_requests, s.completed(Code::Ok), "refused requests never ran");
-    assert!(s.tasks_launched <= 400);
+    // No task holds more rows than the largest worker's 16.
+    assert!(s.tasks_launched >= 400u64.div_ceil(16), "{} tasks for 400 requests", s.tasks_launched);
 }
 
 #[test]
