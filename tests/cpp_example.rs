@@ -27,7 +27,11 @@ use common::native::{self, CXX_COMPILER as CXX, NATIVE_STATIC_LIBS, SANITIZE_FLA
 
 const SUCCESS_LINE: &str = "example.cpp: all checks passed";
 const CXXFLAGS: &[&str] = &["-Wall", "-Wextra", "-Werror", "-pthread"];
-const SOURCES: &[&str] = &["ffi_examples/cpp/example.cpp", "ffi_examples/cpp/include_twice.cpp"];
+const SOURCES: &[&str] = &[
+    "ffi_examples/cpp/example.cpp",
+    "ffi_examples/cpp/example_recurrent.cpp",
+    "ffi_examples/cpp/include_twice.cpp",
+];
 /// Generous: the example takes well under a second natively and seconds under ASan.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
