@@ -125,7 +125,14 @@ impl Stages {
 
     /// `b*(C)`: the batch whose fill time matches the server's cycle at `c_rps` arrivals per
     /// second; infinite at or beyond the capacity.
+    ///
+    /// An unbounded `C` (a backlog filled the batch at once) is infinite whatever the fit: with
+    /// the slope still unseen (k = 0) the formula would read `0·∞ = NaN`, and a NaN taken as 0
+    /// would keep every batch at 1, so the slope stays unseen and the backlog is never drained.
     pub fn batch_for(&self, c_rps: f64, streams: Streams, formula: Formula) -> f64 {
+        if c_rps.is_nan() || c_rps == f64::INFINITY {
+            return f64::INFINITY;
+        }
         let Linear { k, c } = self.balance(streams, formula);
         let denom = 1.0 - k * c_rps;
         if denom <= 0.0 { f64::INFINITY } else { (c * c_rps / denom).max(0.0) }

@@ -52,6 +52,59 @@ fn batch_sizes_and_bounds_match_the_derivation() {
     );
 }
 
+/// A backlog (C unbounded) asks for the largest batch also before any slope is seen: every
+/// batch of size 1 so far (k = 0) must not turn `0·∞` into a batch of 1 for ever.
+#[test]
+fn a_backlog_asks_for_the_largest_batch_with_the_slope_unseen() {
+    for calc in [lin(0.0, 0.6), lin(0.0, 0.0), lin(0.01, 0.6)] {
+        let s = Stages { calc, ..Stages::default() };
+        for streams in [Streams::Serial, Streams::Async] {
+            for formula in [Formula::Paper, Formula::Exact] {
+                assert_eq!(s.batch_for(f64::INFINITY, streams, formula), f64::INFINITY, "{calc:?}");
+            }
+        }
+    }
+    // On the policy: requests of 1 row each so far (k unseen), then a backlog of 40 while two
+    // tasks are out: the next close takes the whole max batch.
+    let mut p = policy(Streams::Async, Formula::Exact);
+    let mut id = 0;
+    let mut t_us = 0;
+    let done = |p: &mut AdaptivePolicy, t_us: u64, task: TaskId| {
+        let report = TaskReport { task, upload: None, compute: Some(ms(0.6)), download: None };
+        p.task_done(Time::from_micros(t_us), &report);
+    };
+    let mut out: VecDeque<TaskId> = VecDeque::new();
+    for _ in 0..6 {
+        p.arrive(Time::from_micros(t_us), Arrival::fixed(id));
+        id += 1;
+        out.extend(launches(&drain(&mut p)).iter().map(|l| {
+            assert_eq!(l.batch, 1);
+            l.task
+        }));
+        t_us += 700;
+        done(&mut p, t_us, out.pop_front().unwrap());
+        drain(&mut p);
+    }
+    assert!(out.is_empty());
+    // Two tasks out, then 40 arrive at once.
+    for _ in 0..2 {
+        p.arrive(Time::from_micros(t_us), Arrival::fixed(id));
+        id += 1;
+    }
+    out.extend(launches(&drain(&mut p)).iter().map(|l| l.task));
+    assert_eq!(out.len(), 2);
+    for _ in 0..40 {
+        t_us += 1;
+        p.arrive(Time::from_micros(t_us), Arrival::fixed(id));
+        id += 1;
+    }
+    assert!(launches(&drain(&mut p)).is_empty(), "two tasks out already");
+    t_us += 600;
+    done(&mut p, t_us, out.pop_front().unwrap());
+    let next = launches(&drain(&mut p));
+    assert_eq!(next.iter().map(|l| l.batch).collect::<Vec<_>>(), [40], "the whole backlog in one batch");
+}
+
 /// Z2: with 2% noise the fit is within 3% of k after W = 8 batches of varied sizes; after a step
 /// in k it converges again within W; equal sizes keep the old slope.
 #[test]
