@@ -592,10 +592,7 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
-/// Open loop: `n` Poisson arrivals at `rate`; a sender thread submits each at its scheduled
-/// instant, this thread drains the completion queue and records latency from the *scheduled*
-/// arrival (so a late sender shows up as latency, not as a lighter load). The mean batch is the
-/// runtime's requests (rows, padding not counted) per launched task over the run.
+/// Open loop: `n` Poisson arrivals at `rate` ([`run_arrivals`]).
 pub(crate) fn run_open_loop(
     work: &Workload,
     policy: &PolicySpec,
@@ -603,8 +600,26 @@ pub(crate) fn run_open_loop(
     n: usize,
     seed: u64,
 ) -> CliResult<RunResult> {
-    let (rt, model) = start_model(work, policy)?;
     let offsets = serve::workload::poisson_arrivals(rate, n, seed);
+    Ok(run_arrivals(work, policy, rate, &offsets, false)?.0)
+}
+
+/// Open loop: one request due at each of `offsets` (from the start), offered as `rate` in the
+/// result. A sender thread submits each at its due instant, this thread drains the completion
+/// queue and records latency from the *due* instant (so a late sender shows up as latency, not
+/// as a lighter load). The mean batch is the runtime's requests (rows, padding not counted) per
+/// launched task over the run. With `by_arrival`, also each request's latency (ms) in arrival
+/// order (NaN: it failed).
+pub(crate) fn run_arrivals(
+    work: &Workload,
+    policy: &PolicySpec,
+    rate: f64,
+    offsets: &[Duration],
+    by_arrival: bool,
+) -> CliResult<(RunResult, Vec<f64>)> {
+    let n = offsets.len();
+    let (rt, model) = start_model(work, policy)?;
+    let mut latencies = if by_arrival { vec![f64::NAN; n] } else { Vec::new() };
     let queue = CompletionQueue::new()?;
     let accepted = AtomicU64::new(0);
     let sender_done = AtomicBool::new(false);
@@ -662,6 +677,9 @@ pub(crate) fn run_open_loop(
                     Ok(out) => {
                         let due = start + offsets[c.tag as usize];
                         let latency = now.saturating_duration_since(due);
+                        if let Some(l) = latencies.get_mut(c.tag as usize) {
+                            *l = latency.as_secs_f64() * 1e3;
+                        }
                         hist.saturating_record((latency.as_micros() as u64).max(1));
                         ok += 1;
                         good += u64::from(work.qos.is_some_and(|q| latency <= q));
@@ -717,7 +735,7 @@ pub(crate) fn run_open_loop(
     let per_s = |count: u64| if elapsed > 0.0 { count as f64 / elapsed } else { 0.0 };
     let tasks = after.tasks_launched.saturating_sub(before.tasks_launched);
     let batched = after.batched_requests.saturating_sub(before.batched_requests);
-    Ok(RunResult {
+    let result = RunResult {
         policy: policy.label.clone(),
         offered_rps: rate,
         throughput_rps: per_s(ok),
@@ -737,7 +755,8 @@ pub(crate) fn run_open_loop(
         sender_lag_p99_ms: ms(lag_hist.value_at_quantile(0.99)),
         mean_output_tokens: (token_outputs > 0).then(|| tokens_out as f64 / token_outputs as f64),
         extra: serde_json::Map::new(),
-    })
+    };
+    Ok((result, latencies))
 }
 
 /// `path`'s text, at most `cap` bytes.

@@ -14,16 +14,19 @@
 
 mod bench;
 mod bench_alone;
+mod bench_elastic;
 mod bench_layers;
 mod bench_peer;
 mod bench_peer_check;
 mod bench_rnn;
 mod bench_step;
 mod demo;
+mod elastic_compare;
 mod infer;
 mod info;
 mod plot;
 mod profile;
+mod profile_engine;
 mod profile_layers;
 mod request;
 mod sim;
@@ -106,6 +109,45 @@ enum BenchCommand {
     Step(BenchStepArgs),
     /// A layer model (ResNet, BERT-base) on the CPU backend against PyTorch on the same machine.
     Layers(BenchLayersArgs),
+    /// E²bird's, the async-transfer slides' and TF-Serving's fixed-shape policies on the real
+    /// runtime (a random mlp unless MODEL_DIR is given): Poisson, step, diurnal or burst arrivals,
+    /// goodput, throughput at QoS.
+    Elastic(BenchElasticArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchElasticArgs {
+    /// A fixed-shape model directory (mlp, resnet, bert, custom); default a random mlp.
+    model_dir: Option<PathBuf>,
+    /// Layer widths of the random mlp, input first (default 256,1024,1024,256).
+    #[arg(long, value_delimiter = ',', value_parser = positive(), conflicts_with = "model_dir")]
+    sizes: Option<Vec<usize>>,
+    #[command(flatten)]
+    elastic: ElasticSimArgs,
+    /// Poisson rates in requests per second (default: 0.05, 0.25, 0.5, 0.75 and 0.9 of one full
+    /// batch's capacity).
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = positive_f64)]
+    rate: Vec<f64>,
+    /// Requests per Poisson rate (default: rate × --duration-s).
+    #[arg(long, value_parser = positive())]
+    requests: Option<usize>,
+    /// Seconds of arrivals per Poisson rate, when --requests is not given (at most 3600).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
+    duration_s: f64,
+    /// Seconds of arrivals per probe of the throughput-at-QoS search (at most 3600).
+    #[arg(long, default_value_t = 1.0, value_parser = seconds)]
+    probe_s: f64,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+    /// Seed of the random mlp and the arrival times.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the results as one JSON object to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Step, diurnal and burst arrivals: draw latency against arrival order into this SVG file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -462,8 +504,13 @@ struct ProfileArgs {
     #[command(flatten)]
     rt: RuntimeArgs,
     /// Where to write the cost file.
-    #[arg(long)]
-    json: PathBuf,
+    #[arg(long, required_unless_present = "engine_configs")]
+    json: Option<PathBuf>,
+    /// A fixed-shape model: co-run every E-Ebird engine configuration (TotalBS 4, 8, 16, 32:
+    /// 252 of them) on the backend and write the least mean latency's per level, with every
+    /// score, to this file (for `serve bench elastic`, `serve sim elastic` and the C ABI).
+    #[arg(long, conflicts_with_all = ["json", "random_kind", "batches", "cores"])]
+    engine_configs: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -505,6 +552,9 @@ enum ElasticArrivals {
     Step,
     /// 150 requests at --low-rps, then 250 at --high-rps (E²bird's Fig. 13).
     Diurnal,
+    /// 1 s at --low-rps (default half of one full batch's capacity), a 0.3 s burst at --high-rps
+    /// (default twice the low rate), 1 s at the low rate (the async-transfer slides' Z5).
+    Burst,
 }
 
 /// Options of `serve sim elastic` (ignored by the other workloads).
@@ -515,12 +565,14 @@ struct ElasticSimArgs {
     policies: Vec<ElasticPolicyArg>,
     #[arg(long, value_enum, default_value_t = ElasticArrivals::Poisson)]
     arrivals: ElasticArrivals,
-    /// The QoS: latency bound of throughput at QoS, goodput and the adaptive policy.
-    #[arg(long, default_value_t = 200.0, value_parser = positive_f64)]
-    qos_ms: f64,
-    /// OPT_Wait's (and Static's) max wait (the paper's 30 ms for ResNet-152).
-    #[arg(long, default_value_t = 30.0, value_parser = positive_f64)]
-    opt_wait_ms: f64,
+    /// The QoS: latency bound of throughput at QoS, goodput and the adaptive policy (sim: default
+    /// the paper's 200 ms; bench: 200/93.7 of one full batch's time, the paper's ratio).
+    #[arg(long, value_parser = positive_f64)]
+    qos_ms: Option<f64>,
+    /// OPT_Wait's (and Static's) max wait (sim: default the paper's 30 ms for ResNet-152; bench:
+    /// 30/93.7 of one full batch's time).
+    #[arg(long, value_parser = positive_f64)]
+    opt_wait_ms: Option<f64>,
     /// MaxBS: TF-Serving's max batch, N-Ebird's max in flight, the adaptive max batch.
     #[arg(long, default_value_t = 32, value_parser = in_range(1, 65536))]
     max_bs: usize,
@@ -752,6 +804,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Bench { what: BenchCommand::Treelstm(a) } => cmd_bench_rnn(RnnKind::TreeLstm, a),
         Command::Bench { what: BenchCommand::Step(a) } => cmd_bench_step(a),
         Command::Bench { what: BenchCommand::Layers(a) } => cmd_bench_layers(a),
+        Command::Bench { what: BenchCommand::Elastic(a) } => bench_elastic::cmd_bench_elastic(a),
         Command::Demo => cmd_demo(),
         Command::Profile(a) => cmd_profile(a),
         Command::Sim(a) => cmd_sim(a),

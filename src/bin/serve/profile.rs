@@ -79,6 +79,19 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         }
         _ => return Err(fatal("give a MODEL_DIR or --random KIND (one of them)")),
     };
+    if let Some(path) = &a.engine_configs {
+        let backend = serve::backend::create(a.rt.backend.into(), a.rt.threads)?;
+        let totals = serve::sched::elastic::confs::PROFILED_TOTALS;
+        crate::profile_engine::profile_engine_configs(
+            Arc::new(net),
+            &name,
+            &source,
+            &*backend,
+            &totals,
+            Some(path),
+        )?;
+        return Ok(());
+    }
     if !net.is_recurrent() {
         return crate::profile_layers::profile_layers(net, &name, &source, &a);
     }
@@ -313,9 +326,9 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     file.delivery_us = entry_exit / 2.0;
     file.source = format!("serve profile {source} ({} s)", t0.elapsed().as_secs());
     let text = serde_json::to_string_pretty(&file).map_err(|e| fatal(e.to_string()))?;
-    std::fs::write(&a.json, text + "\n")
-        .map_err(|e| fatal(format!("cannot write {}: {e}", a.json.display())))?;
-    println!("# wrote {}", a.json.display());
+    let path = a.json.as_ref().ok_or_else(|| fatal("--json names the cost file to write"))?;
+    std::fs::write(path, text + "\n").map_err(|e| fatal(format!("cannot write {}: {e}", path.display())))?;
+    println!("# wrote {}", path.display());
     Ok(())
 }
 

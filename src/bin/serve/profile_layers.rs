@@ -39,7 +39,7 @@ fn run(runner: &dyn Runner, task: Arc<TaskData>) -> CliResult<Vec<f32>> {
 
 /// Median microseconds per task of `make()` tasks, launched `n` at a time (rounds of at least
 /// `MIN_ROUND`).
-fn time(runner: &dyn Runner, make: &dyn Fn() -> Arc<TaskData>) -> CliResult<f64> {
+pub(crate) fn time(runner: &dyn Runner, make: &dyn Fn() -> Arc<TaskData>) -> CliResult<f64> {
     run(runner, make())?; // warm-up
     let once = run_round(runner, &[make()])?;
     let n = (MIN_ROUND.as_secs_f64() / once.as_secs_f64().max(1e-6)).ceil().clamp(1.0, 1000.0) as usize;
@@ -121,9 +121,9 @@ pub(crate) fn profile_layers(net: Network, name: &str, source: &str, a: &Profile
         "layers": out,
     });
     let text = serde_json::to_string_pretty(&file).map_err(|e| fatal(e.to_string()))?;
-    std::fs::write(&a.json, text + "\n")
-        .map_err(|e| fatal(format!("cannot write {}: {e}", a.json.display())))?;
-    println!("# wrote {}", a.json.display());
+    let path = a.json.as_ref().ok_or_else(|| fatal("--json names the cost file to write"))?;
+    std::fs::write(path, text + "\n").map_err(|e| fatal(format!("cannot write {}: {e}", path.display())))?;
+    println!("# wrote {}", path.display());
     Ok(())
 }
 

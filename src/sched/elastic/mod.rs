@@ -39,6 +39,7 @@ use crate::sched::{
     Arrival, Decision, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
 };
 
+pub mod confs;
 #[cfg(test)]
 mod tests;
 
