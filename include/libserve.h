@@ -572,6 +572,14 @@ uint64_t serve_stats_tasks_launched(const serve_stats *stats);
 // mean formed batch size.
 uint64_t serve_stats_batched_requests(const serve_stats *stats);
 
+// Fixed-shape inputs copied into their model's input ring at arrival (`SERVE_POLICY_ELASTIC`:
+// one per accepted request), read in place by their task.
+uint64_t serve_stats_ring_copies(const serve_stats *stats);
+
+// Rows copied into a batch's input at launch (every fixed-shape policy but
+// `SERVE_POLICY_ELASTIC`, which gathers only a run holding a cancelled request's slot).
+uint64_t serve_stats_gather_copies(const serve_stats *stats);
+
 // Create submit options: no deadline, priority 0.
 serve_error *serve_submit_options_new(serve_submit_options **out);
 

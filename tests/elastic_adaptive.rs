@@ -75,6 +75,63 @@ fn n_ebird_serves_an_mlp_within_its_workers_sizes() {
     assert_eq!(s.batched_requests, s.completed(Code::Ok), "refused requests never ran");
     // No task holds more rows than the largest worker's 16.
     assert!(s.tasks_launched >= 400u64.div_ceil(16), "{} tasks for 400 requests", s.tasks_launched);
+    // E1: one copy per request, into the input ring at arrival; every batch read in place.
+    assert_eq!((s.ring_copies, s.gather_copies), (400, 0));
+}
+
+/// Under any other fixed-shape policy there is no ring: each launched row is gathered.
+#[test]
+fn timeout_batching_gathers_every_row() {
+    let (dir, _) = mlp_dir("elastic-gather", &[16, 8], 1);
+    let rt = runtime(FaultPlan::new());
+    let m = rt.load_model(&dir, ModelOptions::default()).unwrap();
+    for (_, r) in closed_loop(&m, 16, 100, 16) {
+        r.unwrap();
+    }
+    let s = rt.stats();
+    assert_eq!((s.ring_copies, s.gather_copies), (0, 100));
+}
+
+/// A stalled task the watchdog gives up on may still read its ring slots, which its policy frees:
+/// the engine writes nothing into that ring again, and later batches are gathered, with correct
+/// outputs.
+#[test]
+fn a_task_given_up_on_retires_the_ring() {
+    let plan =
+        FaultPlan::new().at(Some(0), 0, FaultKind::Stall { release_after: Some(Duration::from_millis(200)) });
+    let rt = Runtime::builder()
+        .backend(BackendChoice::Cpu)
+        .cpu_threads(2)
+        .inject_faults(plan.clone())
+        .stall_timeout(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let (dir, mlp) = mlp_dir("elastic-stall", &[4, 8, 3], 1);
+    let cfg = ElasticConfig { workers: vec![1, 1], max_inflight: 2, ..Default::default() };
+    let m = rt.load_model(&dir, elastic(cfg)).unwrap();
+    let first = m.submit(Input::F32(input(4, 0)), SubmitOptions::default()).unwrap();
+    assert_eq!(code(&wait(first)), Code::Backend, "given up on by the watchdog");
+    assert_eq!(plan.fired(), 1);
+    let before = rt.stats();
+    assert_eq!((before.ring_copies, before.gather_copies), (1, 0));
+    // The stream recovers once the stall is released; until the poller has seen it, a launch on
+    // the stalled worker fails at once (BACKEND, "stalled"), and the client sends it again.
+    for k in 1..20 {
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        let v = loop {
+            match wait(m.submit(Input::F32(input(4, k)), SubmitOptions::default()).unwrap()) {
+                Ok(Output::F32(v)) => break v,
+                Err(e) if e.message().contains("stalled") && std::time::Instant::now() < give_up => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_close(&v, &mlp.forward_reference(&input(4, k)));
+    }
+    let after = rt.stats();
+    assert_eq!(after.ring_copies, 1, "the ring is retired: nothing written into it again");
+    assert!(after.gather_copies >= 19, "later batches are gathered: {}", after.gather_copies);
 }
 
 #[test]
@@ -122,6 +179,8 @@ fn a_full_ring_is_busy_and_requests_in_it_cancel_and_expire() {
     let Output::F32(v) = wait(first).unwrap() else { panic!("f32") };
     assert_close(&v, &mlp.forward_reference(&input(4, 0)));
     assert_eq!(plan.fired(), 1);
+    // The refused request took no slot: three copies into the ring.
+    assert_eq!(rt.stats().ring_copies, 3);
     for k in 10..16 {
         let Output::F32(v) =
             wait(m.submit(Input::F32(input(4, k)), SubmitOptions::default()).unwrap()).unwrap()

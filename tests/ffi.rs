@@ -458,6 +458,11 @@ fn elastic_and_adaptive_policies_through_the_c_abi() {
     ok(serve_model_options_set_max_inflight(mo, 4));
     ok(serve_model_options_set_ring_slots(mo, 64));
     serve_with(mo);
+    // E1: each input copied once, into the ring; every batch read there in place.
+    let mut stats = null_mut();
+    ok(serve_runtime_stats(rt, &mut stats));
+    assert_eq!((serve_stats_ring_copies(stats), serve_stats_gather_copies(stats)), (40, 0));
+    serve_stats_free(stats);
     // E-Ebird from two levels (the engine: their union plus 1 and 2).
     let mut mo = null_mut();
     ok(serve_model_options_new(&mut mo));

@@ -505,6 +505,10 @@ class Stats {
   std::uint64_t batched_requests() const noexcept {
     return serve_stats_batched_requests(h_.get());
   }
+  /// Fixed-shape inputs copied into their model's input ring at arrival (elastic batching).
+  std::uint64_t ring_copies() const noexcept { return serve_stats_ring_copies(h_.get()); }
+  /// Rows copied into a batch's input at launch (every fixed-shape policy but elastic).
+  std::uint64_t gather_copies() const noexcept { return serve_stats_gather_copies(h_.get()); }
   /// The C handle (still owned by *this).
   const serve_stats* get() const noexcept { return h_.get(); }
 

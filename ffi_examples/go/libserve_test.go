@@ -684,6 +684,11 @@ func TestElasticAndAdaptivePolicies(t *testing.T) {
 			wg.Wait()
 		})
 	}
+	// The two elastic models copied each input once into their rings; the adaptive ones
+	// gathered each row at launch.
+	if st, err := rt.Stats(); err != nil || st.RingCopies != 80 || st.GatherCopies != 80 {
+		t.Errorf("ring copies %d, gather copies %d (want 80, 80): %v", st.RingCopies, st.GatherCopies, err)
+	}
 	for name, opts := range map[string]*ModelOptions{
 		"no workers":            {Policy: PolicyElastic, ElasticWorkers: []int{}},
 		"zero worker size":      {Policy: PolicyElastic, ElasticWorkers: []int{1, 0}},

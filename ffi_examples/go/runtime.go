@@ -419,6 +419,12 @@ type Stats struct {
 	// BatchedRequests counts requests carried by launched tasks (padding excluded); divided by
 	// TasksLaunched it is the mean formed batch size.
 	BatchedRequests uint64
+	// RingCopies counts fixed-shape inputs copied into their model's input ring at arrival
+	// (PolicyElastic: one per accepted request), read in place by their batch.
+	RingCopies uint64
+	// GatherCopies counts rows copied into a batch's input at launch (every fixed-shape policy
+	// but PolicyElastic).
+	GatherCopies uint64
 }
 
 // Stats takes a snapshot of the runtime's counters. It fails with CodeShutdown once the runtime
@@ -445,6 +451,8 @@ func (r *Runtime) Stats() (Stats, error) {
 		InFlight:        uint64(C.serve_stats_in_flight(cs)),
 		TasksLaunched:   uint64(C.serve_stats_tasks_launched(cs)),
 		BatchedRequests: uint64(C.serve_stats_batched_requests(cs)),
+		RingCopies:      uint64(C.serve_stats_ring_copies(cs)),
+		GatherCopies:    uint64(C.serve_stats_gather_copies(cs)),
 	}
 	for c := CodeOK; c <= CodeInternal; c++ {
 		if n := uint64(C.serve_stats_completed(cs, C.uint32_t(c))); n > 0 {

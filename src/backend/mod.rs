@@ -11,6 +11,7 @@ pub mod cpu;
 pub mod cuda;
 pub(crate) mod custom;
 pub mod fault;
+pub mod ring;
 
 use std::fmt;
 use std::ops::Range;
@@ -102,6 +103,9 @@ pub struct TaskData {
 pub enum Work {
     /// Fixed-shape rows: `rows × input_len` values, row-major; padding rows are zeros.
     Dense(Vec<f32>),
+    /// Fixed-shape rows read in place from the model's input ring (elastic batching: the batch
+    /// is a run of consecutive slots, each request's input copied there once at its arrival).
+    Ring(ring::RingRows),
     /// One batched step of a recurrent model's cell type.
     Cells(CellTask),
     /// Layers `first..last` of a layer model (`Network::layers`) over the task's rows: `input`
@@ -194,12 +198,23 @@ pub struct StageTimes {
 }
 
 impl Work {
+    /// The rows of a whole-model task (`Dense`, or a `Ring` run read in place); `None` for other
+    /// work.
+    pub fn dense_rows(&self) -> Option<&[f32]> {
+        match self {
+            Work::Dense(x) => Some(x),
+            Work::Ring(r) => Some(r.values()),
+            Work::Cells(_) | Work::Layers { .. } => None,
+        }
+    }
+
     /// The layers `[first, last)` a layer-model task runs and the rows entering `first`: a
     /// `Dense` task is the whole model, `(0, layers)`. A range outside the model's `layers` is
     /// `INVALID_ARGUMENT`; a cell task is `INTERNAL` (no layer model receives one).
     pub fn layer_range(&self, layers: usize) -> Result<((usize, usize), &[f32])> {
         match self {
             Work::Dense(x) => Ok(((0, layers), x)),
+            Work::Ring(r) => Ok(((0, layers), r.values())),
             Work::Layers { first, last, input } if first < last && *last <= layers => {
                 Ok(((*first, *last), input))
             }

@@ -281,3 +281,17 @@ pub extern "C" fn serve_stats_tasks_launched(stats: *const serve_stats) -> u64 {
 pub extern "C" fn serve_stats_batched_requests(stats: *const serve_stats) -> u64 {
     ffi_boundary! { stat(stats, |s| s.batched_requests) }
 }
+
+/// Fixed-shape inputs copied into their model's input ring at arrival (`SERVE_POLICY_ELASTIC`:
+/// one per accepted request), read in place by their task.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_stats_ring_copies(stats: *const serve_stats) -> u64 {
+    ffi_boundary! { stat(stats, |s| s.ring_copies) }
+}
+
+/// Rows copied into a batch's input at launch (every fixed-shape policy but
+/// `SERVE_POLICY_ELASTIC`, which gathers only a run holding a cancelled request's slot).
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_stats_gather_copies(stats: *const serve_stats) -> u64 {
+    ffi_boundary! { stat(stats, |s| s.gather_copies) }
+}

@@ -352,6 +352,12 @@ impl<R, T: Default> EngineCore<R, T> {
         }
     }
 
+    /// The slot of its policy's input ring `id`'s input goes to ([`Policy::input_slot`]).
+    pub fn input_slot(&mut self, id: RequestId) -> Option<usize> {
+        let model = self.requests.get(&id)?.model;
+        self.group_of(model).and_then(|(_, g)| g.policy.input_slot(id))
+    }
+
     /// The caller asked to cancel `id` (unknown or completed ids are ignored).
     pub fn cancel(&mut self, now: Time, id: RequestId) {
         let now = self.at(now);
@@ -468,6 +474,10 @@ impl<R, T: Default> EngineCore<R, T> {
 
     pub fn request(&self, id: RequestId) -> Option<&CoreRequest<R>> {
         self.requests.get(&id)
+    }
+
+    pub fn request_mut(&mut self, id: RequestId) -> Option<&mut CoreRequest<R>> {
+        self.requests.get_mut(&id)
     }
 
     /// Requests held, all models.

@@ -21,6 +21,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::backend::ring::InputRing;
 use crate::backend::{CellTask, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::{Input, Network, Output};
@@ -59,6 +60,9 @@ pub(crate) struct EngineModel {
     pub metrics: Arc<ModelMetrics>,
     /// Released for every completed request; measures the time per row (admission.rs).
     pub admission: Arc<Admission>,
+    /// The policy's input ring ([`Policy::input_ring_slots`]), allocated when the model was
+    /// added.
+    pub ring: Option<Arc<InputRing>>,
 }
 
 /// The most cancels and flushes callers may have in the event channel at once.
@@ -140,6 +144,8 @@ struct Live {
     result: Option<Result<Output>>,
     /// Seq2Seq: the tokens decoded so far.
     decoding: Decoding,
+    /// The slot of its model's input ring its input was copied into at arrival.
+    ring_slot: Option<usize>,
 }
 
 /// The backend side of a model: what the core does not hold.
@@ -152,6 +158,10 @@ struct ModelState {
     io: (usize, usize),
     /// Workers the stall watchdog gave up on and that have not recovered.
     stalled: Vec<bool>,
+    /// The model's input ring (elastic batching), while the engine may write into it: dropped
+    /// for good once a task reading it was given up on (it may still be reading, and its
+    /// slots are free again); later launches gather instead.
+    ring: Option<Arc<InputRing>>,
 }
 
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine
@@ -325,7 +335,7 @@ impl Engine {
                     self.models.resize_with(idx + 1, || None);
                 }
                 debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
-                let EngineModel { net, policy, runner, metrics, admission } = *m;
+                let EngineModel { net, policy, runner, metrics, admission, ring } = *m;
                 let workers = runner.workers();
                 // Every model is a group of its own, under its own index.
                 self.core.add_group(idx, policy);
@@ -337,6 +347,7 @@ impl Engine {
                     metrics,
                     admission,
                     stalled: vec![false; workers],
+                    ring,
                 });
             }
             // Sent once, by the last handle's drop; the index is not reused before release.
@@ -345,8 +356,15 @@ impl Engine {
                 let Pending { model, submitted, rows, input, cells, slots_needed, deadline, priority, reply } =
                     *p;
                 let id = reply.id();
-                let data =
-                    Live { submitted, rows, input, reply, result: None, decoding: Decoding::default() };
+                let data = Live {
+                    submitted,
+                    rows,
+                    input,
+                    reply,
+                    result: None,
+                    decoding: Decoding::default(),
+                    ring_slot: None,
+                };
                 let deadline = deadline.map(|d| self.time(d));
                 let now = self.now();
                 let s = Submit { model, id, graph: cells, slots_needed, deadline, priority, data };
@@ -354,8 +372,12 @@ impl Engine {
                 // it not, the request completes `Cancelled`.
                 match self.core.submit(now, s) {
                     // The input was copied into host memory at submit, where both backends
-                    // gather it from when the task launches: ready at once.
-                    Ok(()) => self.core.input_ready(now, id),
+                    // gather it from when the task launches, or it is copied into the model's
+                    // input ring now: ready at once either way.
+                    Ok(()) => {
+                        self.copy_into_ring(model, id);
+                        self.core.input_ready(now, id);
+                    }
                     Err(live) => {
                         let freed = Err(Error::new(Code::Cancelled, "the model was freed"));
                         self.finish(model, None, live, freed, false);
@@ -412,6 +434,11 @@ impl Engine {
         let mut io = data.io.lock().unwrap_or_else(|p| p.into_inner());
         // A task given up on never delivers what its stream may still write (the runner's error,
         // if it set one, says more).
+        if failure.is_some() && matches!(io.work, Work::Ring(_)) {
+            // Given up on, the task may still be reading its slots, which its policy frees now:
+            // nothing is written into this ring again.
+            state.ring = None;
+        }
         let error = io.error.take().or(failure);
         let output = std::mem::take(&mut io.output);
         let s = io.stages;
@@ -492,6 +519,24 @@ impl Engine {
         }
     }
 
+    /// E²bird's one copy per request: the input into the slot its policy gave it, in the
+    /// model's input ring (a model without a ring, or a request refused a slot: nothing).
+    fn copy_into_ring(&mut self, model: usize, id: RequestId) {
+        let Some(state) = self.models.get(model).and_then(|s| s.as_ref()) else { return };
+        let Some(ring) = &state.ring else { return };
+        let Some(slot) = self.core.input_slot(id) else { return };
+        let Some(r) = self.core.request_mut(id) else { return };
+        let net = &state.net;
+        // SAFETY: the slot is free: the elastic policy gives an arriving request slot
+        // `serial mod S` only once the batch that held serial − S was answered (its task ended
+        // and was reported with its count, or the ring was dropped above, `task_done`), and
+        // this thread is the ring's only writer.
+        if unsafe { ring.write(slot, |row| net.dense_row(&r.data.input, row)) }.is_ok() {
+            r.data.ring_slot = Some(slot);
+            self.stats.record_ring_copy();
+        }
+    }
+
     /// Gather the batch input and start it on its worker. A task whose launch fails carries the
     /// error and is watched like any other, with a target reached at once: the poller reports it
     /// after the tasks launched before it on its worker, and policies rely on a worker's tasks
@@ -506,14 +551,26 @@ impl Engine {
         // Why the task's work cannot be built (it then fails like a failed launch).
         let mut unrunnable = None;
         let work = if t.nodes().is_empty() {
-            let in_len = state.io.0;
-            let mut input = vec![state.net.dense_padding(); t.batch * in_len];
-            for (row, id) in t.requests.iter().enumerate() {
-                if let Some(r) = self.core.request(*id) {
-                    state.net.dense_row(&r.data.input, &mut input[row * in_len..(row + 1) * in_len]);
+            // A run of consecutive ring slots, every one a live request's: read in place.
+            let slot_of = |i: usize| t.requests.get(i).and_then(|id| self.core.request(*id)?.data.ring_slot);
+            let in_ring = state.ring.as_ref().zip(slot_of(0)).and_then(|(ring, first)| {
+                let run = t.requests.len() == t.batch && (0..t.batch).all(|i| slot_of(i) == Some(first + i));
+                if run { ring.rows(first, t.batch) } else { None }
+            });
+            match in_ring {
+                Some(rows) => Work::Ring(rows),
+                None => {
+                    let in_len = state.io.0;
+                    let mut input = vec![state.net.dense_padding(); t.batch * in_len];
+                    for (row, id) in t.requests.iter().enumerate() {
+                        if let Some(r) = self.core.request(*id) {
+                            state.net.dense_row(&r.data.input, &mut input[row * in_len..(row + 1) * in_len]);
+                        }
+                    }
+                    self.stats.record_gather(t.requests.len());
+                    Work::Dense(input)
                 }
             }
-            Work::Dense(input)
         } else {
             let mut cells = CellTask {
                 cell: t.cell(),

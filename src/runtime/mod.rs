@@ -26,6 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::backend::fault::{FaultPlan, FaultyBackend};
+use crate::backend::ring::InputRing;
 use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify, RunnerShape};
 use crate::error::{Code, Error, Result};
 use crate::model::{self, Input, ModelKind, Network};
@@ -520,6 +521,10 @@ impl Runtime {
             false => RunnerShape::fixed(workers, max_batch),
         };
         let runner = self.shared.backend.prepare(net.clone(), shape, notify)?;
+        let ring = match policy.input_ring_slots() {
+            0 => None,
+            slots => Some(Arc::new(InputRing::new(slots, net.dense_lens().0)?)),
+        };
         let state_slots = runner.state_slots();
         let admission = Arc::new(Admission::new(bound, workers));
         let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
@@ -530,6 +535,7 @@ impl Runtime {
         let metrics = Arc::new(self.shared.metrics.model(&name, workers));
         let em = EngineModel {
             net: net.clone(),
+            ring,
             policy,
             runner: Arc::from(runner),
             metrics: metrics.clone(),

@@ -15,6 +15,8 @@ pub(crate) struct Stats {
     batched: AtomicU64,
     compute_ns: AtomicU64,
     timed_tasks: AtomicU64,
+    ring_copies: AtomicU64,
+    gather_copies: AtomicU64,
 }
 
 /// A snapshot of a runtime's counters.
@@ -40,6 +42,12 @@ pub struct StatsSnapshot {
     /// thread, the CUDA backend every task with events on its stream).
     pub task_compute_ns: u64,
     pub timed_tasks: u64,
+    /// Fixed-shape inputs copied into their model's input ring at arrival (elastic batching:
+    /// one per request), read in place by their task.
+    pub ring_copies: u64,
+    /// Rows copied into a batch's input at launch (every fixed-shape policy but elastic
+    /// batching; under it only a run holding a cancelled request's slot is gathered).
+    pub gather_copies: u64,
 }
 
 impl StatsSnapshot {
@@ -82,6 +90,12 @@ impl Stats {
         self.compute_ns.fetch_add(u64::try_from(compute.as_nanos()).unwrap_or(u64::MAX), Relaxed);
         self.timed_tasks.fetch_add(1, Relaxed);
     }
+    pub(crate) fn record_ring_copy(&self) {
+        self.ring_copies.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn record_gather(&self, rows: usize) {
+        self.gather_copies.fetch_add(rows as u64, Relaxed);
+    }
     pub(crate) fn set_gauges(&self, queued: usize, running: usize) {
         self.queued.store(queued as u64, Relaxed);
         self.running.store(running as u64, Relaxed);
@@ -97,6 +111,8 @@ impl Stats {
             batched_requests: self.batched.load(Relaxed),
             task_compute_ns: self.compute_ns.load(Relaxed),
             timed_tasks: self.timed_tasks.load(Relaxed),
+            ring_copies: self.ring_copies.load(Relaxed),
+            gather_copies: self.gather_copies.load(Relaxed),
         }
     }
 }

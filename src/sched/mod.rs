@@ -335,6 +335,19 @@ pub trait Policy: Send {
     fn input_ready(&mut self, now: Time, id: RequestId) {
         let _ = (now, id);
     }
+    /// Slots of the policy's input ring (E²bird's memory pool; 0: it keeps none, the default).
+    /// The driver allocates the ring's memory once, `slots × input values`.
+    fn input_ring_slots(&self) -> usize {
+        0
+    }
+    /// The slot of the policy's input ring that `id`'s input is to be copied into, for a policy
+    /// that keeps one (E²bird's ring: the driver copies the input there at arrival, and a batch
+    /// of consecutive slots is read in place); `None` otherwise (the default), or when `id` holds
+    /// no slot (refused, or not waiting in the ring).
+    fn input_slot(&self, id: RequestId) -> Option<usize> {
+        let _ = id;
+        None
+    }
     /// The caller asked to cancel `id` (unknown or finished ids are ignored).
     fn cancel(&mut self, now: Time, id: RequestId);
     /// A task launched earlier has finished on its worker, with what the driver measured of it.

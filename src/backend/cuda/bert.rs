@@ -270,8 +270,10 @@ impl DeviceModel for BertGpu {
     }
 
     fn stage(&self, work: &Work, plan: &Plan, st: &mut Staging, scratch: &mut Vec<u32>) -> Result<()> {
-        let (Work::Dense(input) | Work::Layers { input, .. }) = work else {
-            return Err(Error::internal("a bert task must carry rows, not cells"));
+        let input: &[f32] = match work {
+            Work::Dense(input) | Work::Layers { input, .. } => input,
+            Work::Ring(r) => r.values(),
+            Work::Cells(_) => return Err(Error::internal("a bert task must carry rows, not cells")),
         };
         let (first, last) = plan.layers;
         let tokens: usize = plan.lens.iter().map(|&l| l as usize).sum();

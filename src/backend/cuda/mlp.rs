@@ -103,7 +103,7 @@ impl DeviceModel for Dense {
     }
 
     fn plan(&self, padded: usize, work: &Work) -> Result<Plan> {
-        let Work::Dense(x) = work else {
+        let Some(x) = work.dense_rows() else {
             return Err(Error::internal("an mlp task must carry dense rows"));
         };
         if x.len() != padded * self.input_len {
@@ -123,7 +123,7 @@ impl DeviceModel for Dense {
     }
 
     fn stage(&self, work: &Work, _plan: &Plan, st: &mut Staging, _scratch: &mut Vec<u32>) -> Result<()> {
-        let Work::Dense(x) = work else {
+        let Some(x) = work.dense_rows() else {
             return Err(Error::internal("an mlp task must carry dense rows"));
         };
         st.dense.write(0, x)

@@ -193,6 +193,7 @@ impl DeviceModel for ResNetGpu {
     fn stage(&self, work: &Work, _plan: &Plan, st: &mut Staging, _scratch: &mut Vec<u32>) -> Result<()> {
         match work {
             Work::Dense(x) | Work::Layers { input: x, .. } => st.dense.write(0, x),
+            Work::Ring(r) => st.dense.write(0, r.values()),
             Work::Cells(_) => Err(Error::internal("a resnet task must carry rows, not cells")),
         }
     }

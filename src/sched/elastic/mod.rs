@@ -416,6 +416,17 @@ impl Policy for ElasticPolicy {
         self.dispatch(now);
     }
 
+    fn input_ring_slots(&self) -> usize {
+        self.cfg.ring_slots
+    }
+
+    /// Slot = serial mod S. A request is accepted only when the slot's last holder (serial − S)
+    /// has been answered, so the driver's copy never lands in a slot a running task reads.
+    fn input_slot(&self, id: RequestId) -> Option<usize> {
+        let r = self.requests.get(&id)?;
+        r.task.is_none().then(|| (r.serial % self.cfg.ring_slots as u64) as usize)
+    }
+
     fn input_ready(&mut self, now: Time, id: RequestId) {
         if let Some(r) = self.requests.get(&id)
             && r.task.is_none()
