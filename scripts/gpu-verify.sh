@@ -20,7 +20,8 @@
 #            slot); `serve bench step --backend cuda`; `serve profile` and `serve bench lstm` on
 #            CUDA (their JSON reports let `serve sim --compare` check the simulator against the
 #            GPU runtime afterwards); `serve bench layers resnet50|bert-base --backend cuda`
-#            against PyTorch on the same GPU
+#            against PyTorch on the same GPU; `serve profile --engine-configs` and `serve bench
+#            elastic` on CUDA (issue 15's E4 and E8 halves)
 # Logs and reports go to a fresh folder (printed); with $OUT set (the device tool's return
 # folder, at most 8 files come back) the step logs also go there as one gpu-verify-logs.tar.gz,
 # beside summary.txt and the JSON reports.
@@ -181,6 +182,12 @@ PY
     --min-time 1 --json "$out/bench-cuda-resnet50.json"
   step bench-bert-cuda 150 "$bin/serve" bench layers bert-base --backend cuda --batches 1,8,32 \
     --min-time 1 --json "$out/bench-cuda-bert.json"
+  # Issue 15's GPU halves (E4, E8): E-Ebird's co-run profile and the fixed-shape policies on CUDA
+  # (their tables are in the step logs; no JSON, so the returned files stay within 8).
+  step profile-engine-cuda 120 "$bin/serve" profile ffi_examples/testdata/resnet_small --backend cuda \
+    --engine-configs "$out/engine-configs-cuda.txt"
+  step bench-elastic-cuda 200 "$bin/serve" bench elastic ffi_examples/testdata/resnet_small --backend cuda \
+    --engine-configs "$out/engine-configs-cuda.txt" --duration-s 1 --probe-s 0.3
 
   echo
   echo "== summary (SERVE_REQUIRE_GPU=1; commit $(cat "$dir/commit"))"
