@@ -22,8 +22,8 @@ use serve::model::Mlp;
 use serve::sched::elastic::confs::PROFILED_TOTALS;
 use serve::{ElasticConfig, Input, Network, PolicyConfig};
 
-use crate::bench::{PolicySpec, Workload, open_report, requests_per_run, run_arrivals, write_report};
-use crate::elastic_compare::{Driver, Pol, Run, Setup, compare, policies};
+use crate::bench::{PolicySpec, Workload, open_report, requests_per_run, run_arrivals};
+use crate::elastic_compare::{Driver, Plan, Pol, Run, Setup, compare, policies};
 use crate::profile::layer_batch;
 use crate::{BenchElasticArgs, CliResult, ElasticPolicyArg, fatal};
 
@@ -166,7 +166,7 @@ pub(crate) fn cmd_bench_elastic(a: BenchElasticArgs) -> CliResult<()> {
         qos: Some(Duration::from_secs_f64(qos / 1e3)),
         token_gates_bytes: None,
     };
-    let mut report = json!({
+    let report = json!({
         "workload": format!("{:?}", e.arrivals).to_lowercase(),
         "backend": backend.kind().to_string(),
         "backend_description": backend.describe(),
@@ -180,22 +180,14 @@ pub(crate) fn cmd_bench_elastic(a: BenchElasticArgs) -> CliResult<()> {
         duration_s: a.duration_s,
         probe_s: a.probe_s,
     };
-    let title = format!("{name} on {}: latency by arrival order", backend.kind());
-    compare(
-        &mut driver,
-        &pols,
-        e.arrivals,
-        &a.rate,
-        (e.low_rps, e.high_rps),
+    let plan = Plan {
+        e,
+        rates: &a.rate,
         cap,
         qos,
-        a.seed,
-        a.svg.as_deref().map(|p| (p, title.as_str())),
-        &mut report,
-    )?;
-    println!("# {:.1} s wall", t0.elapsed().as_secs_f64());
-    if let Some((path, file)) = report_file {
-        write_report(&path, file, &report)?;
-    }
-    Ok(())
+        seed: a.seed,
+        svg: a.svg.as_deref().map(|p| (p, format!("{name} on {}: latency by arrival order", backend.kind()))),
+        json: report_file,
+    };
+    compare(&mut driver, &pols, plan, report, t0)
 }

@@ -15,8 +15,9 @@
 //! low rate, 0.3 s at the high one, 1 s at the low one).
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::Duration;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use plotters::prelude::*;
@@ -26,8 +27,8 @@ use serve::sched::adaptive::{Formula, Streams};
 use serve::workload::{DIURNAL_HIGH_REQUESTS, DIURNAL_LOW_REQUESTS, diurnal, poisson_arrivals};
 use serve::{AdaptiveConfig, ElasticConfig, PolicyConfig, TimeoutConfig};
 
-use crate::bench::{RunResult, fmt_ratio, print_header, print_row, ratio};
-use crate::{CliResult, ElasticArrivals, ElasticPolicyArg, fatal};
+use crate::bench::{RunResult, fmt_ratio, print_header, print_row, ratio, write_report};
+use crate::{CliResult, ElasticArrivals, ElasticPolicyArg, ElasticSimArgs, fatal};
 
 /// Requests per rate of the step run.
 const STEP_EVERY: usize = 150;
@@ -112,26 +113,37 @@ pub(crate) trait Driver {
     fn tag(&self) -> &'static str;
 }
 
-/// The whole comparison: the `arrivals` runs (rates default to fractions of `cap`, one full
-/// batch's throughput), each policy's throughput at QoS, the ratio lines; fields into `report`
-/// and the rows returned.
-#[allow(clippy::too_many_arguments)]
+/// One comparison's settings, from either command's arguments.
+pub(crate) struct Plan<'a> {
+    pub(crate) e: &'a ElasticSimArgs,
+    /// Poisson rates (empty: fractions of `cap`).
+    pub(crate) rates: &'a [f64],
+    /// One full batch's throughput, MaxBS / t(MaxBS).
+    pub(crate) cap: f64,
+    pub(crate) qos: f64,
+    pub(crate) seed: u64,
+    /// A phased run's plot, and its title.
+    pub(crate) svg: Option<(&'a Path, String)>,
+    /// The JSON report's file (`open_report`), written at the end.
+    pub(crate) json: Option<(PathBuf, File)>,
+}
+
+/// The whole comparison: the `--arrivals` runs, each policy's throughput at QoS, the ratio
+/// lines, the wall time since `t0`; `report` completed and written to the plan's file.
 pub(crate) fn compare(
     driver: &mut dyn Driver,
     pols: &[Pol],
-    arrivals: ElasticArrivals,
-    rates: &[f64],
-    (low, high): (Option<f64>, Option<f64>),
-    cap: f64,
-    qos: f64,
-    seed: u64,
-    svg: Option<(&Path, &str)>,
-    report: &mut Value,
-) -> CliResult<Vec<RunResult>> {
+    plan: Plan<'_>,
+    mut report: Value,
+    t0: Instant,
+) -> CliResult<()> {
+    let Plan { e, rates, cap, qos, seed, svg, json } = plan;
+    let report = &mut report;
     report["policies"] = json!(pols.iter().map(|p| p.name.as_str()).collect::<Vec<_>>());
     report["qos_ms"] = json!(qos);
     report["capacity_rps"] = json!(cap);
-    let results = match arrivals {
+    let (low, high) = (e.low_rps, e.high_rps);
+    let results = match e.arrivals {
         ElasticArrivals::Poisson => {
             let rates: Vec<f64> = if rates.is_empty() {
                 [0.05, 0.25, 0.5, 0.75, 0.9].iter().map(|f| (f * cap).round().max(1.0)).collect()
@@ -141,14 +153,14 @@ pub(crate) fn compare(
             poisson_runs(driver, pols, &rates, seed, qos, report)?
         }
         ElasticArrivals::Step | ElasticArrivals::Diurnal | ElasticArrivals::Burst => {
-            let (lo, hi) = if arrivals == ElasticArrivals::Burst {
+            let (lo, hi) = if e.arrivals == ElasticArrivals::Burst {
                 let lo = low.unwrap_or(0.5 * cap);
                 (lo, high.unwrap_or(2.0 * lo))
             } else {
                 (low.unwrap_or(0.25 * cap), high.unwrap_or(0.95 * cap))
             };
-            let curves = phase_runs(driver, pols, arrivals, (lo, hi), seed, qos, report)?;
-            if let Some((path, title)) = svg {
+            let curves = phase_runs(driver, pols, e.arrivals, (lo, hi), seed, qos, report)?;
+            if let Some((path, title)) = &svg {
                 let curves: Vec<(&str, Vec<f64>)> =
                     curves.into_iter().map(|(p, l)| (p.name.as_str(), l)).collect();
                 arrival_svg(path, title, &curves, qos)?;
@@ -180,7 +192,11 @@ pub(crate) fn compare(
     }
     report["throughput_at_qos_rps"] = Value::Object(at_qos);
     report["results"] = Value::Array(results.iter().map(RunResult::to_json).collect());
-    Ok(results)
+    println!("# {:.1} s wall{}", t0.elapsed().as_secs_f64(), driver.tag());
+    if let Some((path, file)) = json {
+        write_report(&path, file, report)?;
+    }
+    Ok(())
 }
 
 /// The highest Poisson rate (to 1%) whose p99 stays within `qos` with no error, searched

@@ -25,8 +25,8 @@ use serve::sim::workload::{Lengths, requests};
 use serve::sim::{CostFile, CostModel, Load, SimOutcome, TraceEvent};
 use serve::workload::{DIURNAL_HIGH_REQUESTS, DIURNAL_LOW_REQUESTS};
 
-use crate::bench::{open_report, write_report};
-use crate::elastic_compare::{Driver, Pol, Run, Setup, compare, policies};
+use crate::bench::open_report;
+use crate::elastic_compare::{Driver, Plan, Pol, Run, Setup, compare, policies};
 use crate::sim::{SimRuns, run_result};
 use crate::{CliResult, SimArgs, fatal};
 
@@ -146,26 +146,18 @@ pub(crate) fn cmd_sim_elastic(a: &SimArgs) -> CliResult<()> {
              engine configuration costs one batch's time, so E-Ebird's co-run gain cannot appear (E-Ebird ≈ N-Ebird)"
         );
     }
-    let mut report = json!({
+    let report = json!({
         "backend": "sim", "cost": cost.name, "max_bs": e.max_bs, "opt_wait_ms": opt_wait_ms,
     });
     let mut driver = SimDriver { runs, requests: a.requests };
-    let title = format!("{}: latency by arrival order (simulated)", cost.name);
-    compare(
-        &mut driver,
-        &pols,
-        e.arrivals,
-        &a.rate,
-        (e.low_rps, e.high_rps),
+    let plan = Plan {
+        e,
+        rates: &a.rate,
         cap,
         qos,
-        a.seed,
-        a.svg.as_deref().map(|p| (p, title.as_str())),
-        &mut report,
-    )?;
-    println!("# {:.1} s wall (simulated)", t0.elapsed().as_secs_f64());
-    if let Some((path, file)) = report_file {
-        write_report(&path, file, &report)?;
-    }
-    Ok(())
+        seed: a.seed,
+        svg: a.svg.as_deref().map(|p| (p, format!("{}: latency by arrival order (simulated)", cost.name))),
+        json: report_file,
+    };
+    compare(&mut driver, &pols, plan, report, t0)
 }
