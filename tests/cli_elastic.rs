@@ -167,4 +167,11 @@ fn bench_elastic_serves_every_policy_on_the_runtime() {
     let e = serve(&["bench", "elastic", testdata("lstm_small").to_str().unwrap()]);
     assert!(!e.status.success());
     assert!(String::from_utf8_lossy(&e.stderr).contains("serves a fixed-shape model"));
+    // A batch too large to build is refused before anything is allocated.
+    let e = serve(&["bench", "elastic", "--sizes", "4194304,4", "--max-bs", "128"]);
+    assert!(!e.status.success());
+    assert!(String::from_utf8_lossy(&e.stderr).contains("values one batch may hold"), "{e:?}");
+    let e = serve(&["bench", "elastic", "--sizes", "100000,100000"]);
+    assert!(!e.status.success());
+    assert!(String::from_utf8_lossy(&e.stderr).contains("weights a random mlp may hold"), "{e:?}");
 }

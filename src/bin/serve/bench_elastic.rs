@@ -35,6 +35,9 @@ const DEFAULT_SIZES: [usize; 4] = [256, 1024, 1024, 256];
 const PAPER_BATCH_MS: f64 = 93.7;
 const PAPER_QOS_MS: f64 = 200.0;
 const PAPER_OPT_WAIT_MS: f64 = 30.0;
+/// Most input values of one MaxBS batch, and most weights of the random mlp (1 GiB of f32 each),
+/// checked before anything is built.
+const MAX_BATCH_VALUES: usize = 1 << 28;
 /// Distinct request inputs cycled through.
 const INPUTS: usize = 64;
 /// Requests of one throughput-at-QoS probe: at least, at most.
@@ -77,6 +80,17 @@ impl Driver for RuntimeDriver {
     }
 }
 
+/// MaxBS rows of `in_len` input values fit in [`MAX_BATCH_VALUES`].
+fn check_batch(max_bs: usize, in_len: usize) -> CliResult<()> {
+    if max_bs.checked_mul(in_len).is_none_or(|v| v > MAX_BATCH_VALUES) {
+        return Err(fatal(format!(
+            "--max-bs {max_bs} rows of {in_len} input values is over the {MAX_BATCH_VALUES} values one batch may hold \
+             here"
+        )));
+    }
+    Ok(())
+}
+
 /// Milliseconds of one whole-model task of `rows` rows on one worker of `backend`.
 fn batch_ms(backend: &dyn serve::backend::Backend, net: &Arc<Network>, rows: usize) -> CliResult<f64> {
     let me = std::thread::current();
@@ -102,6 +116,13 @@ pub(crate) fn cmd_bench_elastic(a: BenchElasticArgs) -> CliResult<()> {
             if sizes.len() < 2 {
                 return Err(fatal("--sizes needs at least an input and an output width"));
             }
+            let weights = sizes.windows(2).try_fold(0usize, |n, w| n.checked_add(w[0].checked_mul(w[1])?));
+            if weights.is_none_or(|n| n > MAX_BATCH_VALUES) {
+                return Err(fatal(format!(
+                    "--sizes {sizes:?}: over the {MAX_BATCH_VALUES} weights a random mlp may hold"
+                )));
+            }
+            check_batch(e.max_bs, sizes[0])?;
             let net = Network::Mlp(Mlp::random(&sizes, a.seed));
             (net, "random-mlp".to_string(), format!("random(seed={}, sizes {sizes:?})", a.seed))
         }
@@ -115,6 +136,7 @@ pub(crate) fn cmd_bench_elastic(a: BenchElasticArgs) -> CliResult<()> {
             net.kind()
         )));
     }
+    check_batch(e.max_bs, net.dense_lens().0)?;
     let net = Arc::new(net);
     let backend = serve::backend::create(a.rt.backend.into(), a.rt.threads)?;
     let report_file = open_report(a.json.as_ref())?;
