@@ -476,9 +476,11 @@ static void settle(soak_t *s, serve_completion *c) {
          msg ? msg : "");
   }
   if (code == SERVE_CODE_OK) check_output(s, &s->models[mi], c);
+  /* Counted settled before the free releases its admission place: otherwise a submit accepted in
+   * between reads a backlog one over the bounds' sum that the runtime never held. */
+  atomic_fetch_add(&s->completed, 1);
   serve_completion_free(c);
   if (atomic_load(&s->window_mode)) sem_post(&s->credits);
-  atomic_fetch_add(&s->completed, 1);
 }
 
 static void *consumer(void *arg) {
