@@ -160,6 +160,10 @@ fn bad_sim_arguments_are_refused_precisely() {
     let o = serve(&["sim", "seq2seq", "--cost", "batchmaker-v100", "--requests", "50", "--rate", "10"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("no time for cell type `encoder`"));
+    // A burst too large to hold is refused before its arrivals are drawn.
+    let o = serve(&["sim", "elastic", "--cost", "e2bird-res152", "--arrivals", "burst", "--low-rps", "1e9"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("a phased run may hold"));
 }
 
 /// `serve profile` of a layer model: one entry per layer (stem, blocks, head) with a point per

@@ -32,6 +32,8 @@ use crate::{CliResult, ElasticArrivals, ElasticPolicyArg, ElasticSimArgs, fatal}
 
 /// Requests per rate of the step run.
 const STEP_EVERY: usize = 150;
+/// Most requests of a burst run (its phases are rate × seconds).
+const MAX_PHASED_REQUESTS: usize = 10_000_000;
 /// The burst run (Z5): seconds at the low rate, of the burst, and at the low rate again.
 const BURST_S: (f64, f64, f64) = (1.0, 0.3, 1.0);
 
@@ -266,12 +268,20 @@ fn phased_arrivals(
     arrivals: ElasticArrivals,
     (low, high): (f64, f64),
     seed: u64,
-) -> (Vec<Duration>, (usize, usize)) {
-    match arrivals {
+) -> CliResult<(Vec<Duration>, (usize, usize))> {
+    Ok(match arrivals {
         ElasticArrivals::Diurnal => {
             (diurnal(low, high, seed), (DIURNAL_LOW_REQUESTS, DIURNAL_LOW_REQUESTS + DIURNAL_HIGH_REQUESTS))
         }
         ElasticArrivals::Burst => {
+            // Requests of a phase: its rate × its seconds, bounded before anything is allocated.
+            let total = low * (BURST_S.0 + BURST_S.2) + high * BURST_S.1;
+            if !total.is_finite() || total > MAX_PHASED_REQUESTS as f64 {
+                return Err(fatal(format!(
+                    "a burst run at {low} and {high} req/s is {total:.0} requests, over the {MAX_PHASED_REQUESTS} a \
+                     phased run may hold: lower --low-rps / --high-rps"
+                )));
+            }
             let count = |rate: f64, s: f64| ((rate * s).round() as usize).max(1);
             let (before, burst, after) =
                 (count(low, BURST_S.0), count(high, BURST_S.1), count(low, BURST_S.2));
@@ -284,7 +294,7 @@ fn phased_arrivals(
                 .collect();
             (phases(&rates, seed), (STEP_EVERY * (steps - 1), STEP_EVERY * steps))
         }
-    }
+    })
 }
 
 /// Every policy under step, diurnal or burst arrivals from `low` to `high` req/s: per phase the
@@ -300,7 +310,7 @@ fn phase_runs<'p>(
     qos: f64,
     report: &mut Value,
 ) -> CliResult<Vec<(&'p Pol, Vec<f64>)>> {
-    let (at, (from, to)) = phased_arrivals(arrivals, (low, high), seed);
+    let (at, (from, to)) = phased_arrivals(arrivals, (low, high), seed)?;
     let name = arrivals.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string());
     println!(
         "# {name} arrivals: {low:.1} req/s, {high:.1} req/s for requests {from}..{to} ({} requests)",
