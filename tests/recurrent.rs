@@ -119,6 +119,21 @@ fn cancel_and_deadline_stop_a_running_request_at_a_cell_boundary() {
     cancel_and_deadline_at_cell_boundaries(&runtime(), &slow_lstm(), 20_000);
 }
 
+/// One tree request per token list, all of shape `parents`, submitted in order.
+fn submit_trees(model: &serve::Model, inputs: &[Vec<u32>], parents: &[i32]) -> Vec<serve::Ticket> {
+    inputs
+        .iter()
+        .map(|t| {
+            model
+                .submit(
+                    Input::Tree { tokens: t.clone(), parents: parents.to_vec() },
+                    SubmitOptions::default(),
+                )
+                .unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn requests_wait_for_state_slots_in_order_and_all_complete() {
     let rt = runtime();
@@ -128,14 +143,7 @@ fn requests_wait_for_state_slots_in_order_and_all_complete() {
     let model = rt.add_network(Arc::new(Network::TreeLstm(net.clone())), "t".into(), opts).unwrap();
     let parents = vec![-1, 0, 0, 1, 1];
     let inputs: Vec<Vec<u32>> = (0..20).map(|k| (0..5).map(|i| (k * 5 + i) % 30).collect()).collect();
-    let tickets: Vec<_> = inputs
-        .iter()
-        .map(|t| {
-            model
-                .submit(Input::Tree { tokens: t.clone(), parents: parents.clone() }, SubmitOptions::default())
-                .unwrap()
-        })
-        .collect();
+    let tickets = submit_trees(&model, &inputs, &parents);
     // One waiting request cancelled: it completes at once, the rest are served.
     rt.cancel(tickets[19].id()).unwrap();
     for (k, t) in tickets.into_iter().enumerate() {
@@ -295,14 +303,7 @@ fn padded_tree_levels_larger_than_the_preallocated_buffers_are_served() {
     // Stars: a root with 40 leaves, so one leaf level of 63 trees pads to 63 × 40 = 2520 rows.
     let parents: Vec<i32> = std::iter::once(-1).chain(std::iter::repeat_n(0, 40)).collect();
     let inputs: Vec<Vec<u32>> = (0..64).map(|k| (0..41).map(|i| (k + i) % 50).collect()).collect();
-    let tickets: Vec<_> = inputs
-        .iter()
-        .map(|t| {
-            model
-                .submit(Input::Tree { tokens: t.clone(), parents: parents.clone() }, SubmitOptions::default())
-                .unwrap()
-        })
-        .collect();
+    let tickets = submit_trees(&model, &inputs, &parents);
     for (k, t) in tickets.into_iter().enumerate() {
         let Output::F32(y) = t.wait().unwrap() else { panic!("f32 output") };
         common::assert_close(&y, &net.forward_reference(&inputs[k], &parents));

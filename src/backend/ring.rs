@@ -63,14 +63,6 @@ impl InputRing {
         Ok(InputRing { lines, slots, row_len })
     }
 
-    pub fn slots(&self) -> usize {
-        self.slots
-    }
-
-    pub fn row_len(&self) -> usize {
-        self.row_len
-    }
-
     /// The first value of the buffer.
     fn base(&self) -> *mut f32 {
         // `Line` is `repr(C)` around an `UnsafeCell<[f32; 16]>` (itself `repr(transparent)`),
@@ -132,14 +124,6 @@ impl RingRows {
             )
         }
     }
-
-    pub fn first(&self) -> usize {
-        self.first
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
 }
 
 #[cfg(test)]
@@ -160,7 +144,6 @@ mod tests {
         }
         let run = ring.rows(2, 3).unwrap();
         assert_eq!(run.values(), [2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0, 4.0, 4.0]);
-        assert_eq!((run.first(), run.rows()), (2, 3));
         assert!(ring.rows(6, 3).is_none(), "a run never wraps");
         assert!(ring.rows(usize::MAX, 2).is_none());
         assert_eq!(ring.rows(8, 0).unwrap().values(), [] as [f32; 0]);

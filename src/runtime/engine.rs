@@ -553,8 +553,9 @@ impl Engine {
         let work = if t.nodes().is_empty() {
             // A run of consecutive ring slots, every one a live request's: read in place.
             let slot_of = |i: usize| t.requests.get(i).and_then(|id| self.core.request(*id)?.data.ring_slot);
-            let in_ring = state.ring.as_ref().zip(slot_of(0)).and_then(|(ring, first)| {
-                let run = t.requests.len() == t.batch && (0..t.batch).all(|i| slot_of(i) == Some(first + i));
+            let in_ring = state.ring.as_ref().and_then(|ring| {
+                let first = slot_of(0)?;
+                let run = t.requests.len() == t.batch && (1..t.batch).all(|i| slot_of(i) == Some(first + i));
                 if run { ring.rows(first, t.batch) } else { None }
             });
             match in_ring {

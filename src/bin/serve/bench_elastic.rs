@@ -91,14 +91,22 @@ fn check_batch(max_bs: usize, in_len: usize) -> CliResult<()> {
     Ok(())
 }
 
-/// Milliseconds of one whole-model task of `rows` rows on one worker of `backend`.
-fn batch_ms(backend: &dyn serve::backend::Backend, net: &Arc<Network>, rows: usize) -> CliResult<f64> {
+/// Milliseconds of one whole-model task of each of `rows` rows, on one worker of `backend`
+/// (one runner, prepared once, sized for the largest).
+fn batch_ms(
+    backend: &dyn serve::backend::Backend,
+    net: &Arc<Network>,
+    rows: [usize; 2],
+) -> CliResult<[f64; 2]> {
     let me = std::thread::current();
     let notify: serve::backend::Notify = Arc::new(move || me.unpark());
-    let runner = backend.prepare(net.clone(), RunnerShape::fixed(1, rows), notify)?;
-    let input = layer_batch(net, rows);
-    let us = crate::profile_layers::time(&*runner, &|| TaskData::new(rows, Work::Dense(input.clone())))?;
-    Ok(us / 1e3)
+    let runner = backend.prepare(net.clone(), RunnerShape::fixed(1, rows[0].max(rows[1])), notify)?;
+    let mut ms = [0.0; 2];
+    for (m, &n) in ms.iter_mut().zip(&rows) {
+        let input = layer_batch(net, n);
+        *m = crate::profile_layers::time(&*runner, &|| TaskData::new(n, Work::Dense(input.clone())))? / 1e3;
+    }
+    Ok(ms)
 }
 
 pub(crate) fn cmd_bench_elastic(a: BenchElasticArgs) -> CliResult<()> {
@@ -141,7 +149,7 @@ pub(crate) fn cmd_bench_elastic(a: BenchElasticArgs) -> CliResult<()> {
     let backend = serve::backend::create(a.rt.backend.into(), a.rt.threads)?;
     let report_file = open_report(a.json.as_ref())?;
     println!("# serve bench elastic `{name}` ({}, {source}) on {}", net.kind(), backend.describe());
-    let (t1, t_max) = (batch_ms(&*backend, &net, 1)?, batch_ms(&*backend, &net, e.max_bs)?);
+    let [t1, t_max] = batch_ms(&*backend, &net, [1, e.max_bs])?;
     let cap = e.max_bs as f64 / (t_max / 1e3);
     let qos = e.qos_ms.unwrap_or(t_max * PAPER_QOS_MS / PAPER_BATCH_MS);
     let opt_wait_ms = e.opt_wait_ms.unwrap_or(t_max * PAPER_OPT_WAIT_MS / PAPER_BATCH_MS);

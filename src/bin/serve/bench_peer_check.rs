@@ -15,19 +15,23 @@ pub(crate) const H_TOLERANCE: f64 = 1e-4;
 /// The peer's outputs against libserve's on the same requests.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum OutputCheck {
-    /// seq2seq: `differ` of `requests` decodes are not identical (`length_differ` of them in
-    /// length; the first is `first_differ`), and both mean decode lengths.
-    Tokens {
-        requests: usize,
-        differ: usize,
-        length_differ: usize,
-        first_differ: Option<usize>,
-        libserve_mean: f64,
-        torch_mean: f64,
-    },
+    /// seq2seq decodes.
+    Tokens(TokenCheck),
     /// treelstm: the largest |libserve − torch| of any root's h entry over `requests`, and how
     /// many requests are above [`H_TOLERANCE`].
     H { requests: usize, max_abs_diff: f64, over_tolerance: usize },
+}
+
+/// seq2seq: `differ` of `requests` decodes are not identical (`length_differ` of them in length;
+/// the first is `first_differ`), and both mean decode lengths.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TokenCheck {
+    pub(crate) requests: usize,
+    pub(crate) differ: usize,
+    pub(crate) length_differ: usize,
+    pub(crate) first_differ: Option<usize>,
+    pub(crate) libserve_mean: f64,
+    pub(crate) torch_mean: f64,
 }
 
 /// The peer's outputs (`text`, its `--outputs` file) against libserve's on the same requests.
@@ -86,14 +90,14 @@ pub(crate) fn compare_outputs(kind: RnnKind, v: &Value, ours: &[Output]) -> Resu
                 }
             }
             let mean = |total: usize| if requests == 0 { 0.0 } else { total as f64 / requests as f64 };
-            Ok(OutputCheck::Tokens {
+            Ok(OutputCheck::Tokens(TokenCheck {
                 requests,
                 differ,
                 length_differ,
                 first_differ,
                 libserve_mean: mean(our_len),
                 torch_mean: mean(their_len),
-            })
+            }))
         }
         RnnKind::TreeLstm | RnnKind::Lstm => {
             let (mut max_abs_diff, mut over_tolerance) = (0.0f64, 0);
@@ -119,20 +123,17 @@ impl OutputCheck {
     /// Its one line (after `# PyTorch peer check: `).
     pub(crate) fn line(&self) -> String {
         match *self {
-            OutputCheck::Tokens {
-                requests,
-                differ,
-                length_differ,
-                first_differ,
-                libserve_mean,
-                torch_mean,
-            } => {
-                let first = first_differ.map_or_else(String::new, |i| format!("; first: request {i}"));
+            OutputCheck::Tokens(ref t) => {
+                let first = t.first_differ.map_or_else(String::new, |i| format!("; first: request {i}"));
                 format!(
-                    "seq2seq decodes of the first {requests} distinct requests: {} identical to libserve's, {differ} \
-                     differ ({length_differ} in length{first}); mean decode length libserve {libserve_mean:.2}, torch \
-                     {torch_mean:.2} tokens",
-                    requests - differ
+                    "seq2seq decodes of the first {} distinct requests: {} identical to libserve's, {} differ ({} in \
+                     length{first}); mean decode length libserve {:.2}, torch {:.2} tokens",
+                    t.requests,
+                    t.requests - t.differ,
+                    t.differ,
+                    t.length_differ,
+                    t.libserve_mean,
+                    t.torch_mean
                 )
             }
             OutputCheck::H { requests, max_abs_diff, over_tolerance } => format!(
@@ -145,17 +146,10 @@ impl OutputCheck {
 
     pub(crate) fn to_json(&self) -> Value {
         match *self {
-            OutputCheck::Tokens {
-                requests,
-                differ,
-                length_differ,
-                first_differ,
-                libserve_mean,
-                torch_mean,
-            } => {
-                json!({"requests": requests, "identical": requests - differ, "differ": differ,
-                       "length_differ": length_differ, "first_differ": first_differ,
-                       "libserve_mean_decode_tokens": libserve_mean, "torch_mean_decode_tokens": torch_mean})
+            OutputCheck::Tokens(ref t) => {
+                json!({"requests": t.requests, "identical": t.requests - t.differ, "differ": t.differ,
+                       "length_differ": t.length_differ, "first_differ": t.first_differ,
+                       "libserve_mean_decode_tokens": t.libserve_mean, "torch_mean_decode_tokens": t.torch_mean})
             }
             OutputCheck::H { requests, max_abs_diff, over_tolerance } => {
                 json!({"requests": requests, "max_abs_diff": max_abs_diff, "tolerance": H_TOLERANCE,

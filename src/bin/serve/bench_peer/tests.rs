@@ -3,7 +3,7 @@
 use serve::model::{Lstm, NO_TOKEN, Seq2Seq, TreeLstm};
 
 use super::*;
-use crate::bench_peer_check::compare_outputs;
+use crate::bench_peer_check::{TokenCheck, compare_outputs};
 
 /// A harness report cut down to two configurations and two rates (one given, one a fraction).
 const FIXTURE: &str = r#"{
@@ -208,18 +208,19 @@ fn the_peers_outputs_are_compared_request_by_request() {
     let c = compare_outputs(RnnKind::Seq2Seq, &same, &ours).unwrap();
     assert_eq!(
         c,
-        OutputCheck::Tokens {
+        OutputCheck::Tokens(TokenCheck {
             requests: 3,
             differ: 0,
             length_differ: 0,
             first_differ: None,
             libserve_mean: 2.0,
             torch_mean: 2.0
-        }
+        })
     );
     let other = json!({"tokens": [[5, 2], [7, 7, 8], [2, 2]]});
     let c = compare_outputs(RnnKind::Seq2Seq, &other, &ours).unwrap();
-    let OutputCheck::Tokens { differ, length_differ, first_differ, torch_mean, .. } = c.clone() else {
+    let OutputCheck::Tokens(TokenCheck { differ, length_differ, first_differ, torch_mean, .. }) = c.clone()
+    else {
         panic!("{c:?}")
     };
     assert_eq!((differ, length_differ, first_differ), (2, 1, Some(1)));
