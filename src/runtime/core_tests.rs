@@ -76,7 +76,7 @@ impl Policy for Recorder {
             worker: model % 2,
             model,
             shape: TaskShape::Dense,
-            exec: Exec { cores: 1, version: 0 },
+            exec: Exec { cores: 1, ..Exec::default() },
             requests: vec![id],
             batch: 1,
         }));

@@ -118,6 +118,12 @@ impl<K: Ord + Copy> Book<K> {
         }));
     }
 
+    /// Launch a task described in full: a policy serving several models, or one that sets the
+    /// task's [`Exec`].
+    pub fn push_launch(&mut self, launch: Launch) {
+        self.out.push_back(Decision::Launch(launch));
+    }
+
     /// The next request whose deadline is `<= now` and that `live` still counts, taken off the
     /// heap; entries that are no longer live are dropped on the way. `None` once the earliest
     /// live deadline is later than `now`.

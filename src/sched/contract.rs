@@ -48,6 +48,9 @@ enum Requests {
 struct UnderTest {
     policy: Box<dyn Policy>,
     requests: Requests,
+    /// Models it serves as one group (`Arrival::model` drawn from `0..n`); `None`: one model,
+    /// whose id the run draws.
+    models: Option<usize>,
 }
 
 /// Builds a policy under test from a random configuration drawn from the generator.
@@ -63,7 +66,7 @@ fn policies() -> Vec<(&'static str, Make)> {
                 workers: rng.random_range(1..4),
                 pad_to_max: rng.random_bool(0.3),
             };
-            UnderTest { policy: Box::new(TimeoutPolicy::new(cfg)), requests: Requests::Fixed }
+            UnderTest { policy: Box::new(TimeoutPolicy::new(cfg)), requests: Requests::Fixed, models: None }
         }),
         ("adaptive", |rng| {
             let cfg = AdaptiveConfig {
@@ -74,7 +77,7 @@ fn policies() -> Vec<(&'static str, Make)> {
                 window: rng.random_range(2..=8),
             };
             let policy = Box::new(AdaptivePolicy::new(cfg).expect("valid adaptive config"));
-            UnderTest { policy, requests: Requests::Fixed }
+            UnderTest { policy, requests: Requests::Fixed, models: None }
         }),
         ("elastic", |rng| {
             // N-Ebird over random worker sizes, or E-Ebird over random level configurations;
@@ -107,7 +110,7 @@ fn policies() -> Vec<(&'static str, Make)> {
                 cfg
             };
             let policy = Box::new(ElasticPolicy::new(cfg).expect("valid elastic config"));
-            UnderTest { policy, requests: Requests::Fixed }
+            UnderTest { policy, requests: Requests::Fixed, models: None }
         }),
         ("padding", |rng| {
             let cfg = PaddingConfig {
@@ -121,7 +124,7 @@ fn policies() -> Vec<(&'static str, Make)> {
                 order: if rng.random_bool(0.5) { BucketOrder::RoundRobin } else { BucketOrder::OldestHead },
             };
             let policy = Box::new(PaddingPolicy::new(cfg).expect("valid padding config"));
-            UnderTest { policy, requests: Requests::Cells { types: 2, fixed: false } }
+            UnderTest { policy, requests: Requests::Cells { types: 2, fixed: false }, models: None }
         }),
         ("cellular", |rng| {
             let types = rng.random_range(1..=3);
@@ -144,7 +147,27 @@ fn policies() -> Vec<(&'static str, Make)> {
                 max_tasks_to_submit: rng.random_range(1..=4),
             };
             let policy = Box::new(CellularPolicy::new(cfg).expect("valid cellular config"));
-            UnderTest { policy, requests: Requests::Cells { types, fixed: true } }
+            UnderTest { policy, requests: Requests::Cells { types, fixed: true }, models: None }
+        }),
+        ("tenant", |rng| {
+            use crate::sched::tenant::tests::random_model;
+            use crate::sched::tenant::{CapRule, Scheme, TenantConfig, TenantPolicy};
+            let cores = rng.random_range(1..=6);
+            let models = rng.random_range(1..=3);
+            let profiles = (0..models).map(|_| Arc::new(random_model(rng, cores))).collect();
+            let schemes = [
+                Scheme::Veltair,
+                Scheme::VeltairAs,
+                Scheme::VeltairAc,
+                Scheme::LayerWise,
+                Scheme::ModelWise,
+                Scheme::Fixed(2),
+                Scheme::Prema,
+            ];
+            let mut cfg = TenantConfig::new(cores, schemes[rng.random_range(0..schemes.len())], profiles);
+            cfg.rule = if rng.random_bool(0.5) { CapRule::Cap } else { CapRule::Literal };
+            let policy = Box::new(TenantPolicy::new(cfg).expect("valid tenant config"));
+            UnderTest { policy, requests: Requests::Fixed, models: Some(models) }
         }),
     ]
 }
@@ -243,7 +266,8 @@ type Stream = VecDeque<(TaskId, Vec<(RequestId, Option<u32>)>)>;
 struct Checker {
     name: &'static str,
     seed: u64,
-    model: ModelId,
+    /// The model of each request.
+    models: HashMap<RequestId, ModelId>,
     workers: Vec<WorkerShape>,
     lookahead: usize,
     graphs: HashMap<RequestId, Option<Arc<CellGraph>>>,
@@ -281,11 +305,13 @@ impl Checker {
                         shape.max_batch
                     ));
                 }
-                if l.model != self.model {
-                    self.fail(format!(
-                        "task {} is for model {}, its rows for {}",
-                        l.task, l.model, self.model
-                    ));
+                if let Some((id, m)) = l
+                    .requests
+                    .iter()
+                    .filter_map(|&id| Some((id, *self.models.get(&id)?)))
+                    .find(|&(_, m)| m != l.model)
+                {
+                    self.fail(format!("task {} is for model {}, its row {id} for {m}", l.task, l.model));
                 }
                 let nodes = l.nodes();
                 if !nodes.is_empty() && nodes.len() != l.requests.len() {
@@ -419,14 +445,14 @@ impl Checker {
 /// One random run of the policy `make` builds.
 fn run(name: &'static str, make: Make, seed: u64, n_req: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let UnderTest { mut policy, requests } = make(&mut rng);
+    let UnderTest { mut policy, requests, models } = make(&mut rng);
     let p = policy.as_mut();
     let workers = p.workers();
     let model = rng.random_range(0..4);
     let mut c = Checker {
         name,
         seed,
-        model,
+        models: HashMap::new(),
         lookahead: p.lookahead(),
         streams: vec![VecDeque::new(); workers.len()],
         workers,
@@ -458,6 +484,8 @@ fn run(name: &'static str, make: Make, seed: u64, n_req: u64) {
                     },
                 };
                 c.graphs.insert(id, cells.clone());
+                let model = models.map_or(model, |n| rng.random_range(0..n));
+                c.models.insert(id, model);
                 let deadline =
                     rng.random_bool(0.1).then(|| Time::from_micros(now + rng.random_range(1..300)));
                 if let Some(d) = deadline {

@@ -40,6 +40,7 @@ pub mod cellular;
 mod contract;
 pub mod elastic;
 pub mod graph;
+pub mod tenant;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -211,8 +212,14 @@ impl TaskShape {
 pub struct Exec {
     /// CPU cores (0: the worker's [`WorkerShape::cores`]).
     pub cores: usize,
-    /// Kernel version (0: the default).
+    /// Kernel version (0: the default). A layered task of a tenant scheduler
+    /// ([`tenant`]) names the interference level whose per-layer versions it runs
+    /// ([`tenant::TenantModel::version`]).
     pub version: u32,
+    /// The task got fewer cores than it asked for (a VELTAIR core conflict): it starts on the
+    /// cores that were free, and its runner starts their threads then; drivers charge the
+    /// thread-start cost.
+    pub conflict: bool,
 }
 
 /// A batched task to start on a worker.

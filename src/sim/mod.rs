@@ -27,6 +27,7 @@
 
 pub mod cost;
 mod device;
+pub mod tenant;
 pub mod workload;
 
 use std::cmp::Reverse;

@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use plotters::prelude::*;
 use serde_json::{Value, json};
 
 use serve::sched::adaptive::{Formula, Streams};
@@ -386,45 +385,19 @@ fn phases(phases: &[(f64, usize)], seed: u64) -> Vec<Duration> {
 
 /// Latency against arrival order, one line per policy, the QoS as a horizontal line (Fig. 13).
 fn arrival_svg(path: &Path, title: &str, curves: &[(&str, Vec<f64>)], qos: f64) -> CliResult<()> {
-    let err = |e: &dyn std::fmt::Display| fatal(format!("cannot draw {}: {e}", path.display()));
-    let n = curves.iter().map(|c| c.1.len()).max().unwrap_or(1);
-    let y_max =
-        curves.iter().flat_map(|c| c.1.iter()).copied().filter(|l| l.is_finite()).fold(qos, f64::max) * 1.05;
-    let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..n as f64, 0.0..y_max)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("request (arrival order)")
-        .y_desc("latency (ms)")
-        .draw()
-        .map_err(|e| err(&e))?;
-    for (i, (name, lat)) in curves.iter().enumerate() {
-        let colour = crate::plot::colour(i);
-        let pts: Vec<(f64, f64)> =
-            lat.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(k, l)| (k as f64, *l)).collect();
-        chart
-            .draw_series(LineSeries::new(pts, colour.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
-    }
-    chart
-        .draw_series(LineSeries::new(vec![(0.0, qos), (n as f64, qos)], BLACK.stroke_width(1)))
-        .map_err(|e| err(&e))?
-        .label("QoS")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))
+    let lines: Vec<(&str, Vec<(f64, f64)>)> = curves
+        .iter()
+        .map(|(name, lat)| {
+            let pts =
+                lat.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(k, l)| (k as f64, *l)).collect();
+            (*name, pts)
+        })
+        .collect();
+    crate::plot::lines_svg(
+        path,
+        title,
+        ("request (arrival order)", "latency (ms)"),
+        &lines,
+        Some(("QoS", qos)),
+    )
 }

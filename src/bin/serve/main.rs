@@ -31,6 +31,7 @@ mod profile_layers;
 mod request;
 mod sim;
 mod sim_elastic;
+mod sim_tenant;
 
 use std::fmt;
 use std::io;
@@ -92,7 +93,9 @@ enum Command {
     Profile(ProfileArgs),
     /// The benchmarks on virtual time: the runtime's engine core and policies with a cost model
     /// (a `serve profile` file or a shipped one: batchmaker-v100). Every figure is simulated.
-    Sim(SimArgs),
+    /// `serve sim tenant` is VELTAIR's multi-tenant study (`serve sim tenant --help`).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+    Sim(SimCmd),
 }
 
 #[derive(Subcommand, Debug)]
@@ -591,6 +594,25 @@ struct ElasticSimArgs {
 /// Most requests per simulated run.
 const MAX_SIM_REQUESTS: usize = 10_000_000;
 
+/// `serve sim`: a workload with its options, or the tenant study.
+#[derive(Args, Debug)]
+struct SimCmd {
+    #[command(subcommand)]
+    sub: Option<SimSub>,
+    #[command(flatten)]
+    args: Option<SimArgs>,
+}
+
+#[derive(Subcommand, Debug)]
+enum SimSub {
+    /// Multi-tenant CPU serving (VELTAIR): the spec's seven models on `--cores` cores, every
+    /// scheduling scheme's QPS@95% (the highest Poisson rate with ≥ 95% of queries within their
+    /// model's QoS, by bisection with the seed fixed), latency over solo, core usage and conflict
+    /// rate. Block times come from the simulator's GEMM cost model (ARCHITECTURE.md §7.9), fitted
+    /// to a `serve profile` layer file with --cost. Every figure is simulated.
+    Tenant(sim_tenant::TenantArgs),
+}
+
 #[derive(Args, Debug)]
 struct SimArgs {
     /// The workload (the model kind of `serve bench`).
@@ -807,7 +829,11 @@ fn run(command: Command) -> CliResult<()> {
         Command::Bench { what: BenchCommand::Elastic(a) } => bench_elastic::cmd_bench_elastic(a),
         Command::Demo => cmd_demo(),
         Command::Profile(a) => cmd_profile(a),
-        Command::Sim(a) => cmd_sim(a),
+        Command::Sim(SimCmd { sub: Some(SimSub::Tenant(t)), .. }) => sim_tenant::cmd_sim_tenant(&t),
+        Command::Sim(SimCmd { args: Some(a), .. }) => cmd_sim(a),
+        Command::Sim(SimCmd { args: None, .. }) => {
+            Err(fatal("`serve sim` needs a workload (see `serve sim --help`)"))
+        }
     }
 }
 

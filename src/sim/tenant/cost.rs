@@ -1,0 +1,247 @@
+//! The tenant simulator's cost model: the time of a layer block from its GEMM shapes, its
+//! kernel version, its cores and what runs beside it. Every constant here is a reading (the
+//! spec's **[E]**): the paper gives no per-layer figures, and this machine has 2 cores, so the
+//! simulator extends a fitted form to 64 cores. It yields orderings and trends, not absolute QPS.
+//!
+//! * **Versions** (VELTAIR Alg. 1 on synthetic candidates): outer tilings `mt × nt` (each of
+//!   16…256, clamped to the layer's dims; `kt = min(K, 512)`). Locality is the tile's working
+//!   set `ws = 4(mt·kt + kt·nt + mt·nt)` bytes; parallelism is its number of tiles. From the
+//!   candidates: those within the layer's budget on all cores (the fastest kept if none is),
+//!   the Pareto set (no other has both a smaller working set and fewer tiles), at most
+//!   [`MAX_VERSIONS`] evenly spaced by working set, then pruned greedily while the rest still
+//!   reach 90% of the kept set's best at every interference level (on the layer's lease: the
+//!   fewest cores on which a kept version meets its budget solo).
+//! * **Solo time** on `c` cores: `f + t1 · ⌈tiles / c⌉ / tiles + o · (c − 1)`, with
+//!   `t1 = flops / (rate · eff)`, `eff = ai / (ai + 4)` for the tile's arithmetic intensity
+//!   `ai = 2·mt·nt·kt / ws` FLOP/byte (small tiles lose to load/store traffic), `f` a fixed
+//!   per-layer cost (the serial part: packing, the call), `o` the per-core synchronisation cost.
+//!   Past `tiles` cores nothing is gained, and past some count the synchronisation costs more
+//!   than the cores give (a runner then uses fewer: the scheduler's tables are envelopes).
+//! * **Interference**: `slowdown = 1 + α_v · P`, `P = Σ_{other running blocks} c_b · π_b / BW`.
+//!   A version's sensitivity `α_v` grows with how far its working set overflows the private L2;
+//!   its pressure `π_v` (bytes per µs per core reaching the shared L3/DRAM) is its traffic
+//!   `rate · eff / ai` times the share of its working set that does not fit in L2.
+//! * **Profiled levels** (what the scheduler is given): `L` levels of antagonist pressure
+//!   `P_k = k · P_max / (L − 1)`, `P_max` every core running the most pressuring version.
+//! * **Conflicts**: a conflicted unit pays a thread-start cost drawn from a lognormal of median
+//!   100 µs and σ 1.256 (mean 220 µs), the paper's §3.2 figures.
+
+use std::time::Duration;
+
+use super::models::{LayerShape, ModelShape};
+use crate::error::Result;
+use crate::sched::tenant::profile::MAX_VERSIONS;
+use crate::sched::tenant::{LayerProfile, TenantModel};
+
+/// The simulated machine.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    pub cores: usize,
+    /// GFLOP/s of one core on a tile of perfect reuse.
+    pub gflops_per_core: f64,
+    /// Fixed cost `f` of a layer, µs (its serial part).
+    pub fixed_us: f64,
+    /// Per-core synchronisation cost `o`, µs.
+    pub sync_us: f64,
+    /// Private L2 per core, bytes.
+    pub l2_bytes: f64,
+    /// Shared L3/DRAM bandwidth, bytes per µs.
+    pub bandwidth: f64,
+    /// Interference levels profiled (`L`, level 0 solo).
+    pub levels: usize,
+}
+
+impl Machine {
+    /// A 64-core AVX2 server of the paper's kind (Threadripper 3990X: 512 KiB L2 per core).
+    pub fn threadripper(cores: usize) -> Machine {
+        Machine {
+            cores,
+            gflops_per_core: 70.0,
+            fixed_us: 5.0,
+            sync_us: 0.5,
+            l2_bytes: 512.0 * 1024.0,
+            bandwidth: 100_000.0,
+            levels: 10,
+        }
+    }
+}
+
+/// One kernel version of a layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Version {
+    pub mt: usize,
+    pub nt: usize,
+    pub kt: usize,
+    pub tiles: usize,
+    /// Working set of a tile, bytes (locality).
+    pub ws: f64,
+    /// Single-core time, µs.
+    pub t1: f64,
+    pub alpha: f64,
+    /// Bytes per µs per core reaching the shared cache and memory.
+    pub pressure: f64,
+}
+
+impl Version {
+    fn new(m: &Machine, l: &LayerShape, mt: usize, nt: usize) -> Version {
+        let kt = l.k.min(512);
+        let ws = 4.0 * (mt * kt + kt * nt + mt * nt) as f64;
+        let ai = 2.0 * (mt * nt * kt) as f64 / ws;
+        let eff = ai / (ai + 4.0);
+        let rate = m.gflops_per_core * 1e3 * eff; // FLOP per µs
+        let spill = (1.0 - m.l2_bytes / ws).max(0.0);
+        Version {
+            mt,
+            nt,
+            kt,
+            tiles: l.m.div_ceil(mt) * l.n.div_ceil(nt),
+            ws,
+            t1: l.flops() / rate,
+            alpha: 0.1 + (ws / m.l2_bytes).min(3.0),
+            pressure: rate / ai * spill,
+        }
+    }
+
+    /// Solo µs on `c` cores.
+    pub fn solo_us(&self, m: &Machine, c: usize) -> f64 {
+        let c = c.max(1);
+        let waves = self.tiles.div_ceil(c) as f64;
+        m.fixed_us + self.t1 * waves / self.tiles as f64 + m.sync_us * (c - 1) as f64
+    }
+}
+
+/// A layer and the versions kept for it.
+#[derive(Clone, Debug)]
+pub struct LayerCost {
+    pub shape: LayerShape,
+    pub versions: Vec<Version>,
+}
+
+/// A model's costs: its layers' versions, and the profile its scheduler is given.
+#[derive(Clone, Debug)]
+pub struct ModelCost {
+    pub name: String,
+    pub qos: Duration,
+    pub layers: Vec<LayerCost>,
+    /// The pressure of each profiled level.
+    pub level_pressure: Vec<f64>,
+}
+
+/// The share of the QoS every scheme plans to (its budgets' sum), the rest headroom for
+/// queueing and unforeseen interference: planned to the whole QoS a query has no slack at all.
+pub const PLAN_SHARE: f64 = 0.85;
+
+/// Tile sides of the candidates.
+const SIDES: [usize; 5] = [16, 32, 64, 128, 256];
+
+/// The most pressure the machine sees: every core on the most pressuring version of any layer.
+fn max_pressure(m: &Machine, shapes: &[&ModelShape]) -> f64 {
+    let worst = shapes
+        .iter()
+        .flat_map(|s| &s.layers)
+        .flat_map(|l| SIDES.iter().map(move |&t| Version::new(m, l, t.min(l.m), t.min(l.n)).pressure))
+        .fold(0.0, f64::max);
+    m.cores as f64 * worst / m.bandwidth
+}
+
+/// The costs of `shape` on `m`, with the levels' pressures spread up to the pressure of every
+/// core running the most pressuring version of any layer of `all` (the models sharing it).
+pub fn model_cost(m: &Machine, shape: &ModelShape, all: &[&ModelShape]) -> ModelCost {
+    let p_max = max_pressure(m, all);
+    let levels = m.levels.max(1);
+    let level_pressure: Vec<f64> =
+        (0..levels).map(|k| if levels == 1 { 0.0 } else { p_max * k as f64 / (levels - 1) as f64 }).collect();
+    let total: f64 = shape.layers.iter().map(LayerShape::flops).sum();
+    let qos_us = shape.qos_ms * 1e3;
+    let layers = shape
+        .layers
+        .iter()
+        .map(|l| {
+            let budget = qos_us * l.flops() / total;
+            LayerCost { shape: l.clone(), versions: select(m, l, budget, &level_pressure) }
+        })
+        .collect();
+    ModelCost {
+        name: shape.name.to_string(),
+        qos: Duration::from_secs_f64(shape.qos_ms * 1e-3),
+        layers,
+        level_pressure,
+    }
+}
+
+/// Alg. 1 steps 2–5 on the tiling candidates of one layer (see the module documentation).
+fn select(m: &Machine, l: &LayerShape, budget: f64, levels: &[f64]) -> Vec<Version> {
+    let mut cands: Vec<Version> = Vec::new();
+    for &a in &SIDES {
+        for &b in &SIDES {
+            let v = Version::new(m, l, a.min(l.m), b.min(l.n));
+            if !cands.iter().any(|c| (c.mt, c.nt) == (v.mt, v.nt)) {
+                cands.push(v);
+            }
+        }
+    }
+    // 2: within the budget on all cores (the fastest if none is).
+    let fast = |v: &Version| v.solo_us(m, m.cores);
+    let mut within: Vec<Version> = cands.iter().copied().filter(|v| fast(v) <= budget).collect();
+    if within.is_empty() {
+        let best = cands.iter().copied().min_by(|a, b| fast(a).total_cmp(&fast(b)));
+        within.extend(best);
+    }
+    // 3: the Pareto set over (working set, tiles).
+    let mut pareto: Vec<Version> =
+        within.iter().copied().filter(|v| !within.iter().any(|o| o.ws < v.ws && o.tiles < v.tiles)).collect();
+    pareto.sort_by(|a, b| a.ws.total_cmp(&b.ws).then(a.tiles.cmp(&b.tiles)));
+    pareto.dedup_by(|a, b| a.ws == b.ws && a.tiles == b.tiles);
+    // 4: at most V, evenly spaced by working set.
+    let n = pareto.len();
+    let mut kept: Vec<Version> = if n <= MAX_VERSIONS {
+        pareto
+    } else {
+        let idx = |k: usize| (k * (n - 1) + (MAX_VERSIONS - 1) / 2) / (MAX_VERSIONS - 1);
+        (0..MAX_VERSIONS).map(|k| pareto[idx(k)]).collect()
+    };
+    kept.dedup_by(|a, b| a.ws == b.ws && a.tiles == b.tiles);
+    // 5: drop versions the others cover to within 90% at every level, on the layer's lease (the
+    // fewest cores on which a kept version meets its budget solo).
+    let c = (1..=m.cores).find(|&c| kept.iter().any(|v| v.solo_us(m, c) <= budget)).unwrap_or(m.cores);
+    let time = |v: &Version, p: f64| v.solo_us(m, c) * (1.0 + v.alpha * p);
+    let best_at = |set: &[Version], p: f64| set.iter().map(|v| time(v, p)).fold(f64::INFINITY, f64::min);
+    let full = kept.clone();
+    let mut i = 0;
+    while i < kept.len() && kept.len() > 1 {
+        let mut rest = kept.clone();
+        rest.remove(i);
+        if levels.iter().all(|&p| best_at(&full, p) >= 0.9 * best_at(&rest, p)) {
+            kept = rest;
+        } else {
+            i += 1;
+        }
+    }
+    kept
+}
+
+impl ModelCost {
+    /// The profile the scheduler is given: every kept version's time at every core count and
+    /// profiled level, planned to [`PLAN_SHARE`] of the QoS.
+    pub fn profile(&self, m: &Machine) -> Result<TenantModel> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| LayerProfile {
+                name: l.shape.name.clone(),
+                flops: l.shape.flops(),
+                versions: l
+                    .versions
+                    .iter()
+                    .map(|v| {
+                        self.level_pressure
+                            .iter()
+                            .map(|&p| (1..=m.cores).map(|c| v.solo_us(m, c) * (1.0 + v.alpha * p)).collect())
+                            .collect()
+                    })
+                    .collect(),
+            })
+            .collect();
+        TenantModel::new(&self.name, self.qos, layers)?.with_headroom(PLAN_SHARE)
+    }
+}
