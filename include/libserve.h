@@ -352,8 +352,8 @@ serve_error *serve_model_options_set_workers(serve_model_options *options, uint3
 // policy only.
 serve_error *serve_model_options_set_pad_to_max(serve_model_options *options, bool pad);
 
-// Tasks a worker may have submitted and unfinished (BatchMaker's `MaxTasksToSubmit`, default
-// 5), at least 1. Cellular and padding policies only.
+// Tasks a worker may have submitted and unfinished (BatchMaker's `MaxTasksToSubmit`; default
+// 5, cellular batching of a Seq2Seq model 2), at least 1. Cellular and padding policies only.
 serve_error *serve_model_options_set_max_tasks_to_submit(serve_model_options *options,
                                                          uint32_t max_tasks);
 

@@ -164,6 +164,17 @@ fn bad_sim_arguments_are_refused_precisely() {
     let o = serve(&["sim", "elastic", "--cost", "e2bird-res152", "--arrivals", "burst", "--low-rps", "1e9"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("a phased run may hold"));
+    // The tenant study: unknown schemes and workloads are named.
+    let o = serve(&["sim", "tenant", "--policy", "veltair,fifo"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown tenant policy `fifo`"));
+    let o = serve(&["sim", "tenant", "--workload", "huge"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("light, medium, heavy, mix"));
+    let o = serve(&["sim", "tenant", "--policy", "fixed-0"]);
+    assert!(!o.status.success());
+    let o = serve(&["sim"]);
+    assert!(!o.status.success());
 }
 
 /// `serve profile` of a layer model: one entry per layer (stem, blocks, head) with a point per
@@ -194,11 +205,77 @@ fn a_layer_model_is_profiled_layer_by_layer() {
         assert!(l["bytes"].as_u64().unwrap() > 0 && l["flops_per_row"].as_u64().unwrap() > 0);
         assert!(l["load_ms"].is_null(), "no load time on the CPU");
     }
+    // The profile fits the tenant simulator's per-core rate and fixed cost (issue 16).
+    let report = temp("tenant.json");
+    let r = report.to_str().unwrap();
+    let text = ok(&serve(&[
+        "sim",
+        "tenant",
+        "--cores",
+        "16",
+        "--workload",
+        "medium",
+        "--policy",
+        "veltair,layer-wise,fixed-3",
+        "--queries",
+        "400",
+        "--steps",
+        "3",
+        "--cost",
+        o,
+        "--json",
+        r,
+    ]));
+    assert!(text.contains("fitted to"), "{text}");
+    let t = json(&report);
+    assert_eq!(t["backend"], "sim");
+    assert_eq!(t["cores"], 16);
+    let fitted = t["machine"]["gflops_per_core"].as_f64().unwrap();
+    assert!(fitted > 0.0 && fitted != 70.0, "the rate is the profile's, not the built-in: {fitted}");
+    let results = t["results"].as_array().unwrap();
+    let names: Vec<&str> = results.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["veltair", "layer-wise", "fixed-3"]);
+    assert!(results.iter().all(|r| r["qps_at_95"].as_f64().unwrap() >= 0.0));
+    assert_eq!(t["models"].as_array().unwrap().len(), 2, "medium: resnet50 and googlenet");
+    let _ = std::fs::remove_file(&report);
     let _ = std::fs::remove_file(&out);
     let lstm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ffi_examples/testdata/lstm_small");
     let e = serve(&["profile", lstm.to_str().unwrap(), "--cores", "1", "--json", o]);
     assert!(!e.status.success());
     assert!(String::from_utf8_lossy(&e.stderr).contains("--cores applies to layer models"));
+}
+
+/// `serve profile --versions`: every candidate version of a product timed alone and beside the
+/// antagonist at each level, at most five kept, the crossover and the pick by level reported
+/// (their values are this machine's: not asserted).
+#[test]
+fn multi_version_kernels_are_profiled_beside_an_antagonist() {
+    if std::thread::available_parallelism().map_or(1, |c| c.get()) < 2 {
+        return; // the antagonist needs a core of its own (CI and this VM have 2)
+    }
+    let out = temp("versions.json");
+    let o = out.to_str().unwrap();
+    let text = ok(&serve(&["profile", "--versions", "64x96x80", "--levels", "3", "--json", o]));
+    assert!(text.contains("# crossover:"), "{text}");
+    let v = json(&out);
+    assert_eq!(v["shape"], serde_json::json!([64, 96, 80]));
+    let versions = v["versions"].as_array().unwrap();
+    // Tiles {32, 64} × {32, 64, 80}, each in two loop orders inside and once in bands.
+    assert_eq!(versions.len(), 2 * 3 * 3);
+    let kept = versions.iter().filter(|x| x["kept"] == true).count();
+    assert!((1..=5).contains(&kept), "{kept} kept");
+    for x in versions {
+        assert_eq!(x["us_at_levels"].as_array().unwrap().len(), 3);
+        assert!(x["us_1_core"].as_f64().unwrap() > 0.0 && x["ws"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(v["picks_by_level"].as_array().unwrap().len(), 3);
+    let cover = v["kept_over_oracle"].as_array().unwrap();
+    assert!(cover.iter().all(|c| c.as_f64().unwrap() > 0.0 && c.as_f64().unwrap() <= 1.0 + 1e-9));
+    let _ = std::fs::remove_file(&out);
+    // A shape that is not one.
+    let e = serve(&["profile", "--versions", "64x0x8"]);
+    assert!(!e.status.success());
+    assert!(String::from_utf8_lossy(&e.stderr).contains("MxKxN"));
 }
 
 /// `serve sim elastic` on E²bird's ResNet-152 figures (shared device): every policy at Poisson

@@ -118,7 +118,7 @@ fn larger_random_models_match_the_cpu_backend_request_by_request() {
             PolicyConfig::Cellular(CellularOptions {
                 workers: 4,
                 max_batch: vec![64; types],
-                max_tasks_to_submit: 5,
+                max_tasks_to_submit: Some(5),
             }),
         ));
         for (label, policy) in policies {

@@ -307,8 +307,8 @@ class ModelOptions
   ModelOptions& pad_to_max(bool pad) {
     return set(serve_model_options_set_pad_to_max, pad);
   }
-  /// Tasks a worker may have submitted and unfinished (BatchMaker's MaxTasksToSubmit, default
-  /// 5); at least 1. Cellular and padding policies only.
+  /// Tasks a worker may have submitted and unfinished (BatchMaker's MaxTasksToSubmit; default
+  /// 5, cellular batching of a Seq2Seq model 2); at least 1. Cellular and padding policies only.
   ModelOptions& max_tasks_to_submit(std::uint32_t n) {
     return set(serve_model_options_set_max_tasks_to_submit, n);
   }

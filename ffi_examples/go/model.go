@@ -96,8 +96,8 @@ type ModelOptions struct {
 	// PadToMax makes every task compute MaxBatch rows (static batching). Timeout policy only.
 	PadToMax bool
 	// MaxTasksToSubmit is how many tasks a worker may have submitted and unfinished
-	// (BatchMaker's MaxTasksToSubmit); 0 means the default (5). Cellular and padding policies
-	// only.
+	// (BatchMaker's MaxTasksToSubmit); 0 means the default (5; cellular batching of a Seq2Seq
+	// model 2). Cellular and padding policies only.
 	MaxTasksToSubmit int
 	// StateSlots is the number of state slots of a recurrent model: one per in-flight sequence,
 	// one per node of an in-flight tree (requests wait for slots when all are taken, and one

@@ -151,7 +151,7 @@ impl Knobs {
                 if let Some(b) = self.max_batch {
                     c.max_batch = vec![b; net.cell_types().len().max(1)];
                 }
-                c.max_tasks_to_submit = self.max_tasks.unwrap_or(c.max_tasks_to_submit);
+                c.max_tasks_to_submit = self.max_tasks;
                 PolicyConfig::Cellular(c)
             }
             _ => {
@@ -287,8 +287,8 @@ pub extern "C" fn serve_model_options_set_pad_to_max(
     }
 }
 
-/// Tasks a worker may have submitted and unfinished (BatchMaker's `MaxTasksToSubmit`, default
-/// 5), at least 1. Cellular and padding policies only.
+/// Tasks a worker may have submitted and unfinished (BatchMaker's `MaxTasksToSubmit`; default
+/// 5, cellular batching of a Seq2Seq model 2), at least 1. Cellular and padding policies only.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_model_options_set_max_tasks_to_submit(
     options: *mut serve_model_options,

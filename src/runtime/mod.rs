@@ -185,21 +185,33 @@ pub struct CellularOptions {
     /// Max batch per cell type, indexed like [`Network::cell_types`]; a missing entry takes
     /// [`CellularOptions::DEFAULT_MAX_BATCH`] (the Seq2Seq decoder: half of it).
     pub max_batch: Vec<usize>,
-    /// `MaxTasksToSubmit`.
-    pub max_tasks_to_submit: usize,
+    /// `MaxTasksToSubmit`; `None`: the model kind's
+    /// ([`CellularOptions::default_max_tasks_to_submit`]).
+    pub max_tasks_to_submit: Option<usize>,
 }
 
 impl CellularOptions {
     pub const DEFAULT_MAX_BATCH: usize = 512;
+    /// A Seq2Seq model's `MaxTasksToSubmit`: 2, where every other kind takes
+    /// [`DEFAULT_MAX_TASKS_TO_SUBMIT`] (5). A decoder step's batch is formed from the rows
+    /// whose previous step has finished; with five tasks submitted ahead on one stream the
+    /// decoder's rows are spread over many small tasks each waiting behind the others, and on
+    /// the CPU the peak measured 13–30% lower than with two (README, recurrent serving).
+    pub const SEQ2SEQ_MAX_TASKS_TO_SUBMIT: usize = 2;
+
+    /// `MaxTasksToSubmit` of a model of `kind` when none is given.
+    pub fn default_max_tasks_to_submit(kind: ModelKind) -> usize {
+        if kind == ModelKind::Seq2Seq {
+            Self::SEQ2SEQ_MAX_TASKS_TO_SUBMIT
+        } else {
+            DEFAULT_MAX_TASKS_TO_SUBMIT
+        }
+    }
 }
 
 impl Default for CellularOptions {
     fn default() -> Self {
-        CellularOptions {
-            workers: 1,
-            max_batch: Vec::new(),
-            max_tasks_to_submit: DEFAULT_MAX_TASKS_TO_SUBMIT,
-        }
+        CellularOptions { workers: 1, max_batch: Vec::new(), max_tasks_to_submit: None }
     }
 }
 
@@ -272,8 +284,9 @@ pub(crate) fn make_policy(net: &Network, cfg: &PolicyConfig, max_task_steps: u32
                     Ok(CellTypeConfig::new(t.name, b, t.priority))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let cfg =
-                CellularConfig { cell_types, workers: o.workers, max_tasks_to_submit: o.max_tasks_to_submit };
+            let max_tasks_to_submit =
+                o.max_tasks_to_submit.unwrap_or_else(|| CellularOptions::default_max_tasks_to_submit(kind));
+            let cfg = CellularConfig { cell_types, workers: o.workers, max_tasks_to_submit };
             Ok(Box::new(CellularPolicy::new(cfg)?))
         }
         PolicyConfig::Padding(cfg) => {

@@ -32,7 +32,8 @@ fn launches_failing_behind_running_tasks_finish_in_order_and_the_runtime_keeps_s
         let net = Arc::new(Network::Lstm(Lstm::random(10, 4, 8, 1, 3)));
         // MaxTasksToSubmit 5: a chain's cells go back to back, so a failing launch has running
         // tasks ahead of it (`[0, 3]` needs four: launch 3 is still the first request's).
-        let policy = PolicyConfig::Cellular(CellularOptions { max_tasks_to_submit: 5, ..Default::default() });
+        let policy =
+            PolicyConfig::Cellular(CellularOptions { max_tasks_to_submit: Some(5), ..Default::default() });
         let m = rt.add_network(net, "lstm".into(), ModelOptions { policy, ..Default::default() }).unwrap();
         let err = wait(m.submit(Input::Tokens(vec![1; 8]), SubmitOptions::default()).unwrap())
             .expect_err("a cell of the request failed to launch");
@@ -108,4 +109,26 @@ fn a_freed_model_is_released_after_its_requests_and_its_index_reused() {
     let out = wait(kept.submit(Input::Tokens(vec![3; 4]), SubmitOptions::default()).unwrap()).unwrap();
     assert!(matches!(out, Output::F32(ref v) if v.len() == 8), "{out:?}");
     assert_eq!(kept.m.index, 0);
+}
+
+#[test]
+fn max_tasks_to_submit_defaults_per_model_kind() {
+    let s2s = Network::Seq2Seq(crate::model::Seq2Seq::random(40, 8, 8, 1, 1, 2, 6, 2));
+    let lstm = Network::Lstm(Lstm::random(10, 4, 8, 1, 3));
+    let tree = Network::TreeLstm(crate::model::TreeLstm::random(10, 4, 8, 3));
+    let lookahead = |net: &Network, k: Option<usize>| {
+        let cfg =
+            PolicyConfig::Cellular(CellularOptions { max_tasks_to_submit: k, ..CellularOptions::default() });
+        make_policy(net, &cfg, u32::MAX).unwrap().lookahead()
+    };
+    assert_eq!(lookahead(&s2s, None), CellularOptions::SEQ2SEQ_MAX_TASKS_TO_SUBMIT);
+    assert_eq!(lookahead(&lstm, None), DEFAULT_MAX_TASKS_TO_SUBMIT);
+    assert_eq!(lookahead(&tree, None), DEFAULT_MAX_TASKS_TO_SUBMIT);
+    assert_eq!(lookahead(&s2s, Some(5)), 5, "a caller's value wins");
+    assert_eq!(make_policy(&s2s, &PolicyConfig::Auto, u32::MAX).unwrap().lookahead(), 2, "auto is cellular");
+    let zero = PolicyConfig::Cellular(CellularOptions {
+        max_tasks_to_submit: Some(0),
+        ..CellularOptions::default()
+    });
+    assert!(make_policy(&lstm, &zero, u32::MAX).is_err());
 }

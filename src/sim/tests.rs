@@ -19,7 +19,11 @@ fn cost(points: &str, launch_us: f64, report_us: f64) -> CostFile {
 }
 
 fn cellular(max_batch: usize) -> PolicyConfig {
-    PolicyConfig::Cellular(CellularOptions { workers: 1, max_batch: vec![max_batch], max_tasks_to_submit: 5 })
+    PolicyConfig::Cellular(CellularOptions {
+        workers: 1,
+        max_batch: vec![max_batch],
+        max_tasks_to_submit: Some(5),
+    })
 }
 
 fn spec<'a>(net: &'a Network, policy: &'a PolicyConfig, cost: &'a dyn CostModel) -> SimSpec<'a> {

@@ -85,7 +85,11 @@ pub fn policies(types: usize) -> Vec<(&'static str, PolicyConfig)> {
         ("cellular", PolicyConfig::Cellular(CellularOptions::default())),
         (
             "cellular-2w-small",
-            PolicyConfig::Cellular(CellularOptions { workers: 2, max_batch: small, max_tasks_to_submit: 2 }),
+            PolicyConfig::Cellular(CellularOptions {
+                workers: 2,
+                max_batch: small,
+                max_tasks_to_submit: Some(2),
+            }),
         ),
         ("padding", PolicyConfig::Padding(PaddingConfig::default())),
         // One task per level, and tasks of 3 levels (a sequence continued across tasks), instead
@@ -231,7 +235,7 @@ pub fn stress(rt: Arc<Runtime>, s: Stress) {
         policy: PolicyConfig::Cellular(CellularOptions {
             workers,
             max_batch: [16, 8][..types].to_vec(),
-            max_tasks_to_submit: s.max_tasks_to_submit,
+            max_tasks_to_submit: Some(s.max_tasks_to_submit),
         }),
         state_slots: Some(200),
         ..ModelOptions::default()

@@ -17,6 +17,7 @@ pub mod stream;
 mod test_util;
 pub mod transformer;
 pub mod tree_cell;
+pub mod versions;
 
 use std::sync::Arc;
 

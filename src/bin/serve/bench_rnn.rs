@@ -352,17 +352,16 @@ pub(crate) fn policy_specs(
                     per_type.iter().map(usize::to_string).collect::<Vec<_>>().join("/")
                 };
                 let workers = a.workers.unwrap_or(1);
-                let mut label = format!("cellular(b={b},k={}", a.max_tasks_to_submit);
+                let k = a
+                    .max_tasks_to_submit
+                    .unwrap_or_else(|| CellularOptions::default_max_tasks_to_submit(net.kind()));
+                let mut label = format!("cellular(b={b},k={k}");
                 if workers != 1 {
                     label.push_str(&format!(",w={workers}"));
                 }
                 label.push(')');
                 let biggest = per_type.iter().copied().max().unwrap_or(1) * workers;
-                let opts = CellularOptions {
-                    workers,
-                    max_batch: per_type,
-                    max_tasks_to_submit: a.max_tasks_to_submit,
-                };
+                let opts = CellularOptions { workers, max_batch: per_type, max_tasks_to_submit: Some(k) };
                 (label, PolicyConfig::Cellular(opts), biggest)
             }
             PolicyArg::Padding => {
@@ -377,19 +376,19 @@ pub(crate) fn policy_specs(
                     }
                 };
                 let workers = a.workers.unwrap_or(padding.workers);
+                let k = a.max_tasks_to_submit.unwrap_or(padding.max_tasks_to_submit);
                 let cfg = PaddingConfig {
                     bucket_width: a.bucket_width,
                     max_batch,
                     workers,
-                    max_tasks_to_submit: a.max_tasks_to_submit,
+                    max_tasks_to_submit: k,
                     // Set from the model (its widest tree level) when the runtime builds the policy.
                     level_width: 1,
                     // All of a batch's steps in one task where the backend runs them so.
                     max_steps: a.padding_steps,
                     order: a.bucket_order.map_or(padding.order, Into::into),
                 };
-                let mut label =
-                    format!("padding(b={max_batch},bucket={},k={}", a.bucket_width, a.max_tasks_to_submit);
+                let mut label = format!("padding(b={max_batch},bucket={},k={k}", a.bucket_width);
                 if cfg.order == BucketOrder::OldestHead {
                     label.push_str(",oldest");
                 }

@@ -28,6 +28,7 @@ mod plot;
 mod profile;
 mod profile_engine;
 mod profile_layers;
+mod profile_versions;
 mod request;
 mod sim;
 mod sim_elastic;
@@ -201,6 +202,18 @@ fn max_wait_us() -> impl TypedValueParser<Value = u64> {
 }
 
 /// A finite `f64` option that must be greater than 0.
+/// `MxKxN`: a product's dims, each 1 to 65536.
+fn gemm_shape(s: &str) -> Result<(usize, usize, usize), String> {
+    let dims: Vec<usize> = s
+        .split(['x', 'X'])
+        .map(|d| d.trim().parse::<usize>().map_err(|e| format!("`{s}`: `{d}` is not a size: {e}")))
+        .collect::<Result<_, _>>()?;
+    match dims[..] {
+        [m, k, n] if [m, k, n].iter().all(|d| (1..=65536).contains(d)) => Ok((m, k, n)),
+        _ => Err(format!("`{s}` is not MxKxN with each of M, K, N from 1 to 65536")),
+    }
+}
+
 fn positive_f64(s: &str) -> Result<f64, String> {
     let v: f64 = s.trim().parse().map_err(|e| format!("`{s}` is not a number: {e}"))?;
     if v.is_finite() && v > 0.0 { Ok(v) } else { Err(format!("`{s}` must be a positive finite number")) }
@@ -380,8 +393,9 @@ struct RnnPolicyArgs {
     #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
     max_batch: Vec<usize>,
     /// Tasks a worker may have submitted and unfinished (MaxTasksToSubmit), both policies.
-    #[arg(long, default_value_t = 5, value_parser = positive())]
-    max_tasks_to_submit: usize,
+    /// Default: cellular the model kind's (5; a seq2seq model 2), padding 5.
+    #[arg(long, value_parser = positive())]
+    max_tasks_to_submit: Option<usize>,
     /// Width of padding's size buckets, in cells.
     #[arg(long, default_value_t = 10, value_parser = positive())]
     bucket_width: usize,
@@ -484,7 +498,7 @@ struct BenchRnnArgs {
 struct ProfileArgs {
     /// Model directory of the model to profile (recurrent: per cell type; mlp, resnet, bert: per
     /// layer).
-    #[arg(required_unless_present = "random_kind", conflicts_with = "random_kind")]
+    #[arg(required_unless_present_any = ["random_kind", "versions"], conflicts_with = "random_kind")]
     model_dir: Option<PathBuf>,
     /// Profile the benchmarks' random model of this kind instead (`serve bench`'s defaults).
     #[arg(long = "random", value_enum)]
@@ -507,8 +521,18 @@ struct ProfileArgs {
     #[command(flatten)]
     rt: RuntimeArgs,
     /// Where to write the cost file.
-    #[arg(long, required_unless_present = "engine_configs")]
+    #[arg(long, required_unless_present_any = ["engine_configs", "versions"])]
     json: Option<PathBuf>,
+    /// VELTAIR's multi-version kernels of one product `MxKxN` (e.g. 196x2304x256): time every
+    /// candidate version (outer tiles, loop order, where the parallelism sits) alone on 1 and 2
+    /// cores and on one core beside a memory antagonist at --levels intensities on the other;
+    /// print the versions kept and whether the solo-best one loses under interference.
+    #[arg(long, value_parser = gemm_shape,
+          conflicts_with_all = ["model_dir", "random_kind", "engine_configs", "batches", "cores"])]
+    versions: Option<(usize, usize, usize)>,
+    /// Antagonist intensities of --versions (level 0: none), 2 to 10.
+    #[arg(long, default_value_t = 5, value_parser = in_range(2, 10))]
+    levels: usize,
     /// A fixed-shape model: co-run every E-Ebird engine configuration (TotalBS 4, 8, 16, 32:
     /// 252 of them) on the backend and write the least mean latency's per level, with every
     /// score, to this file (for `serve bench elastic`, `serve sim elastic` and the C ABI).
@@ -600,7 +624,7 @@ struct SimCmd {
     #[command(subcommand)]
     sub: Option<SimSub>,
     #[command(flatten)]
-    args: Option<SimArgs>,
+    args: SimArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -615,12 +639,13 @@ enum SimSub {
 
 #[derive(Args, Debug)]
 struct SimArgs {
-    /// The workload (the model kind of `serve bench`).
-    #[arg(value_enum)]
-    workload: SimKind,
+    /// The workload (the model kind of `serve bench`). Required (an option only so that
+    /// `serve sim tenant` parses without it).
+    #[arg(value_enum, required = true)]
+    workload: Option<SimKind>,
     /// Cost model: a shipped name (batchmaker-v100) or a cost file from `serve profile`.
-    #[arg(long)]
-    cost: String,
+    #[arg(long, required = true)]
+    cost: Option<String>,
     #[command(flatten)]
     pol: RnnPolicyArgs,
     /// Request lengths (lstm, seq2seq): `wmt` (log-normal, mean 24) or `fixed:N`.
@@ -830,10 +855,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Demo => cmd_demo(),
         Command::Profile(a) => cmd_profile(a),
         Command::Sim(SimCmd { sub: Some(SimSub::Tenant(t)), .. }) => sim_tenant::cmd_sim_tenant(&t),
-        Command::Sim(SimCmd { args: Some(a), .. }) => cmd_sim(a),
-        Command::Sim(SimCmd { args: None, .. }) => {
-            Err(fatal("`serve sim` needs a workload (see `serve sim --help`)"))
-        }
+        Command::Sim(SimCmd { args, .. }) => cmd_sim(args),
     }
 }
 

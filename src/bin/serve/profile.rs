@@ -57,6 +57,9 @@ struct RoundTrip {
 }
 
 pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
+    if let Some(shape) = a.versions {
+        return crate::profile_versions::profile_versions(shape, &a);
+    }
     let t0 = Instant::now();
     let (net, name, source) = match (&a.model_dir, a.random_kind) {
         (Some(dir), None) => {
@@ -275,7 +278,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     let opts = ModelOptions {
         policy: PolicyConfig::Cellular(CellularOptions {
             workers: 1,
-            max_tasks_to_submit: 1,
+            max_tasks_to_submit: Some(1),
             ..CellularOptions::default()
         }),
         ..ModelOptions::default()

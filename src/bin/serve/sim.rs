@@ -84,7 +84,7 @@ fn network(a: &SimArgs, cost: &CostFile) -> CliResult<Network> {
         .hidden
         .or_else(|| cost.model.get("hidden").and_then(Value::as_u64).map(|h| h as usize))
         .unwrap_or(CPU_HIDDEN);
-    let kind = match a.workload {
+    let kind = match a.workload.unwrap_or(SimKind::Lstm) {
         SimKind::Mlp | SimKind::Elastic => return Ok(Network::Mlp(Mlp::random(&[4, 4], a.seed))),
         SimKind::Lstm => RnnKind::Lstm,
         SimKind::Seq2seq => RnnKind::Seq2Seq,
@@ -156,11 +156,14 @@ impl SimRuns<'_> {
 }
 
 pub(crate) fn cmd_sim(a: SimArgs) -> CliResult<()> {
-    if a.workload == SimKind::Elastic {
+    if a.workload.is_none() || a.cost.is_none() {
+        return Err(fatal("`serve sim` needs a workload and --cost (see `serve sim --help`)"));
+    }
+    if a.workload == Some(SimKind::Elastic) {
         return crate::sim_elastic::cmd_sim_elastic(&a);
     }
     let t0 = Instant::now();
-    let cost = CostFile::open(&a.cost)?;
+    let cost = CostFile::open(a.cost.as_deref().unwrap_or_default())?;
     let net = network(&a, &cost)?;
     let bench = a.compare.as_deref().map(read_bench).transpose()?;
     let specs = specs(&a, &net, bench.as_ref())?;

@@ -114,7 +114,7 @@ impl Driver for SimDriver<'_> {
 pub(crate) fn cmd_sim_elastic(a: &SimArgs) -> CliResult<()> {
     let t0 = Instant::now();
     let e = &a.elastic;
-    let cost = CostFile::open(&a.cost)?;
+    let cost = CostFile::open(a.cost.as_deref().unwrap_or_default())?;
     let cap = capacity(&cost, e.max_bs)?;
     let (qos, opt_wait_ms) = (e.qos_ms.unwrap_or(PAPER_QOS_MS), e.opt_wait_ms.unwrap_or(PAPER_OPT_WAIT_MS));
     let pols = policies(&Setup {

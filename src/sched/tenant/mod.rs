@@ -56,9 +56,11 @@ pub mod blocks;
 pub mod profile;
 #[cfg(test)]
 pub(crate) mod tests;
+pub mod versions;
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -227,12 +229,13 @@ pub struct TenantPolicy {
     queries: IdMap<Query>,
     /// Queries waiting for cores (not started, or between blocks), by arrival.
     waiting: BTreeSet<(Time, RequestId)>,
+    /// The same, per model (PREMA's pick reads each model's oldest).
+    waiting_by_model: Vec<BTreeSet<(Time, RequestId)>>,
     runs: IdMap<Run>,
     idle: Vec<WorkerId>,
     free: usize,
-    /// `Σ Avg_C` of the started queries at the level each was counted at is recomputed when
-    /// needed (the started queries are at most a few per core).
-    started: usize,
+    /// Started queries per model (`Σ Avg_C` over the queries in flight is read from these).
+    started: Vec<usize>,
     /// The interference level, as a fractional position among the profiled levels (EWMA).
     level: f64,
     /// PREMA's tokens per second waited, per model: priority (the tightest QoS over the
@@ -271,15 +274,17 @@ impl TenantPolicy {
                 best_qos / m.qos().as_secs_f64() / solo
             })
             .collect();
+        let n = cfg.models.len();
         Ok(TenantPolicy {
             cfg,
             book: Book::default(),
             queries: IdMap::default(),
             waiting: BTreeSet::new(),
+            waiting_by_model: vec![BTreeSet::new(); n],
             runs: IdMap::default(),
             idle: (0..cores).rev().collect(),
             free: cores,
-            started: 0,
+            started: vec![0; n],
             level: 0.0,
             token_rate,
         })
@@ -315,13 +320,14 @@ impl TenantPolicy {
             Blocks::Temporal => (q.next + 1, self.cfg.cores),
             Blocks::Adaptive => {
                 // Every query in flight counts, the caller included.
-                let mut others = 0;
-                for (&qid, o) in &self.queries {
-                    if o.started && qid != id {
-                        others += self.cfg.models[o.model].avg_cores(versions, level);
-                    }
-                }
                 let own = m.avg_cores(versions, level);
+                let all: usize = self
+                    .started
+                    .iter()
+                    .zip(&self.cfg.models)
+                    .map(|(n, m)| n * m.avg_cores(versions, level))
+                    .sum();
+                let others = if q.started { all - own } else { all };
                 let thres = blocks::thresholds(self.cfg.cores, &[own, others])[0];
                 let cap = own as f64 + thres;
                 // The free cores are the load now: a block formed under them, where the layers
@@ -349,12 +355,16 @@ impl TenantPolicy {
             return self.pump_temporal(now);
         }
         let level = self.level();
-        // Every pass launches (taking a core) or stops, so the first `free` waiting are enough.
-        let head: Vec<RequestId> = self.waiting.iter().take(self.free).map(|&(_, id)| id).collect();
-        for id in head {
-            if self.free == 0 {
-                break;
-            }
+        // In arrival order; every pass launches (taking a core), expires the query, or stops.
+        let mut after: Option<(Time, RequestId)> = None;
+        while self.free > 0 {
+            let range = match after {
+                Some(key) => self.waiting.range((Bound::Excluded(key), Bound::Unbounded)),
+                None => self.waiting.range(..),
+            };
+            let Some(&key) = range.into_iter().next() else { break };
+            after = Some(key);
+            let id = key.1;
             if self.expire_if_due(now, id) {
                 continue;
             }
@@ -376,15 +386,16 @@ impl TenantPolicy {
     /// every core.
     fn pump_temporal(&mut self, now: Time) {
         while self.runs.is_empty() {
-            let tokens = |q: &Query| now.since(q.arrived).as_secs_f64() * self.token_rate[q.model];
-            let mut pick: Option<(f64, RequestId)> = None;
-            for &(_, id) in &self.waiting {
-                let t = tokens(&self.queries[&id]);
-                if pick.is_none_or(|(best, _)| t > best) {
-                    pick = Some((t, id));
+            // Tokens grow with the time waited: each model's oldest waiting query has its most.
+            let mut pick: Option<(f64, Time, RequestId)> = None;
+            for (m, w) in self.waiting_by_model.iter().enumerate() {
+                let Some(&(arrived, id)) = w.first() else { continue };
+                let t = now.since(arrived).as_secs_f64() * self.token_rate[m];
+                if pick.is_none_or(|(best, at, _)| t > best || (t == best && arrived < at)) {
+                    pick = Some((t, arrived, id));
                 }
             }
-            let Some((_, id)) = pick else { return };
+            let Some((_, _, id)) = pick else { return };
             if self.expire_if_due(now, id) {
                 continue;
             }
@@ -415,9 +426,10 @@ impl TenantPolicy {
         let Some(worker) = self.idle.pop() else { return };
         let q = self.queries.get_mut(&id).expect("a waiting query is known");
         self.waiting.remove(&(q.arrived, id));
+        self.waiting_by_model[q.model].remove(&(q.arrived, id));
         if !q.started {
             q.started = true;
-            self.started += 1;
+            self.started[q.model] += 1;
             self.book.start(1);
         }
         q.running = true;
@@ -441,8 +453,9 @@ impl TenantPolicy {
     fn finish(&mut self, id: RequestId, code: Code) {
         let Some(q) = self.queries.remove(&id) else { return };
         self.waiting.remove(&(q.arrived, id));
+        self.waiting_by_model[q.model].remove(&(q.arrived, id));
         if q.started {
-            self.started -= 1;
+            self.started[q.model] -= 1;
         }
         self.book.complete(id, code, q.started);
     }
@@ -504,6 +517,7 @@ impl Policy for TenantPolicy {
         };
         self.queries.insert(req.id, q);
         self.waiting.insert((now, req.id));
+        self.waiting_by_model[req.model].insert((now, req.id));
         self.pump(now);
         self.tidy();
     }
@@ -539,6 +553,7 @@ impl Policy for TenantPolicy {
             self.finish(run.query, Code::Ok);
         } else {
             self.waiting.insert((q.arrived, run.query));
+            self.waiting_by_model[q.model].insert((q.arrived, run.query));
         }
         self.pump(now);
         self.tidy();

@@ -5,12 +5,9 @@
 //!
 //! * **Versions** (VELTAIR Alg. 1 on synthetic candidates): outer tilings `mt × nt` (each of
 //!   16…256, clamped to the layer's dims; `kt = min(K, 512)`). Locality is the tile's working
-//!   set `ws = 4(mt·kt + kt·nt + mt·nt)` bytes; parallelism is its number of tiles. From the
-//!   candidates: those within the layer's budget on all cores (the fastest kept if none is),
-//!   the Pareto set (no other has both a smaller working set and fewer tiles), at most
-//!   [`MAX_VERSIONS`] evenly spaced by working set, then pruned greedily while the rest still
-//!   reach 90% of the kept set's best at every interference level (on the layer's lease: the
-//!   fewest cores on which a kept version meets its budget solo).
+//!   set `ws = 4(mt·kt + kt·nt + mt·nt)` bytes; parallelism is its number of tiles. The kept
+//!   ones are chosen by `sched::tenant::versions` (budget, Pareto set, at most 5 spread by
+//!   working set, pruned at 90% coverage per level on the layer's lease).
 //! * **Solo time** on `c` cores: `f + t1 · ⌈tiles / c⌉ / tiles + o · (c − 1)`, with
 //!   `t1 = flops / (rate · eff)`, `eff = ai / (ai + 4)` for the tile's arithmetic intensity
 //!   `ai = 2·mt·nt·kt / ws` FLOP/byte (small tiles lose to load/store traffic), `f` a fixed
@@ -30,7 +27,7 @@ use std::time::Duration;
 
 use super::models::{LayerShape, ModelShape};
 use crate::error::Result;
-use crate::sched::tenant::profile::MAX_VERSIONS;
+use crate::sched::tenant::versions::{self, Candidate};
 use crate::sched::tenant::{LayerProfile, TenantModel};
 
 /// The simulated machine.
@@ -169,7 +166,7 @@ pub fn model_cost(m: &Machine, shape: &ModelShape, all: &[&ModelShape]) -> Model
     }
 }
 
-/// Alg. 1 steps 2–5 on the tiling candidates of one layer (see the module documentation).
+/// Alg. 1 steps 2–5 ([`versions`]) on the tiling candidates of one layer.
 fn select(m: &Machine, l: &LayerShape, budget: f64, levels: &[f64]) -> Vec<Version> {
     let mut cands: Vec<Version> = Vec::new();
     for &a in &SIDES {
@@ -180,44 +177,18 @@ fn select(m: &Machine, l: &LayerShape, budget: f64, levels: &[f64]) -> Vec<Versi
             }
         }
     }
-    // 2: within the budget on all cores (the fastest if none is).
-    let fast = |v: &Version| v.solo_us(m, m.cores);
-    let mut within: Vec<Version> = cands.iter().copied().filter(|v| fast(v) <= budget).collect();
-    if within.is_empty() {
-        let best = cands.iter().copied().min_by(|a, b| fast(a).total_cmp(&fast(b)));
-        within.extend(best);
-    }
-    // 3: the Pareto set over (working set, tiles).
-    let mut pareto: Vec<Version> =
-        within.iter().copied().filter(|v| !within.iter().any(|o| o.ws < v.ws && o.tiles < v.tiles)).collect();
-    pareto.sort_by(|a, b| a.ws.total_cmp(&b.ws).then(a.tiles.cmp(&b.tiles)));
-    pareto.dedup_by(|a, b| a.ws == b.ws && a.tiles == b.tiles);
-    // 4: at most V, evenly spaced by working set.
-    let n = pareto.len();
-    let mut kept: Vec<Version> = if n <= MAX_VERSIONS {
-        pareto
-    } else {
-        let idx = |k: usize| (k * (n - 1) + (MAX_VERSIONS - 1) / 2) / (MAX_VERSIONS - 1);
-        (0..MAX_VERSIONS).map(|k| pareto[idx(k)]).collect()
-    };
-    kept.dedup_by(|a, b| a.ws == b.ws && a.tiles == b.tiles);
-    // 5: drop versions the others cover to within 90% at every level, on the layer's lease (the
-    // fewest cores on which a kept version meets its budget solo).
+    let described: Vec<Candidate> = cands
+        .iter()
+        .map(|v| Candidate { ws: v.ws, tiles: v.tiles, fastest: v.solo_us(m, m.cores) })
+        .collect();
+    let kept: Vec<Version> = versions::spread(&described, budget).into_iter().map(|i| cands[i]).collect();
+    // Step 5 on the layer's lease: the fewest cores on which a kept version meets its budget.
     let c = (1..=m.cores).find(|&c| kept.iter().any(|v| v.solo_us(m, c) <= budget)).unwrap_or(m.cores);
-    let time = |v: &Version, p: f64| v.solo_us(m, c) * (1.0 + v.alpha * p);
-    let best_at = |set: &[Version], p: f64| set.iter().map(|v| time(v, p)).fold(f64::INFINITY, f64::min);
-    let full = kept.clone();
-    let mut i = 0;
-    while i < kept.len() && kept.len() > 1 {
-        let mut rest = kept.clone();
-        rest.remove(i);
-        if levels.iter().all(|&p| best_at(&full, p) >= 0.9 * best_at(&rest, p)) {
-            kept = rest;
-        } else {
-            i += 1;
-        }
-    }
-    kept
+    let times: Vec<Vec<f64>> = kept
+        .iter()
+        .map(|v| levels.iter().map(|&p| v.solo_us(m, c) * (1.0 + v.alpha * p)).collect())
+        .collect();
+    versions::prune(&times).into_iter().map(|i| kept[i]).collect()
 }
 
 impl ModelCost {

@@ -78,3 +78,59 @@ fn temporal_sharing_loses_to_spatial_sharing_on_the_mix() {
     let (prema, layer, full) = (q(Scheme::Prema), q(Scheme::LayerWise), q(Scheme::Veltair));
     assert!(layer > prema && full > prema, "prema {prema}, layer-wise {layer}, veltair {full}");
 }
+
+#[test]
+fn a_tenant_removed_while_its_blocks_run_finishes_them_and_the_others_go_on() {
+    use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
+    use crate::sched::TaskReport;
+    use crate::sched::tenant::{TenantConfig, TenantPolicy};
+    let s = setup(16, Workload::Medium);
+    let mut core: EngineCore<u64> = EngineCore::default();
+    core.add_group(
+        0,
+        Box::new(TenantPolicy::new(TenantConfig::new(16, Scheme::Veltair, s.profiles.clone())).unwrap()),
+    );
+    core.add_model(0, 0, 0);
+    core.add_model(1, 0, 0);
+    let sub =
+        |model, id| Submit { model, id, graph: None, slots_needed: 0, deadline: None, priority: 0, data: id };
+    let t = Time::from_micros;
+    core.submit(t(0), sub(1, 1)).unwrap();
+    core.input_ready(t(0), 1);
+    let mut out: Vec<CoreOutput<u64>> = std::iter::from_fn(|| core.poll()).collect();
+    assert!(matches!(out[..], [CoreOutput::Launch { .. }]));
+    // Model 1 leaves while its first block runs: new queries for it are refused, model 0's go on.
+    core.close_model(1);
+    assert!(core.submit(t(1), sub(1, 2)).is_err());
+    core.submit(t(1), sub(0, 3)).unwrap();
+    core.input_ready(t(1), 3);
+    out.extend(std::iter::from_fn(|| core.poll()));
+    let (mut completed, mut released, mut now) = (Vec::new(), false, 10);
+    while completed.len() < 2 {
+        let launches: Vec<(usize, u64)> = out
+            .drain(..)
+            .filter_map(|o| match o {
+                CoreOutput::Launch { group, task } => Some((group, task)),
+                CoreOutput::Complete { id, code, .. } => {
+                    completed.push((id, code));
+                    None
+                }
+                CoreOutput::Released { model, policy } => {
+                    assert_eq!((model, policy.is_none()), (1, true), "model 1 alone; the group stays");
+                    released = true;
+                    None
+                }
+            })
+            .collect();
+        now += 1000;
+        for (g, task) in launches {
+            core.task_done(t(now), g, &TaskReport::of(task), |_, _, _| RowEnd::Continue);
+        }
+        out.extend(std::iter::from_fn(|| core.poll()));
+        assert!(now < 10_000_000, "stalled: {completed:?}");
+    }
+    out.drain(..).for_each(|o| released |= matches!(o, CoreOutput::Released { model: 1, .. }));
+    completed.sort();
+    assert_eq!(completed, vec![(1, Code::Ok), (3, Code::Ok)]);
+    assert!(released, "model 1 is released once its query is done");
+}
