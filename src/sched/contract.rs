@@ -16,6 +16,8 @@
 //! * once an event is handled, a cancelled or expired request with nothing running has
 //!   completed, and no request waits unstarted past its deadline;
 //! * `queued()` and `running()` equal the requests not started and started;
+//! * a tenant policy's leases never exceed its cores at once, and a request's layer blocks run
+//!   its layers in order, each once, all of them before `Ok`;
 //! * at the end (everything finished, time far ahead) nothing is queued, running or due.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -31,8 +33,8 @@ use crate::sched::baseline::timeout::{TimeoutConfig, TimeoutPolicy};
 use crate::sched::cellular::{CellTypeConfig, CellularConfig, CellularPolicy};
 use crate::sched::elastic::{ElasticConfig, ElasticPolicy};
 use crate::sched::{
-    Arrival, CellGraph, CellType, Decision, ModelId, Policy, RequestId, TaskId, TaskReport, Time, WorkerId,
-    WorkerShape,
+    Arrival, CellGraph, CellType, Decision, ModelId, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
+    WorkerId, WorkerShape,
 };
 
 /// What requests a policy under test is given.
@@ -51,6 +53,9 @@ struct UnderTest {
     /// Models it serves as one group (`Arrival::model` drawn from `0..n`); `None`: one model,
     /// whose id the run draws.
     models: Option<usize>,
+    /// A tenant policy's cores and each model's layer count: its leases must stay within the
+    /// cores, and a request's layer blocks must run its layers in order, each once, before `Ok`.
+    tenant: Option<(usize, Vec<usize>)>,
 }
 
 /// Builds a policy under test from a random configuration drawn from the generator.
@@ -66,7 +71,12 @@ fn policies() -> Vec<(&'static str, Make)> {
                 workers: rng.random_range(1..4),
                 pad_to_max: rng.random_bool(0.3),
             };
-            UnderTest { policy: Box::new(TimeoutPolicy::new(cfg)), requests: Requests::Fixed, models: None }
+            UnderTest {
+                policy: Box::new(TimeoutPolicy::new(cfg)),
+                requests: Requests::Fixed,
+                models: None,
+                tenant: None,
+            }
         }),
         ("adaptive", |rng| {
             let cfg = AdaptiveConfig {
@@ -77,7 +87,7 @@ fn policies() -> Vec<(&'static str, Make)> {
                 window: rng.random_range(2..=8),
             };
             let policy = Box::new(AdaptivePolicy::new(cfg).expect("valid adaptive config"));
-            UnderTest { policy, requests: Requests::Fixed, models: None }
+            UnderTest { policy, requests: Requests::Fixed, models: None, tenant: None }
         }),
         ("elastic", |rng| {
             // N-Ebird over random worker sizes, or E-Ebird over random level configurations;
@@ -110,7 +120,7 @@ fn policies() -> Vec<(&'static str, Make)> {
                 cfg
             };
             let policy = Box::new(ElasticPolicy::new(cfg).expect("valid elastic config"));
-            UnderTest { policy, requests: Requests::Fixed, models: None }
+            UnderTest { policy, requests: Requests::Fixed, models: None, tenant: None }
         }),
         ("padding", |rng| {
             let cfg = PaddingConfig {
@@ -124,7 +134,12 @@ fn policies() -> Vec<(&'static str, Make)> {
                 order: if rng.random_bool(0.5) { BucketOrder::RoundRobin } else { BucketOrder::OldestHead },
             };
             let policy = Box::new(PaddingPolicy::new(cfg).expect("valid padding config"));
-            UnderTest { policy, requests: Requests::Cells { types: 2, fixed: false }, models: None }
+            UnderTest {
+                policy,
+                requests: Requests::Cells { types: 2, fixed: false },
+                models: None,
+                tenant: None,
+            }
         }),
         ("cellular", |rng| {
             let types = rng.random_range(1..=3);
@@ -147,14 +162,16 @@ fn policies() -> Vec<(&'static str, Make)> {
                 max_tasks_to_submit: rng.random_range(1..=4),
             };
             let policy = Box::new(CellularPolicy::new(cfg).expect("valid cellular config"));
-            UnderTest { policy, requests: Requests::Cells { types, fixed: true }, models: None }
+            UnderTest { policy, requests: Requests::Cells { types, fixed: true }, models: None, tenant: None }
         }),
         ("tenant", |rng| {
             use crate::sched::tenant::tests::random_model;
             use crate::sched::tenant::{CapRule, Scheme, TenantConfig, TenantPolicy};
             let cores = rng.random_range(1..=6);
             let models = rng.random_range(1..=3);
-            let profiles = (0..models).map(|_| Arc::new(random_model(rng, cores))).collect();
+            let levels = rng.random_range(1..=3);
+            let profiles: Vec<_> = (0..models).map(|_| Arc::new(random_model(rng, cores, levels))).collect();
+            let layers = profiles.iter().map(|p| p.layers().len()).collect();
             let schemes = [
                 Scheme::Veltair,
                 Scheme::VeltairAs,
@@ -167,7 +184,12 @@ fn policies() -> Vec<(&'static str, Make)> {
             let mut cfg = TenantConfig::new(cores, schemes[rng.random_range(0..schemes.len())], profiles);
             cfg.rule = if rng.random_bool(0.5) { CapRule::Cap } else { CapRule::Literal };
             let policy = Box::new(TenantPolicy::new(cfg).expect("valid tenant config"));
-            UnderTest { policy, requests: Requests::Fixed, models: Some(models) }
+            UnderTest {
+                policy,
+                requests: Requests::Fixed,
+                models: Some(models),
+                tenant: Some((cores, layers)),
+            }
         }),
     ]
 }
@@ -268,6 +290,11 @@ struct Checker {
     seed: u64,
     /// The model of each request.
     models: HashMap<RequestId, ModelId>,
+    tenant: Option<(usize, Vec<usize>)>,
+    /// Tenant policies: each request's next layer, the cores each task leased, their sum.
+    next_layer: HashMap<RequestId, u32>,
+    task_cores: HashMap<TaskId, usize>,
+    leased: usize,
     workers: Vec<WorkerShape>,
     lookahead: usize,
     graphs: HashMap<RequestId, Option<Arc<CellGraph>>>,
@@ -376,6 +403,27 @@ impl Checker {
                     self.started.insert(id);
                     *self.running_rows.entry(id).or_default() += 1;
                 }
+                if let Some((cores, layers)) = &self.tenant {
+                    let TaskShape::Layers { first, last } = l.shape else {
+                        self.fail(format!("task {}: a tenant task that is not a layer block", l.task))
+                    };
+                    let id = l.requests[0];
+                    let next = self.next_layer.get(&id).copied().unwrap_or(0);
+                    let n = layers.get(l.model).copied().unwrap_or(0) as u32;
+                    if l.requests.len() != 1 || first != next || last < first || last >= n {
+                        self.fail(format!(
+                            "task {}: layers {first}..={last} of request {id} (next {next} of {n}, {} rows)",
+                            l.task,
+                            l.requests.len()
+                        ));
+                    }
+                    self.next_layer.insert(id, last + 1);
+                    self.leased += l.exec.cores;
+                    if l.exec.cores == 0 || self.leased > *cores {
+                        self.fail(format!("task {}: {} cores leased of {cores}", l.task, self.leased));
+                    }
+                    self.task_cores.insert(l.task, l.exec.cores);
+                }
                 self.streams[l.worker].push_back((l.task, rows));
                 let out = self.streams[l.worker].len();
                 if out > self.lookahead {
@@ -407,8 +455,15 @@ impl Checker {
                             self.stopped.contains(&id)
                         ));
                     }
+                    let all_layers = match &self.tenant {
+                        Some((_, layers)) => {
+                            let n = layers.get(self.models[&id]).copied().unwrap_or(0) as u32;
+                            self.next_layer.get(&id) == Some(&n)
+                        }
+                        None => true,
+                    };
                     let ran_all = match &self.graphs[&id] {
-                        None => self.started.contains(&id),
+                        None => self.started.contains(&id) && all_layers,
                         Some(g) => (0..g.len() as u32).all(|v| self.finished.contains(&(id, v))),
                     };
                     if !ran_all && !self.stopped.contains(&id) {
@@ -445,7 +500,7 @@ impl Checker {
 /// One random run of the policy `make` builds.
 fn run(name: &'static str, make: Make, seed: u64, n_req: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let UnderTest { mut policy, requests, models } = make(&mut rng);
+    let UnderTest { mut policy, requests, models, tenant } = make(&mut rng);
     let p = policy.as_mut();
     let workers = p.workers();
     let model = rng.random_range(0..4);
@@ -453,6 +508,10 @@ fn run(name: &'static str, make: Make, seed: u64, n_req: u64) {
         name,
         seed,
         models: HashMap::new(),
+        tenant,
+        next_layer: HashMap::new(),
+        task_cores: HashMap::new(),
+        leased: 0,
         lookahead: p.lookahead(),
         streams: vec![VecDeque::new(); workers.len()],
         workers,
@@ -516,6 +575,7 @@ fn run(name: &'static str, make: Make, seed: u64, n_req: u64) {
                 let busy: Vec<usize> = (0..c.streams.len()).filter(|&w| !c.streams[w].is_empty()).collect();
                 if let Some(&w) = busy.get(rng.random_range(0..busy.len().max(1))) {
                     let (task, rows) = c.streams[w].pop_front().expect("busy worker");
+                    c.leased -= c.task_cores.remove(&task).unwrap_or(0);
                     for &(id, node) in &rows {
                         if let Some(node) = node {
                             c.finished.insert((id, node));

@@ -67,9 +67,9 @@ impl GemmVersion {
         format!("{}x{}-{order}-{place}", self.mt, self.nt)
     }
 
-    /// `c = a · b` (`a` `m × k`, `b` `k × n`, `c` `m × n`, all row-major), on `threads` threads
-    /// of the current rayon pool. Fails on lengths that disagree with the shape or a product over
-    /// [`MAX_ELEMENTS`].
+    /// `c = a · b` (`a` `m × k`, `b` `k × n`, `c` `m × n`, all row-major), on at most `threads`
+    /// threads of the current rayon pool. Fails on lengths that disagree with the shape or a
+    /// product over [`MAX_ELEMENTS`].
     pub fn run(
         &self,
         a: &[f32],
@@ -92,6 +92,10 @@ impl GemmVersion {
             )));
         }
         if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            c.fill(0.0);
             return Ok(());
         }
         let a_rows = |i0: usize, rows: usize| View { offset: i0 * k, rows, cols: k, rs: k, cs: 1 };
@@ -121,21 +125,22 @@ impl GemmVersion {
                 }
             }
             Placement::Bands => {
-                // Each band of rows is its own slice of `c`: bands run on different threads
-                // without sharing an element.
-                c.par_chunks_mut(self.mt * n).enumerate().with_max_len(1).for_each(|(band, out)| {
-                    let i0 = band * self.mt;
-                    let rows = out.len() / n;
-                    for &j0 in &col_tiles {
-                        let cols = self.nt.min(n - j0);
-                        let cv = View { offset: j0, rows, cols, rs: n, cs: 1 };
-                        matmul_strided(
-                            (a, a_rows(i0, rows)),
-                            (b, b_cols(j0, cols)),
-                            (out, cv),
-                            1.0,
-                            Threads(1),
-                        );
+                // The bands of `mt` rows go in `threads` groups, one task each: at most
+                // `threads` run at once. Each group is its own slice of `c`, so groups on
+                // different threads share no element.
+                let mt = self.mt.min(m);
+                let bands = m.div_ceil(mt);
+                let group_rows = mt * bands.div_ceil(threads.max(1));
+                c.par_chunks_mut(group_rows * n).enumerate().with_max_len(1).for_each(|(g, out)| {
+                    let rows_in_group = out.len() / n;
+                    for b0 in (0..rows_in_group).step_by(mt) {
+                        let (i0, rows) = (g * group_rows + b0, mt.min(rows_in_group - b0));
+                        for &j0 in &col_tiles {
+                            let cols = self.nt.min(n - j0);
+                            let cv = View { offset: b0 * n + j0, rows, cols, rs: n, cs: 1 };
+                            let (av, bv) = (a_rows(i0, rows), b_cols(j0, cols));
+                            matmul_strided((a, av), (b, bv), (&mut *out, cv), 1.0, Threads(1));
+                        }
                     }
                 });
             }
@@ -188,7 +193,7 @@ mod tests {
         let versions = candidates(m, n);
         assert!(versions.len() >= 12, "tiles × orders × placements: {}", versions.len());
         for v in versions {
-            for threads in [1, 2] {
+            for threads in [1, 2, 3] {
                 let mut c = vec![f32::NAN; m * n];
                 v.run(&a, &b, &mut c, (m, k, n), threads).unwrap();
                 let worst = c.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
@@ -204,6 +209,15 @@ mod tests {
         assert!(small.working_set(2304) < big.working_set(2304));
         assert!(small.tiles(196, 256) > big.tiles(196, 256));
         assert_eq!(big.tiles(196, 256), 1);
+    }
+
+    #[test]
+    fn an_empty_reduction_is_a_zero_product() {
+        for v in candidates(70, 90) {
+            let mut c = vec![f32::NAN; 70 * 90];
+            v.run(&[], &[], &mut c, (70, 0, 90), 2).unwrap();
+            assert!(c.iter().all(|&x| x == 0.0), "{}", v.name());
+        }
     }
 
     #[test]

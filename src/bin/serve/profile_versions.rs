@@ -30,15 +30,35 @@ const RUNS: usize = 3;
 /// Bytes the antagonist streams over (past any last-level cache of this machine).
 const ANTAGONIST_BYTES: usize = 64 << 20;
 
-/// Pin the calling thread to `core` (Linux; elsewhere, or if refused, it stays unpinned).
+/// The CPUs this process may run on (Linux; elsewhere, `0..available_parallelism`).
+fn allowed_cpus() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `set` is a plain bit set, zeroed, then filled by the kernel with at most
+        // `size_of::<cpu_set_t>()` bytes; `CPU_ISSET` reads bits below `CPU_SETSIZE` only.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+                return (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+            }
+        }
+    }
+    (0..std::thread::available_parallelism().map_or(1, |c| c.get())).collect()
+}
+
+/// Pin the calling thread to `core`; whether it worked (never off Linux, nor past
+/// `CPU_SETSIZE`).
 fn pin(core: usize) -> bool {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: `set` is a plain bit set the libc macros initialise and fill; the call reads
-        // `size_of::<cpu_set_t>()` bytes of it and changes only this thread's affinity.
+        if core >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        // SAFETY: `set` is a plain bit set, zeroed, with one bit below `CPU_SETSIZE` set (checked
+        // above); the call reads `size_of::<cpu_set_t>()` bytes of it and changes only this
+        // thread's affinity.
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_ZERO(&mut set);
             libc::CPU_SET(core, &mut set);
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
         }
@@ -59,12 +79,18 @@ struct Antagonist {
 }
 
 impl Antagonist {
-    fn start(core: usize, levels: usize) -> Antagonist {
+    /// Start it on `core`; fails if it cannot be pinned there.
+    fn start(core: usize, levels: usize) -> CliResult<Antagonist> {
         let level = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (l, s) = (level.clone(), stop.clone());
+        let (pinned_tx, pinned_rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
-            pin(core);
+            let pinned = pin(core);
+            let _ = pinned_tx.send(pinned);
+            if !pinned {
+                return;
+            }
             let mut buf = vec![0u64; ANTAGONIST_BYTES / 8];
             let period = Duration::from_millis(1);
             let mut at = 0;
@@ -85,7 +111,11 @@ impl Antagonist {
             }
             std::hint::black_box(&buf);
         });
-        Antagonist { level, stop, thread: Some(thread) }
+        let a = Antagonist { level, stop, thread: Some(thread) };
+        match pinned_rx.recv() {
+            Ok(true) => Ok(a),
+            _ => Err(fatal(format!("cannot pin the antagonist to CPU {core}"))),
+        }
     }
 }
 
@@ -131,26 +161,24 @@ struct Data {
     b: Vec<f32>,
 }
 
-fn pool(threads: usize, core: Option<usize>) -> CliResult<rayon::ThreadPool> {
-    let mut b = rayon::ThreadPoolBuilder::new().num_threads(threads);
-    if let Some(core) = core {
-        b = b.start_handler(move |_| {
-            pin(core);
-        });
-    }
+fn pool(threads: usize) -> CliResult<rayon::ThreadPool> {
+    let b = rayon::ThreadPoolBuilder::new().num_threads(threads);
     b.build().map_err(|e| fatal(format!("cannot start a thread pool: {e}")))
 }
 
 pub(crate) fn profile_versions((m, k, n): (usize, usize, usize), a: &ProfileArgs) -> CliResult<()> {
     let t0 = Instant::now();
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let cpus = allowed_cpus();
+    let cores = cpus.len();
+    let (Some(&product_cpu), Some(&antagonist_cpu)) = (cpus.first(), cpus.last()) else {
+        return Err(fatal("no CPU to run on"));
+    };
     if cores < 2 {
-        return Err(fatal("--versions needs 2 cores: one for the product, one for the antagonist"));
+        return Err(fatal("--versions needs 2 CPUs: one for the product, one for the antagonist"));
     }
-    if m * k > serve::backend::cpu::versions::MAX_ELEMENTS
-        || k * n > serve::backend::cpu::versions::MAX_ELEMENTS
-    {
-        return Err(fatal(format!("a {m}x{k}x{n} product is too large to profile")));
+    let max = serve::backend::cpu::versions::MAX_ELEMENTS;
+    if [m * k, k * n, m * n].iter().any(|&e| e > max) {
+        return Err(fatal(format!("a {m}x{k}x{n} product is over {max} elements per operand")));
     }
     let data = Data {
         m,
@@ -165,7 +193,10 @@ pub(crate) fn profile_versions((m, k, n): (usize, usize, usize), a: &ProfileArgs
         "# serve profile --versions {m}x{k}x{n}: {} candidate versions, {levels} antagonist levels, {cores} cores",
         cands.len()
     );
-    let (one, two) = (pool(1, Some(0))?, pool(2, None)?);
+    let (one, two) = (pool(1)?, pool(2)?);
+    if !one.install(|| pin(product_cpu)) {
+        return Err(fatal(format!("cannot pin the product to CPU {product_cpu}")));
+    }
     let mut solo1 = vec![Vec::new(); cands.len()];
     let mut solo2 = vec![Vec::new(); cands.len()];
     for _ in 0..SWEEPS {
@@ -175,8 +206,8 @@ pub(crate) fn profile_versions((m, k, n): (usize, usize, usize), a: &ProfileArgs
         }
     }
     let solo: Vec<(f64, f64)> = solo1.into_iter().zip(solo2).map(|(a, b)| (median(a), median(b))).collect();
-    // The antagonist on the last core, the product pinned to core 0.
-    let antagonist = Antagonist::start(cores - 1, levels);
+    // The antagonist on the last allowed CPU, the product pinned to the first.
+    let antagonist = Antagonist::start(antagonist_cpu, levels)?;
     // `samples[level][candidate]`.
     let mut samples = vec![vec![Vec::new(); cands.len()]; levels];
     for _ in 0..SWEEPS {

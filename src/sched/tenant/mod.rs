@@ -50,7 +50,8 @@
 //! PREMA (temporal sharing; the paper gives no configuration, so the spec's reading): one query
 //! at a time runs on every core and may be preempted at any layer boundary; at each boundary
 //! the waiting query with the most tokens runs next, tokens being `priority × waited / solo`
-//! with priority `∝ 1/QoS` (ties: the earliest arrival).
+//! with priority `∝ 1/QoS` and `waited` the time it has spent waiting, not running (ties: the
+//! one that has waited longest).
 
 pub mod blocks;
 pub mod profile;
@@ -136,7 +137,8 @@ impl Scheme {
         }
     }
 
-    fn versions(self) -> Versions {
+    /// Which versions the scheme runs.
+    pub fn versions(self) -> Versions {
         match self {
             Scheme::Veltair | Scheme::VeltairAc => Versions::Multi,
             _ => Versions::SoloBest,
@@ -204,6 +206,9 @@ struct Query {
     started: bool,
     running: bool,
     cancelled: bool,
+    /// When it would have arrived had it waited all along without running: `now − waited`
+    /// when it (re-)enters the waiting queries. PREMA's tokens grow from here.
+    since: Time,
 }
 
 /// A block running on its lease.
@@ -229,7 +234,8 @@ pub struct TenantPolicy {
     queries: IdMap<Query>,
     /// Queries waiting for cores (not started, or between blocks), by arrival.
     waiting: BTreeSet<(Time, RequestId)>,
-    /// The same, per model (PREMA's pick reads each model's oldest).
+    /// The same per model, by [`Query::since`] (PREMA's pick reads the one of each model that
+    /// has waited longest).
     waiting_by_model: Vec<BTreeSet<(Time, RequestId)>>,
     runs: IdMap<Run>,
     idle: Vec<WorkerId>,
@@ -259,6 +265,15 @@ impl TenantPolicy {
                 m.name(),
                 m.cores(),
                 cfg.cores
+            )));
+        }
+        if let Some(m) = cfg.models.iter().find(|m| m.levels() != cfg.models[0].levels()) {
+            return Err(Error::invalid(format!(
+                "tenant model `{}` is profiled at {} interference levels, `{}` at {}: the level is shared",
+                m.name(),
+                m.levels(),
+                cfg.models[0].name(),
+                cfg.models[0].levels()
             )));
         }
         if !(cfg.ewma > 0.0 && cfg.ewma <= 1.0) {
@@ -386,13 +401,13 @@ impl TenantPolicy {
     /// every core.
     fn pump_temporal(&mut self, now: Time) {
         while self.runs.is_empty() {
-            // Tokens grow with the time waited: each model's oldest waiting query has its most.
+            // Tokens grow with the time waited: each model's longest-waiting query has its most.
             let mut pick: Option<(f64, Time, RequestId)> = None;
             for (m, w) in self.waiting_by_model.iter().enumerate() {
-                let Some(&(arrived, id)) = w.first() else { continue };
-                let t = now.since(arrived).as_secs_f64() * self.token_rate[m];
-                if pick.is_none_or(|(best, at, _)| t > best || (t == best && arrived < at)) {
-                    pick = Some((t, arrived, id));
+                let Some(&(since, id)) = w.first() else { continue };
+                let t = now.since(since).as_secs_f64() * self.token_rate[m];
+                if pick.is_none_or(|(best, at, _)| t > best || (t == best && since < at)) {
+                    pick = Some((t, since, id));
                 }
             }
             let Some((_, _, id)) = pick else { return };
@@ -426,7 +441,7 @@ impl TenantPolicy {
         let Some(worker) = self.idle.pop() else { return };
         let q = self.queries.get_mut(&id).expect("a waiting query is known");
         self.waiting.remove(&(q.arrived, id));
-        self.waiting_by_model[q.model].remove(&(q.arrived, id));
+        self.waiting_by_model[q.model].remove(&(q.since, id));
         if !q.started {
             q.started = true;
             self.started[q.model] += 1;
@@ -453,7 +468,7 @@ impl TenantPolicy {
     fn finish(&mut self, id: RequestId, code: Code) {
         let Some(q) = self.queries.remove(&id) else { return };
         self.waiting.remove(&(q.arrived, id));
-        self.waiting_by_model[q.model].remove(&(q.arrived, id));
+        self.waiting_by_model[q.model].remove(&(q.since, id));
         if q.started {
             self.started[q.model] -= 1;
         }
@@ -514,6 +529,7 @@ impl Policy for TenantPolicy {
             started: false,
             running: false,
             cancelled: false,
+            since: now,
         };
         self.queries.insert(req.id, q);
         self.waiting.insert((now, req.id));
@@ -544,6 +560,9 @@ impl Policy for TenantPolicy {
         let q = self.queries.get_mut(&run.query).expect("a running query is known");
         q.running = false;
         q.next = run.end;
+        // It waited `run.launched − since` before this block: it resumes waiting from there.
+        let waited = run.launched.since(q.since).as_nanos();
+        q.since = Time(now.as_nanos().saturating_sub(u64::try_from(waited).unwrap_or(u64::MAX)));
         let layers = self.cfg.models[q.model].layers().len();
         if q.cancelled {
             self.finish(run.query, Code::Cancelled);
@@ -553,7 +572,7 @@ impl Policy for TenantPolicy {
             self.finish(run.query, Code::Ok);
         } else {
             self.waiting.insert((q.arrived, run.query));
-            self.waiting_by_model[q.model].insert((q.arrived, run.query));
+            self.waiting_by_model[q.model].insert((q.since, run.query));
         }
         self.pump(now);
         self.tidy();

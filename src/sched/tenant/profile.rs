@@ -25,6 +25,12 @@ pub const MAX_VERSIONS: usize = 5;
 pub const MAX_CORES: usize = 1024;
 /// Most interference levels of a profile.
 pub const MAX_LEVELS: usize = 16;
+/// The range of a profiled time, µs (a nanosecond to about 11 days): outside it a sum of
+/// layers, a budget or a token rate could overflow or vanish.
+pub const MIN_US: f64 = 1e-3;
+pub const MAX_US: f64 = 1e12;
+/// Most FLOPs of one layer (their sum over [`MAX_LAYERS`] layers stays finite).
+pub const MAX_FLOPS: f64 = 1e18;
 
 /// One layer's profile.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,8 +93,8 @@ impl TenantModel {
             ));
         }
         for l in &mut layers {
-            if !(l.flops.is_finite() && l.flops > 0.0) {
-                return bad(format!("layer `{}` has {} FLOPs", l.name, l.flops));
+            if !(l.flops.is_finite() && l.flops > 0.0 && l.flops <= MAX_FLOPS) {
+                return bad(format!("layer `{}` has {} FLOPs (at most {MAX_FLOPS})", l.name, l.flops));
             }
             if l.versions.is_empty() || l.versions.len() > MAX_VERSIONS {
                 return bad(format!(
@@ -102,8 +108,8 @@ impl TenantModel {
                     return bad(format!("layer `{}`: a table that is not {levels} × {cores}", l.name));
                 }
                 for row in v.iter_mut() {
-                    if row.iter().any(|t| !(t.is_finite() && *t > 0.0)) {
-                        return bad(format!("layer `{}`: a time that is not finite and positive", l.name));
+                    if row.iter().any(|t| !(MIN_US..=MAX_US).contains(t)) {
+                        return bad(format!("layer `{}`: a time outside {MIN_US} to {MAX_US} µs", l.name));
                     }
                     // The monotone envelope: c cores can always run as c − 1 would.
                     for c in 1..row.len() {
@@ -147,7 +153,7 @@ impl TenantModel {
         let m = self;
         let total: f64 = m.layers.iter().map(|l| l.flops).sum();
         let q_us = m.qos.as_secs_f64() * 1e6 * share;
-        m.budgets = m.layers.iter().map(|l| q_us * l.flops / total).collect();
+        m.budgets = m.layers.iter().map(|l| q_us * (l.flops / total)).collect();
         m.suffix = vec![0.0; m.layers.len() + 1];
         for l in (0..m.layers.len()).rev() {
             m.suffix[l] = m.suffix[l + 1] + m.budgets[l];

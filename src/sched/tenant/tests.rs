@@ -47,11 +47,10 @@ pub(crate) fn model(
     TenantModel::new(name, Duration::from_millis(qos_ms), layers).expect("a valid profile")
 }
 
-/// A random profile on `cores` cores for the contract checker: 1 to 6 layers of 1 to 3
-/// versions over 1 to 3 levels, with a QoS some core count meets or none does.
-pub(crate) fn random_model(rng: &mut rand::rngs::StdRng, cores: usize) -> TenantModel {
+/// A random profile on `cores` cores at `levels` interference levels for the contract checker:
+/// 1 to 6 layers of 1 to 3 versions, with a QoS some core count meets or none does.
+pub(crate) fn random_model(rng: &mut rand::rngs::StdRng, cores: usize, levels: usize) -> TenantModel {
     use rand::Rng;
-    let levels = rng.random_range(1..=3);
     let layers: Vec<(f64, Vec<V>)> = (0..rng.random_range(1..=6))
         .map(|_| {
             let vs = (0..rng.random_range(1..=3))
@@ -395,6 +394,16 @@ fn prema_runs_one_query_at_a_time_on_every_core_and_serves_tokens() {
     p.task_done(t(100), &TaskReport::of(l[0].task));
     let l = launches(&mut p);
     assert_eq!(l[0].requests, vec![1]);
+    // Tokens count time spent waiting, not running: of two queries of one model, the one that
+    // ran its first layer while the other waited yields at the boundary.
+    let one = Arc::new(model("one", 10, 4, 1, &[(1e6, v); 3]));
+    let mut p = TenantPolicy::new(TenantConfig::new(4, Scheme::Prema, vec![one])).unwrap();
+    p.arrive(t(0), arrival(0, 0));
+    p.arrive(t(1), arrival(1, 0));
+    let l = launches(&mut p);
+    assert_eq!(l[0].requests, vec![0]);
+    p.task_done(t(1000), &TaskReport::of(l[0].task));
+    assert_eq!(launches(&mut p)[0].requests, vec![1], "query 0 waited 0 µs, query 1 999");
 }
 
 #[test]
@@ -406,6 +415,13 @@ fn bad_inputs_get_precise_errors_and_everything_completes() {
     let err = TenantPolicy::new(TenantConfig::new(8, Scheme::Veltair, vec![m.clone()])).unwrap_err();
     assert!(err.to_string().contains("profiled on 4 cores"), "{err}");
     assert!(TenantPolicy::new(TenantConfig::new(4, Scheme::Veltair, vec![])).is_err());
+    let e = TenantPolicy::new(TenantConfig::new(
+        8,
+        Scheme::Veltair,
+        vec![Arc::new(two_versions(4, 8)), Arc::new(two_versions(2, 8))],
+    ))
+    .unwrap_err();
+    assert!(e.to_string().contains("interference levels"), "{e}");
     let bad_ewma = TenantConfig { ewma: 0.0, ..TenantConfig::new(4, Scheme::Veltair, vec![m.clone()]) };
     assert!(TenantPolicy::new(bad_ewma).is_err());
     assert!(Scheme::parse("fixed-0").is_err());
@@ -413,9 +429,13 @@ fn bad_inputs_get_precise_errors_and_everything_completes() {
     for name in ["veltair", "veltair-as", "veltair-ac", "layer-wise", "model-wise", "fixed-6", "prema"] {
         assert_eq!(Scheme::parse(name).unwrap().to_string(), name);
     }
-    // Profiles that cannot be models.
-    let nan = LayerProfile { name: "x".into(), flops: 1.0, versions: vec![vec![vec![f64::NAN]]] };
-    assert!(TenantModel::new("x", Duration::from_millis(1), vec![nan]).is_err());
+    // Profiles that cannot be models: NaN, subnormal or absurd times, absurd FLOPs.
+    for t in [f64::NAN, 1e-300, 1e300, 0.0] {
+        let l = LayerProfile { name: "x".into(), flops: 1.0, versions: vec![vec![vec![t]]] };
+        assert!(TenantModel::new("x", Duration::from_millis(1), vec![l]).is_err(), "time {t}");
+    }
+    let huge = LayerProfile { name: "x".into(), flops: 1e300, versions: vec![vec![vec![1.0]]] };
+    assert!(TenantModel::new("x", Duration::from_millis(1), vec![huge]).is_err());
     let none = LayerProfile { name: "x".into(), flops: 1.0, versions: vec![] };
     assert!(TenantModel::new("x", Duration::from_millis(1), vec![none]).is_err());
     assert!(TenantModel::new("x", Duration::from_millis(1), vec![]).is_err());

@@ -136,9 +136,24 @@ fn max_pressure(m: &Machine, shapes: &[&ModelShape]) -> f64 {
     let worst = shapes
         .iter()
         .flat_map(|s| &s.layers)
-        .flat_map(|l| SIDES.iter().map(move |&t| Version::new(m, l, t.min(l.m), t.min(l.n)).pressure))
+        .flat_map(|l| candidates(m, l))
+        .map(|v| v.pressure)
         .fold(0.0, f64::max);
     m.cores as f64 * worst / m.bandwidth
+}
+
+/// A layer's candidate versions: every pair of tile sides, clamped to its dims, once each.
+fn candidates(m: &Machine, l: &LayerShape) -> Vec<Version> {
+    let mut cands: Vec<Version> = Vec::new();
+    for &a in &SIDES {
+        for &b in &SIDES {
+            let v = Version::new(m, l, a.min(l.m), b.min(l.n));
+            if !cands.iter().any(|c| (c.mt, c.nt) == (v.mt, v.nt)) {
+                cands.push(v);
+            }
+        }
+    }
+    cands
 }
 
 /// The costs of `shape` on `m`, with the levels' pressures spread up to the pressure of every
@@ -154,7 +169,8 @@ pub fn model_cost(m: &Machine, shape: &ModelShape, all: &[&ModelShape]) -> Model
         .layers
         .iter()
         .map(|l| {
-            let budget = qos_us * l.flops() / total;
+            // The budget the scheduler plans to (its profile's, `PLAN_SHARE` of the QoS).
+            let budget = PLAN_SHARE * qos_us * (l.flops() / total);
             LayerCost { shape: l.clone(), versions: select(m, l, budget, &level_pressure) }
         })
         .collect();
@@ -168,19 +184,11 @@ pub fn model_cost(m: &Machine, shape: &ModelShape, all: &[&ModelShape]) -> Model
 
 /// Alg. 1 steps 2–5 ([`versions`]) on the tiling candidates of one layer.
 fn select(m: &Machine, l: &LayerShape, budget: f64, levels: &[f64]) -> Vec<Version> {
-    let mut cands: Vec<Version> = Vec::new();
-    for &a in &SIDES {
-        for &b in &SIDES {
-            let v = Version::new(m, l, a.min(l.m), b.min(l.n));
-            if !cands.iter().any(|c| (c.mt, c.nt) == (v.mt, v.nt)) {
-                cands.push(v);
-            }
-        }
-    }
-    let described: Vec<Candidate> = cands
-        .iter()
-        .map(|v| Candidate { ws: v.ws, tiles: v.tiles, fastest: v.solo_us(m, m.cores) })
-        .collect();
+    let cands = candidates(m, l);
+    // Its fastest solo time over every core count (more cores can cost more than they give).
+    let fastest = |v: &Version| (1..=m.cores).map(|c| v.solo_us(m, c)).fold(f64::INFINITY, f64::min);
+    let described: Vec<Candidate> =
+        cands.iter().map(|v| Candidate { ws: v.ws, tiles: v.tiles, fastest: fastest(v) }).collect();
     let kept: Vec<Version> = versions::spread(&described, budget).into_iter().map(|i| cands[i]).collect();
     // Step 5 on the layer's lease: the fewest cores on which a kept version meets its budget.
     let c = (1..=m.cores).find(|&c| kept.iter().any(|v| v.solo_us(m, c) <= budget)).unwrap_or(m.cores);

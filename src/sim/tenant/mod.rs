@@ -1,8 +1,9 @@
 //! The multi-tenant simulator (VELTAIR at 64 cores; ARCHITECTURE.md §7.9, §8): the runtime's
 //! [`EngineCore`] with one [`TenantPolicy`] serving every tenant model, on virtual time, each
-//! block's duration from the [`cost`] model: its layers' solo times in the versions it runs, on
-//! its cores, slowed by the pressure of the blocks running beside it when it starts, plus a
-//! thread-start cost when it is a conflicted unit.
+//! block's work from the [`cost`] model: its layers' solo times in the versions it runs, on its
+//! cores, plus a thread-start cost when it is a conflicted unit; it progresses at
+//! `1 / (1 + α·P)` for the pressure `P` of the blocks running beside it, recomputed whenever a
+//! block starts or ends.
 //!
 //! Poisson arrivals of the workload's models (each its share of the rate), one seed per run;
 //! a query meets its QoS when its latency (arrival to completion) is within its model's target.
@@ -23,7 +24,7 @@ use rand_distr::{Distribution, Exp, LogNormal};
 
 use crate::error::{Code, Error, Result};
 use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
-use crate::sched::tenant::{CapRule, Scheme, TenantConfig, TenantModel, TenantPolicy, Versions};
+use crate::sched::tenant::{CapRule, Scheme, TenantConfig, TenantModel, TenantPolicy};
 use crate::sched::{ModelId, TaskId, TaskReport, TaskShape, Time};
 use cost::{Machine, ModelCost};
 use models::ModelShape;
@@ -193,15 +194,67 @@ pub struct Run {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Arrive(usize),
-    Done(TaskId),
+    /// The running blocks' earliest end, as predicted under this generation of their rates
+    /// (stale once a block started or ended since).
+    End(u64),
     Wake,
 }
 
-/// A block running in the simulation.
+/// A block running in the simulation. It has `left` µs of solo work to do and progresses at
+/// `rate` solo µs per µs, `1 / (1 + α·P)` for the pressure `P` of the other blocks running now:
+/// when a block starts or ends every rate is computed again, so a long block is slowed by the
+/// blocks that start beside it after it did, not only by those it started beside.
 struct Running {
     cores: usize,
+    /// Bytes per µs it puts on the shared cache and memory.
     pressure: f64,
-    took: Duration,
+    /// Its sensitivity: its layers' α weighted by their solo times.
+    alpha: f64,
+    left: f64,
+    rate: f64,
+    started: Time,
+}
+
+/// The running blocks and their shared progress.
+#[derive(Default)]
+struct Blocks {
+    running: std::collections::BTreeMap<TaskId, Running>,
+    /// When `left` was last brought up to date.
+    last: Time,
+    generation: u64,
+}
+
+impl Blocks {
+    /// Every running block's progress up to `now` at its current rate.
+    fn advance(&mut self, now: Time) {
+        let dt = now.since(self.last).as_secs_f64() * 1e6;
+        for r in self.running.values_mut() {
+            r.left = (r.left - dt * r.rate).max(0.0);
+        }
+        self.last = now;
+    }
+
+    /// The blocks whose work is done at `now` (within a nanosecond), taken out.
+    fn finished(&mut self) -> Vec<(TaskId, Running)> {
+        let done: Vec<TaskId> =
+            self.running.iter().filter(|(_, r)| r.left / r.rate < 1e-3).map(|(&t, _)| t).collect();
+        done.into_iter().filter_map(|t| self.running.remove(&t).map(|r| (t, r))).collect()
+    }
+
+    /// Compute every rate again from the pressure running now; the earliest end under the new
+    /// generation.
+    fn rerate(&mut self, now: Time, bandwidth: f64) -> Option<(Time, u64)> {
+        self.generation += 1;
+        let total: f64 = self.running.values().map(|r| r.pressure).sum();
+        let mut first = f64::INFINITY;
+        for r in self.running.values_mut() {
+            r.rate = 1.0 / (1.0 + r.alpha * (total - r.pressure).max(0.0) / bandwidth);
+            first = first.min(r.left / r.rate);
+        }
+        first.is_finite().then(|| {
+            (now + Duration::from_secs_f64(first * 1e-6).max(Duration::from_nanos(1)), self.generation)
+        })
+    }
 }
 
 /// Simulate `run` on `setup`.
@@ -247,13 +300,14 @@ pub fn simulate(setup: &Setup, run: &Run) -> Result<TenantOutcome> {
         heap.push(Reverse((at, seq, ev)));
     };
     push(&mut heap, arrivals[0].0, Ev::Arrive(0));
-    let mut running: crate::sched::IdMap<Running> = Default::default();
+    let mut blocks = Blocks::default();
     let mut out = TenantOutcome::default();
     let mut leased = 0usize;
     let mut last = Time::ZERO;
     let mut wake: Option<Time> = None;
     while let Some(Reverse((now, _, ev))) = heap.pop() {
         let t0 = Instant::now();
+        let mut changed = false;
         match ev {
             Ev::Arrive(i) => {
                 if let Some(&(next, _)) = arrivals.get(i + 1) {
@@ -272,12 +326,21 @@ pub fn simulate(setup: &Setup, run: &Run) -> Result<TenantOutcome> {
                 core.submit(now, s).map_err(|_| Error::internal("a simulated tenant is not served"))?;
                 core.input_ready(now, i as u64);
             }
-            Ev::Done(task) => {
-                let r = running.remove(&task).expect("a running block ends once");
-                leased -= r.cores;
-                out.core_time += r.took * u32::try_from(r.cores).unwrap_or(u32::MAX);
-                let report = TaskReport { compute: Some(r.took), ..TaskReport::of(task) };
-                core.task_done(now, 0, &report, |_, _, _| RowEnd::Continue);
+            Ev::End(generation) => {
+                if generation == blocks.generation {
+                    // Predicted ends are rounded to the nanosecond: a block a sliver short of done
+                    // gets a new end, never none.
+                    changed = true;
+                    blocks.advance(now);
+                    for (task, r) in blocks.finished() {
+                        changed = true;
+                        leased -= r.cores;
+                        let took = now.since(r.started);
+                        out.core_time += took * u32::try_from(r.cores).unwrap_or(u32::MAX);
+                        let report = TaskReport { compute: Some(took), ..TaskReport::of(task) };
+                        core.task_done(now, 0, &report, |_, _, _| RowEnd::Continue);
+                    }
+                }
             }
             Ev::Wake => {
                 if wake == Some(now) {
@@ -296,21 +359,19 @@ pub fn simulate(setup: &Setup, run: &Run) -> Result<TenantOutcome> {
                         return Err(Error::internal("a tenant task that is not a layer block"));
                     };
                     let (mc, prof) = (&setup.costs[t.model], &setup.profiles[t.model]);
-                    let pressure_now: f64 = running.values().map(|r| r.pressure).sum::<f64>() / m.bandwidth;
-                    let versions = if matches!(run.scheme, Scheme::Veltair | Scheme::VeltairAc) {
-                        Versions::Multi
-                    } else {
-                        Versions::SoloBest
-                    };
-                    let (mut us, mut pressure) = (0.0, 0.0);
+                    let versions = run.scheme.versions();
+                    let (mut us, mut weighted, mut pressure) = (0.0, 0.0, 0.0);
                     for l in first as usize..=last_layer as usize {
                         let vi = prof.version(l, versions, t.exec.version as usize);
                         let v = &mc.layers[l].versions[usize::from(vi)];
                         // The profile's level-0 time is the solo time's envelope: a runner given
                         // more cores than help uses fewer.
-                        us += prof.time(l, vi, t.exec.cores, 0) * (1.0 + v.alpha * pressure_now);
+                        let solo = prof.time(l, vi, t.exec.cores, 0);
+                        us += solo;
+                        weighted += solo * v.alpha;
                         pressure = f64::max(pressure, v.pressure * t.exec.cores as f64);
                     }
+                    let alpha = if us > 0.0 { weighted / us } else { 0.0 };
                     if t.exec.conflict {
                         us += spawn.sample(&mut rng);
                         out.conflicts += 1;
@@ -318,12 +379,20 @@ pub fn simulate(setup: &Setup, run: &Run) -> Result<TenantOutcome> {
                     out.units += 1;
                     leased += t.exec.cores;
                     out.peak_cores = out.peak_cores.max(leased);
-                    let took = Duration::from_secs_f64(us * 1e-6).max(Duration::from_nanos(1));
                     if run.trace {
                         out.trace.push((now, t.model, first, last_layer, t.exec.cores, t.exec.version));
                     }
-                    running.insert(task, Running { cores: t.exec.cores, pressure, took });
-                    push(&mut heap, now + took, Ev::Done(task));
+                    blocks.advance(now);
+                    let r = Running {
+                        cores: t.exec.cores,
+                        pressure,
+                        alpha,
+                        left: us.max(1e-3),
+                        rate: 1.0,
+                        started: now,
+                    };
+                    blocks.running.insert(task, r);
+                    changed = true;
                 }
                 CoreOutput::Complete { code, data: (model, arrived), .. } => {
                     if code != Code::Ok {
@@ -343,6 +412,9 @@ pub fn simulate(setup: &Setup, run: &Run) -> Result<TenantOutcome> {
                 CoreOutput::Released { .. } => {}
             }
         }
+        if changed && let Some((at, generation)) = blocks.rerate(now, m.bandwidth) {
+            push(&mut heap, at, Ev::End(generation));
+        }
         if let Some(w) = core.next_wakeup() {
             // A wakeup still asked for at `now` comes a nanosecond later: time always advances.
             let w = w.max(Time(now.0 + 1));
@@ -356,7 +428,7 @@ pub fn simulate(setup: &Setup, run: &Run) -> Result<TenantOutcome> {
     if !core.is_empty() {
         return Err(Error::internal("the tenant simulation ended with queries pending (a policy stalled)"));
     }
-    out.span = last.since(Time::ZERO);
+    out.span = last.since(arrivals[0].0);
     Ok(out)
 }
 

@@ -55,7 +55,7 @@ fn every_scheme_serves_every_workload_to_completion() {
 }
 
 #[test]
-fn conflicts_rise_with_load_and_model_wise_never_conflicts() {
+fn conflicts_rise_with_load() {
     let s = setup(16, Workload::Medium);
     let rate = |scheme, r| simulate(&s, &run(scheme, r, 1500)).unwrap();
     let (low, high) = (rate(Scheme::LayerWise, 20.0), rate(Scheme::LayerWise, 400.0));
@@ -66,7 +66,6 @@ fn conflicts_rise_with_load_and_model_wise_never_conflicts() {
         low.conflict_rate()
     );
     assert!(high.mean_cores() > low.mean_cores());
-    assert_eq!(rate(Scheme::ModelWise, 400.0).conflicts, 0);
 }
 
 #[test]
