@@ -109,6 +109,11 @@ fn info_exits_zero_and_names_the_backend() {
     assert!(out.contains(&format!("libserve {}", serve::VERSION)), "{out}");
     assert!(out.contains("backend (auto): cpu") || out.contains("backend (auto): cuda"), "{out}");
     assert!(out.contains("cuda devices:"), "{out}");
+    // Present or absent, the counters are reported (this VM has no `cpu` PMU).
+    let has_pmu = std::path::Path::new("/sys/bus/event_source/devices/cpu").exists()
+        || std::path::Path::new("/sys/bus/event_source/devices/cpu_core").exists();
+    let want = if has_pmu { "PMU present" } else { "hardware counters: absent" };
+    assert!(out.contains(want), "{out}");
 }
 
 /// What one line of the mixed input file is expected to produce.
