@@ -9,6 +9,7 @@ pub mod error;
 pub mod ffi;
 
 pub mod model;
+pub mod plan;
 pub mod runtime;
 pub mod sched;
 pub mod sim;
