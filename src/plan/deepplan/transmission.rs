@@ -249,9 +249,9 @@ pub fn parallel(profile: &ColdProfile, plan: &[Method], k: usize) -> (Vec<Method
         return (plan, parts);
     }
     let second_start = parts[1].layers[0];
-    for i in second_start..plan.len() {
-        if plan[i] == Method::Dha && profile.layers[i].has_params() {
-            plan[i] = Method::Load;
+    for (i, m) in plan.iter_mut().enumerate().skip(second_start) {
+        if *m == Method::Dha && profile.layers[i].has_params() {
+            *m = Method::Load;
             // The partition whose range holds layer i: the last whose first layer precedes it.
             let p = parts.iter().rposition(|p| p.layers[0] <= i).expect("partition 2 starts at or before i");
             let at = parts[p].layers.partition_point(|&x| x < i);
