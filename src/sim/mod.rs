@@ -25,6 +25,7 @@
 //! Deterministic: the same inputs give the identical sequence of decisions (ties in time are
 //! broken by the order events were scheduled).
 
+pub mod coldstart;
 pub mod cost;
 mod device;
 pub mod tenant;
