@@ -24,6 +24,7 @@ mod demo;
 mod elastic_compare;
 mod infer;
 mod info;
+mod plan_deepplan;
 mod plot;
 mod profile;
 mod profile_engine;
@@ -31,6 +32,7 @@ mod profile_layers;
 mod profile_versions;
 mod request;
 mod sim;
+mod sim_coldstart;
 mod sim_elastic;
 mod sim_tenant;
 
@@ -92,6 +94,12 @@ enum Command {
     Demo,
     /// Measure the backend per cell type and batch size into a cost file for `serve sim`.
     Profile(ProfileArgs),
+    /// Offline planners: `serve plan deepplan` makes a cold-start plan (DeepPlan) from a
+    /// per-layer profile.
+    Plan {
+        #[command(subcommand)]
+        what: PlanCommand,
+    },
     /// The benchmarks on virtual time: the runtime's engine core and policies with a cost model
     /// (a `serve profile` file or a shipped one: batchmaker-v100). Every figure is simulated.
     /// `serve sim tenant` is VELTAIR's multi-tenant study (`serve sim tenant --help`).
@@ -628,6 +636,14 @@ struct SimCmd {
 }
 
 #[derive(Subcommand, Debug)]
+enum PlanCommand {
+    /// DeepPlan's cold-start plan: per layer, load it (pipelined with execution) or execute it
+    /// by direct host access, by Algorithm 1 over the profile's stall model; with --topology,
+    /// parallel transmission over GPUs under distinct PCIe switches with NVLink.
+    Deepplan(plan_deepplan::DeepplanArgs),
+}
+
+#[derive(Subcommand, Debug)]
 enum SimSub {
     /// Multi-tenant CPU serving (VELTAIR): the spec's seven models on `--cores` cores, every
     /// scheduling scheme's QPS@95% (the highest Poisson rate with ≥ 95% of queries within their
@@ -635,6 +651,11 @@ enum SimSub {
     /// rate. Block times come from the simulator's GEMM cost model (ARCHITECTURE.md §7.9), fitted
     /// to a `serve profile` layer file with --cost. Every figure is simulated.
     Tenant(sim_tenant::TenantArgs),
+    /// Cold-start serving (DeepPlan) on the paper's machine (4 V100s, 2 PCIe switches, NVLink):
+    /// one cold inference of each model under Baseline / PipeSwitch / DHA / PT / PT+DHA, and
+    /// the serving experiment (Poisson arrivals over N model instances, goodput under the SLO,
+    /// cold rate, p99). Every figure is simulated.
+    Coldstart(sim_coldstart::ColdstartArgs),
 }
 
 #[derive(Args, Debug)]
@@ -855,6 +876,8 @@ fn run(command: Command) -> CliResult<()> {
         Command::Demo => cmd_demo(),
         Command::Profile(a) => cmd_profile(a),
         Command::Sim(SimCmd { sub: Some(SimSub::Tenant(t)), .. }) => sim_tenant::cmd_sim_tenant(&t),
+        Command::Sim(SimCmd { sub: Some(SimSub::Coldstart(c)), .. }) => sim_coldstart::cmd_sim_coldstart(&c),
+        Command::Plan { what: PlanCommand::Deepplan(a) } => plan_deepplan::cmd_plan_deepplan(&a),
         Command::Sim(SimCmd { args, .. }) => cmd_sim(args),
     }
 }

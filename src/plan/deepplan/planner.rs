@@ -48,6 +48,7 @@ pub enum Algorithm {
     /// DHA iff `DHA < InMem + Load`, ignoring the pipeline.
     Initial,
     /// Algorithm 1 over the stall model.
+    #[serde(rename = "deepplan")]
     DeepPlan,
 }
 

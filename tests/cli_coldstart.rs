@@ -1,0 +1,180 @@
+//! `serve plan deepplan` and `serve sim coldstart` end to end (issue 17, ARCHITECTURE.md §7.10,
+//! §8.7): the plan file's fields, precise refusals of bad profiles and topologies, and the
+//! simulator's JSON and SVG.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const SERVE: &str = env!("CARGO_BIN_EXE_serve");
+
+fn serve(args: &[&str]) -> Output {
+    Command::new(SERVE).args(args).output().expect("run serve")
+}
+
+fn ok(o: &Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "serve failed: {}\n{out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+fn fails(o: &Output) -> String {
+    assert!(!o.status.success(), "serve succeeded: {}", String::from_utf8_lossy(&o.stdout));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("serve-cli-coldstart-{}-{name}", std::process::id()))
+}
+
+fn json(path: &PathBuf) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn plan_deepplan_writes_the_plan_file() {
+    let out = temp("plan.json");
+    let text = ok(&serve(&[
+        "plan",
+        "deepplan",
+        "--profile",
+        "deepplan-v100-bert-base",
+        "--topology",
+        "p3.8xlarge",
+        "--gpu",
+        "1",
+        "--json",
+        out.to_str().unwrap(),
+    ]));
+    assert!(text.contains("embeddings.word_embeddings"), "{text}");
+    let v = json(&out);
+    let plan = v["plan"].as_array().unwrap();
+    assert_eq!(plan.len(), 126);
+    assert!(plan.iter().all(|m| m == "load" || m == "dha"));
+    assert_eq!(plan[0], "dha", "the word embedding stays on the host");
+    let (lat, all) = (v["latency_ms"].as_f64().unwrap(), v["all_load_latency_ms"].as_f64().unwrap());
+    assert!(lat < all, "{lat} vs {all}");
+    assert_eq!(v["partitions"].as_array().unwrap().len(), 2);
+    assert_eq!(v["gpus"], serde_json::json!([1, 3]), "GPU 1 pairs with GPU 3 under the other switch");
+    std::fs::remove_file(&out).ok();
+}
+
+#[test]
+fn plan_deepplan_reads_a_profile_file_and_says_when_transmission_is_off() {
+    let profile = temp("profile.json");
+    std::fs::write(
+        &profile,
+        r#"{"model": "tiny", "layers": [
+            {"name": "emb", "kind": "Embedding", "bytes": 4000000, "load_ms": 8, "exec_ms": 0.1, "dha_ms": 0.5},
+            {"name": "relu", "kind": "ReLU", "bytes": 0, "load_ms": 0, "exec_ms": 0.2, "dha_ms": 0},
+            {"name": "fc", "kind": "Linear", "bytes": 1000000, "load_ms": 2, "exec_ms": 1, "dha_ms": 30}]}"#,
+    )
+    .unwrap();
+    let topology = temp("topology.json");
+    std::fs::write(
+        &topology,
+        r#"{"gpus": [{"id": 0, "switch": 0}, {"id": 1, "switch": 0}], "nvlink": [[0, 1]]}"#,
+    )
+    .unwrap();
+    let out = temp("tiny.json");
+    let text = ok(&serve(&[
+        "plan",
+        "deepplan",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--topology",
+        topology.to_str().unwrap(),
+        "--json",
+        out.to_str().unwrap(),
+    ]));
+    assert!(text.contains("parallel transmission off: every GPU sits under one PCIe switch"), "{text}");
+    let v = json(&out);
+    assert_eq!(v["plan"], serde_json::json!(["dha", "load", "load"]));
+    assert_eq!(v["partitions"].as_array().unwrap().len(), 1);
+    // The initial approach as an ablation.
+    let text =
+        ok(&serve(&["plan", "deepplan", "--profile", profile.to_str().unwrap(), "--algorithm", "initial"]));
+    assert!(text.contains("1 on DHA"), "{text}");
+    for p in [profile, topology, out] {
+        std::fs::remove_file(p).ok();
+    }
+}
+
+#[test]
+fn bad_profiles_and_topologies_are_refused_precisely() {
+    let profile = temp("bad-profile.json");
+    std::fs::write(
+        &profile,
+        r#"{"model": "m", "layers": [{"name": "fc", "kind": "Linear", "bytes": 4, "load_ms": -1, "exec_ms": 1, "dha_ms": 2}]}"#,
+    )
+    .unwrap();
+    let err = fails(&serve(&["plan", "deepplan", "--profile", profile.to_str().unwrap()]));
+    assert!(err.contains("layer 0 (`fc`): `load_ms` is -1"), "{err}");
+    std::fs::write(&profile, r#"{"model": "m", "layers": [{"name": "fc", "kind": "Linear", "bytes": 4}]}"#)
+        .unwrap();
+    let err = fails(&serve(&["plan", "deepplan", "--profile", profile.to_str().unwrap()]));
+    assert!(err.contains("missing field `load_ms`"), "{err}");
+    let err = fails(&serve(&["plan", "deepplan", "--profile", "/nonexistent/profile.json"]));
+    assert!(err.contains("does not exist") && err.contains("deepplan-v100-bert-base"), "{err}");
+    let err = fails(&serve(&[
+        "plan",
+        "deepplan",
+        "--profile",
+        "deepplan-v100-gpt2",
+        "--topology",
+        "p3.8xlarge",
+        "--gpu",
+        "7",
+    ]));
+    assert!(err.contains("--gpu 7: not a GPU of the topology"), "{err}");
+    std::fs::remove_file(profile).ok();
+}
+
+#[test]
+fn sim_coldstart_writes_json_and_svg() {
+    let out = temp("sim.json");
+    let svg = temp("sim.svg");
+    let text = ok(&serve(&[
+        "sim",
+        "coldstart",
+        "--instances",
+        "40,160",
+        "--measured",
+        "1500",
+        "--warmup",
+        "500",
+        "--json",
+        out.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]));
+    assert!(text.contains("simulated"), "{text}");
+    let v = json(&out);
+    assert_eq!(v["backend"], "sim");
+    let single = v["single"].as_array().unwrap();
+    assert_eq!(single.len(), 8);
+    for row in single {
+        let (b, ps, d, pd) = (
+            row["baseline"].as_f64().unwrap(),
+            row["pipeswitch"].as_f64().unwrap(),
+            row["dha"].as_f64().unwrap(),
+            row["pt+dha"].as_f64().unwrap(),
+        );
+        assert!(b > ps && ps > d && d > pd, "{row}");
+    }
+    let results = v["serving"]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6, "three strategies at two instance counts");
+    for r in results {
+        assert_eq!(r["goodput"].as_array().unwrap().len(), 2, "two SLOs");
+        let cold = r["cold_pct"].as_f64().unwrap();
+        if r["instances"] == 40 {
+            assert_eq!(cold, 0.0, "40 instances fit: {r}");
+        } else {
+            assert!(cold > 0.0, "160 instances do not fit: {r}");
+        }
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    std::fs::remove_file(out).ok();
+    std::fs::remove_file(svg).ok();
+}
