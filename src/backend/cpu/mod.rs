@@ -6,6 +6,7 @@
 
 pub mod activation;
 pub mod arena;
+pub mod cold;
 pub mod conv;
 pub mod gemm;
 mod layered;
