@@ -40,6 +40,7 @@ pub mod cellular;
 mod contract;
 pub mod elastic;
 pub mod graph;
+pub mod instances;
 pub mod tenant;
 
 use std::collections::HashMap;

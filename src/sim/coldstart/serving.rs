@@ -11,10 +11,10 @@
 //! one at a time. The execution stream runs the layers in order, a loaded layer when it has
 //! arrived (the event wait), a DHA layer at once; Baseline waits for every copy first.
 //!
-//! Memory: a GPU holds whole instances in `memory − reserve` bytes; an instance occupies its
-//! plan's device bytes (DHA layers stay on the host, also while warm). A cold start evicts
-//! least-recently-used instances of its GPU until its load set fits; the instance running is
-//! never evicted (one request at a time per GPU: it is the only one in flight).
+//! Memory: a GPU holds whole instances in `memory − reserve` bytes ([`InstanceCache`]); an
+//! instance occupies its plan's device bytes (DHA layers stay on the host, also while warm). A
+//! cold start evicts least-recently-used instances of its GPU until its load set fits; the
+//! instance running is pinned, never evicted.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -24,6 +24,7 @@ use super::fabric::{CopyId, Fabric};
 use crate::error::{Error, Result};
 use crate::plan::deepplan::planner::{exec_time, is_loaded};
 use crate::plan::deepplan::{Algorithm, ColdPlan, ColdProfile, PlanOptions, Topology, plan};
+use crate::sched::instances::InstanceCache;
 
 /// How cold requests run (DeepPlan §5's designs and baselines).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -217,13 +218,10 @@ enum Running {
     Cold(Box<Job>),
 }
 
-#[derive(Default)]
 struct GpuState {
     queue: VecDeque<usize>,
     running: Option<Running>,
-    /// Resident instances, least recently used first, with their bytes.
-    resident: Vec<(usize, u64)>,
-    used: u64,
+    resident: InstanceCache,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -309,7 +307,13 @@ pub fn serve(
         machine,
         profile,
         plans,
-        gpus: (0..n).map(|_| GpuState::default()).collect(),
+        gpus: (0..n)
+            .map(|_| GpuState {
+                queue: VecDeque::new(),
+                running: None,
+                resident: InstanceCache::new(machine.capacity()),
+            })
+            .collect(),
         fabric: Fabric::new(links, machine.topology.pcie_gbps),
         events: Events::default(),
         records: Vec::with_capacity(arrivals.len()),
@@ -403,23 +407,16 @@ impl Sim<'_> {
         let instance = self.records[r].arrival.instance;
         self.records[r].start_ms = self.now;
         let gpu = &mut self.gpus[g];
-        if let Some(i) = gpu.resident.iter().position(|&(m, _)| m == instance) {
-            let entry = gpu.resident.remove(i);
-            gpu.resident.push(entry); // most recently used
+        if gpu.resident.pin(instance) {
             gpu.running = Some(Running::Warm(r));
             self.events.push(self.now + self.plans.warm_ms, Event::WarmDone(g));
             return;
         }
         self.records[r].cold = true;
         let plan = Rc::clone(&self.plans.by_gpu[g]);
-        let need = plan.device_bytes;
-        let capacity = self.machine.capacity();
-        while gpu.used + need > capacity {
-            let (_, bytes) = gpu.resident.remove(0); // least recently used
-            gpu.used -= bytes;
-        }
-        gpu.used += need;
-        gpu.resident.push((instance, need));
+        // Plans::new refused a load set over the budget, and the only instance in flight on
+        // this GPU is the one arriving: admission cannot fail.
+        gpu.resident.admit(instance, plan.device_bytes).expect("the load set fits the budget");
         let parts = plan.partitions.len();
         let loads = plan.partitions.iter().map(|p| p.layers.len()).sum();
         let job = Job {
@@ -524,6 +521,7 @@ impl Sim<'_> {
             None => unreachable!("a running request"),
         };
         self.records[r].end_ms = self.now;
+        self.gpus[g].resident.unpin(self.records[r].arrival.instance);
         self.next(g);
     }
 }
