@@ -8,6 +8,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod cells;
+pub mod coldstart;
 pub(crate) mod core;
 mod engine;
 mod metrics;

@@ -47,6 +47,9 @@ pub struct ColdOptions {
     pub h2d_bytes_per_s: f64,
     /// Staging → arena forward rate of each migration stream, bytes/s (∞: unthrottled).
     pub forward_bytes_per_s: f64,
+    /// The rate of direct host reads, bytes/s (∞: free): after a DHA layer runs, the execution
+    /// waits out the time its counted lines take on such a bus (an emulated zero-copy bus).
+    pub dha_bytes_per_s: f64,
     /// The launcher pauses this long before issuing each layer (tests: a launcher that falls
     /// behind the execution).
     pub issue_delay: Duration,
@@ -59,6 +62,7 @@ impl Default for ColdOptions {
         ColdOptions {
             h2d_bytes_per_s: f64::INFINITY,
             forward_bytes_per_s: f64::INFINITY,
+            dha_bytes_per_s: f64::INFINITY,
             issue_delay: Duration::ZERO,
             unguarded: false,
         }
@@ -81,6 +85,60 @@ pub struct ColdRun {
 }
 
 type Buffer = Arc<RwLock<Vec<f32>>>;
+
+/// An instance's parameters in the device arena once its cold run has landed them (one buffer
+/// per loaded layer): what keeps it warm. Cheap to clone (the buffers are shared).
+#[derive(Clone, Debug, Default)]
+pub struct Resident {
+    buffers: Vec<Option<Buffer>>,
+}
+
+impl Resident {
+    /// Values held (the load set).
+    pub fn values(&self) -> usize {
+        self.buffers.iter().flatten().map(|b| b.read().unwrap_or_else(PoisonError::into_inner).len()).sum()
+    }
+}
+
+/// Waits out the emulated bus time of `lines` direct host reads.
+fn bus_time(lines: u64, rate: f64) {
+    if lines > 0 && rate.is_finite() && rate > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(lines as f64 * program::LINE_BYTES as f64 / rate));
+    }
+}
+
+/// Runs `program` warm from `resident` (its cold run's arena): loaded layers from the arena, DHA
+/// layers from the host as before (bus time included).
+pub fn run_resident(
+    program: &dyn LayerProgram,
+    plan: &[Method],
+    resident: &Resident,
+    input: &[f32],
+    options: &ColdOptions,
+) -> Result<Vec<f32>> {
+    check(program, plan)?;
+    if resident.buffers.len() != plan.len() {
+        return Err(Error::invalid("the resident arena is not of this model"));
+    }
+    let lines = AtomicU64::new(0);
+    let mut x = input.to_vec();
+    let mut y = vec![];
+    for i in 0..plan.len() {
+        let host = program.host_params(i);
+        if let Some(b) = &resident.buffers[i] {
+            let params = b.read().unwrap_or_else(PoisonError::into_inner);
+            program.run(i, &Params::Device(&params), &x, &mut y);
+        } else if host.is_empty() {
+            program.run(i, &Params::None, &x, &mut y);
+        } else {
+            let before = lines.load(Ordering::Relaxed);
+            program.run(i, &Params::Host(HostView::new(host, &lines)), &x, &mut y);
+            bus_time(lines.load(Ordering::Relaxed) - before, options.dha_bytes_per_s);
+        }
+        std::mem::swap(&mut x, &mut y);
+    }
+    Ok(x)
+}
 
 fn poisoned(len: usize) -> Buffer {
     Arc::new(RwLock::new(vec![f32::NAN; len]))
@@ -128,13 +186,14 @@ fn check(program: &dyn LayerProgram, plan: &[Method]) -> Result<()> {
     Ok(())
 }
 
-/// Runs `program` cold under `plan` (module docs).
+/// Runs `program` cold under `plan` (module docs); returns what it did and the arena it filled
+/// (the instance, now warm).
 pub fn run_cold(
     program: &dyn LayerProgram,
     plan: &ColdPlan,
     input: &[f32],
     options: &ColdOptions,
-) -> Result<ColdRun> {
+) -> Result<(ColdRun, Resident)> {
     let methods = &plan.plan;
     check(program, methods)?;
     let n = methods.len();
@@ -198,20 +257,23 @@ pub fn run_cold(
                 program.run(i, &Params::None, &x, &mut y);
             } else {
                 debug_assert_eq!(m, Method::Dha);
+                let before = dha_lines.load(Ordering::Relaxed);
                 program.run(i, &Params::Host(HostView::new(host, &dha_lines)), &x, &mut y);
+                bus_time(dha_lines.load(Ordering::Relaxed) - before, options.dha_bytes_per_s);
             }
             std::mem::swap(&mut x, &mut y);
         }
         launcher.join().map_err(|_| Error::internal("the load launcher panicked"))?;
         Ok(x)
     })?;
-    Ok(ColdRun {
+    let run = ColdRun {
         output,
         dha_lines: dha_lines.load(Ordering::Relaxed),
         load_lines: load_lines.load(Ordering::Relaxed),
         device_values,
         waited,
-    })
+    };
+    Ok((run, Resident { buffers: arena }))
 }
 
 /// The launcher: issues every partition's copies and records (module docs). Dropping the

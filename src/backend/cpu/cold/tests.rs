@@ -80,7 +80,7 @@ fn cold_outputs_equal_the_warm_run_bit_for_bit() {
         assert_eq!(plan.partitions.len(), k.min(5), "{name}");
         let warm = run_warm(&m, &plan.plan, &tokens()).unwrap();
         assert!(warm.iter().all(|v| v.is_finite()));
-        let cold = run_cold(&m, &plan, &tokens(), &slow()).unwrap();
+        let cold = run_cold(&m, &plan, &tokens(), &slow()).unwrap().0;
         assert_eq!(bits(&cold.output), bits(&warm), "{name}");
         assert!(cold.waited > 0, "{name}: the execution ran ahead of the copies and waited");
     }
@@ -95,9 +95,9 @@ fn waiting_on_an_unrecorded_event_is_guarded() {
     let plan = cold_plan(&m, vec![Load; 7], 1);
     let warm = run_warm(&m, &plan.plan, &tokens()).unwrap();
     let late = ColdOptions { issue_delay: Duration::from_millis(20), ..ColdOptions::default() };
-    let guarded = run_cold(&m, &plan, &tokens(), &late).unwrap();
+    let guarded = run_cold(&m, &plan, &tokens(), &late).unwrap().0;
     assert_eq!(bits(&guarded.output), bits(&warm));
-    let unguarded = run_cold(&m, &plan, &tokens(), &ColdOptions { unguarded: true, ..late }).unwrap();
+    let unguarded = run_cold(&m, &plan, &tokens(), &ColdOptions { unguarded: true, ..late }).unwrap().0;
     assert!(unguarded.output.iter().any(|v| v.is_nan()), "without the guard the poison shows");
 }
 
@@ -107,7 +107,10 @@ fn waiting_on_an_unrecorded_event_is_guarded() {
 fn device_values_are_the_load_set() {
     let m = model();
     let plan = cold_plan(&m, vec![Dha, Dha, Load, Load, Load, Load, Load], 1);
-    let run = run_cold(&m, &plan, &tokens(), &ColdOptions::default()).unwrap();
+    let (run, resident) = run_cold(&m, &plan, &tokens(), &ColdOptions::default()).unwrap();
+    assert_eq!(resident.values(), run.device_values);
+    let warm = run_resident(&m, &plan.plan, &resident, &tokens(), &ColdOptions::default()).unwrap();
+    assert_eq!(bits(&warm), bits(&run.output), "the resident instance runs warm to the same output");
     let loaded: usize = (2..7).map(|i| m.host_params(i).len()).sum();
     assert_eq!(run.device_values, loaded);
     assert_eq!(run.device_values as u64 * 4, plan.device_bytes);
@@ -127,9 +130,9 @@ fn bert_base_embedding_reads_18432_lines() {
     };
     let tokens: Vec<f32> = (0..384).map(|t| ((t * 7919) % 30522) as f32).collect();
     let dha = cold_plan(&m, vec![Dha], 1);
-    assert_eq!(run_cold(&m, &dha, &tokens, &ColdOptions::default()).unwrap().dha_lines, 18_432);
+    assert_eq!(run_cold(&m, &dha, &tokens, &ColdOptions::default()).unwrap().0.dha_lines, 18_432);
     let load = cold_plan(&m, vec![Load], 1);
-    let run = run_cold(&m, &load, &tokens, &ColdOptions::default()).unwrap();
+    let run = run_cold(&m, &load, &tokens, &ColdOptions::default()).unwrap().0;
     assert_eq!((run.load_lines, run.dha_lines), (1_465_056, 0));
 }
 
