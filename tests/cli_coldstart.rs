@@ -178,3 +178,60 @@ fn sim_coldstart_writes_json_and_svg() {
     std::fs::remove_file(out).ok();
     std::fs::remove_file(svg).ok();
 }
+
+/// `serve profile --coldstart` measures a cold-start profile on the CPU executor that `serve plan
+/// deepplan` reads; `serve bench coldstart` serves beyond device memory on the real cold server
+/// and prints the simulator's prediction beside each measurement.
+#[test]
+fn profile_and_bench_coldstart_on_the_cpu() {
+    let prof = temp("cpu-profile.json");
+    ok(&serve(&["profile", "--coldstart", "--json", prof.to_str().unwrap()]));
+    let v = json(&prof);
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers[0]["kind"], "Embedding");
+    assert!(layers.iter().all(|l| l["load_ms"].as_f64().unwrap() >= 0.0));
+    let text = ok(&serve(&["plan", "deepplan", "--profile", prof.to_str().unwrap()]));
+    assert!(text.contains("0:Embedding"), "the embedding goes to DHA: {text}");
+    let err = fails(&serve(&[
+        "profile",
+        "ffi_examples/testdata/lstm_small",
+        "--coldstart",
+        "--json",
+        prof.to_str().unwrap(),
+    ]));
+    assert!(err.contains("runs mlp models"), "{err}");
+
+    let out = temp("bench.json");
+    let text = ok(&serve(&[
+        "bench",
+        "coldstart",
+        "--instances",
+        "6",
+        "--requests",
+        "20",
+        "--warmup",
+        "4",
+        "--rate",
+        "30",
+        "--blocks",
+        "2",
+        "--budget-instances",
+        "2",
+        "--json",
+        out.to_str().unwrap(),
+    ]));
+    assert!(text.contains("sim/real"), "{text}");
+    let v = json(&out);
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "PipeSwitch and DHA");
+    for r in results {
+        assert_eq!(r["completed"], 20);
+        assert!(r["sim"]["p50_ms"].as_f64().unwrap() > 0.0);
+    }
+    // Six instances over a budget of two all-load instances: PipeSwitch starts cold often, the
+    // DHA plan (the embedding on the host) fits them all after their first request.
+    let cold = |p: &str| results.iter().find(|r| r["policy"] == p).unwrap()["cold_pct"].as_f64().unwrap();
+    assert!(cold("pipeswitch") > cold("dha"), "{results:?}");
+    std::fs::remove_file(prof).ok();
+    std::fs::remove_file(out).ok();
+}

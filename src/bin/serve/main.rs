@@ -14,6 +14,7 @@
 
 mod bench;
 mod bench_alone;
+mod bench_coldstart;
 mod bench_elastic;
 mod bench_layers;
 mod bench_peer;
@@ -125,6 +126,10 @@ enum BenchCommand {
     /// runtime (a random mlp unless MODEL_DIR is given): Poisson, step, diurnal or burst arrivals,
     /// goodput, throughput at QoS.
     Elastic(BenchElasticArgs),
+    /// Serving beyond device memory (DeepPlan) on the runtime's cold server with the CPU
+    /// executor (emulated bus): PipeSwitch and DHA plans over N instances, with the simulator's
+    /// prediction of the same run beside each measurement.
+    Coldstart(bench_coldstart::BenchColdstartArgs),
 }
 
 #[derive(Args, Debug)]
@@ -506,8 +511,19 @@ struct BenchRnnArgs {
 struct ProfileArgs {
     /// Model directory of the model to profile (recurrent: per cell type; mlp, resnet, bert: per
     /// layer).
-    #[arg(required_unless_present_any = ["random_kind", "versions"], conflicts_with = "random_kind")]
+    #[arg(required_unless_present_any = ["random_kind", "versions", "coldstart"], conflicts_with = "random_kind")]
     model_dir: Option<PathBuf>,
+    /// DeepPlan's cold-start profile (per layer: bytes, load, in-memory and DHA times) on the CPU
+    /// executor with an emulated bus, of an mlp MODEL_DIR or, without one, `serve bench
+    /// coldstart`'s model; written to --json for `serve plan deepplan`.
+    #[arg(long, conflicts_with_all = ["random_kind", "versions", "engine_configs"])]
+    coldstart: bool,
+    /// --coldstart: the emulated host → device copy rate, GB/s.
+    #[arg(long, default_value_t = 0.5, value_parser = positive_f64)]
+    h2d_gbps: f64,
+    /// --coldstart: the emulated direct host read rate, GB/s.
+    #[arg(long, default_value_t = 0.5, value_parser = positive_f64)]
+    dha_gbps: f64,
     /// Profile the benchmarks' random model of this kind instead (`serve bench`'s defaults).
     #[arg(long = "random", value_enum)]
     random_kind: Option<RnnKind>,
@@ -873,6 +889,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Bench { what: BenchCommand::Step(a) } => cmd_bench_step(a),
         Command::Bench { what: BenchCommand::Layers(a) } => cmd_bench_layers(a),
         Command::Bench { what: BenchCommand::Elastic(a) } => bench_elastic::cmd_bench_elastic(a),
+        Command::Bench { what: BenchCommand::Coldstart(a) } => bench_coldstart::cmd_bench_coldstart(&a),
         Command::Demo => cmd_demo(),
         Command::Profile(a) => cmd_profile(a),
         Command::Sim(SimCmd { sub: Some(SimSub::Tenant(t)), .. }) => sim_tenant::cmd_sim_tenant(&t),

@@ -60,6 +60,15 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     if let Some(shape) = a.versions {
         return crate::profile_versions::profile_versions(shape, &a);
     }
+    if a.coldstart {
+        let json = a.json.as_ref().ok_or_else(|| fatal("--coldstart writes its profile to --json FILE"))?;
+        return crate::bench_coldstart::profile_coldstart(
+            a.model_dir.as_deref(),
+            a.h2d_gbps,
+            a.dha_gbps,
+            json,
+        );
+    }
     let t0 = Instant::now();
     let (net, name, source) = match (&a.model_dir, a.random_kind) {
         (Some(dir), None) => {

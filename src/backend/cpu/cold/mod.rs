@@ -24,6 +24,7 @@
 //! DHA layers stay on the host: the arena holds the load set only ([`ColdRun::device_values`]).
 
 pub mod events;
+pub mod profile;
 pub mod program;
 
 #[cfg(test)]

@@ -57,6 +57,11 @@ pub trait LayerProgram: Sync {
     fn layers(&self) -> usize;
     /// Layer `i`'s parameters in host memory (empty for a parameter-free layer).
     fn host_params(&self, i: usize) -> &[f32];
+    /// Layer `i`'s kind as a profile names it (`Embedding`, `Linear`, …).
+    fn kind(&self, i: usize) -> &str {
+        let _ = i;
+        "Layer"
+    }
     /// Runs layer `i` on activations `x` into `y` (cleared and refilled), reading its
     /// parameters only through `params`.
     fn run(&self, i: usize, params: &Params<'_>, x: &[f32], y: &mut Vec<f32>);
@@ -119,6 +124,23 @@ impl Sequential {
     }
 }
 
+impl Sequential {
+    /// An mlp model's layers (a ReLU between linears, none after the last), its weights copied.
+    pub fn from_mlp(mlp: &crate::model::Mlp) -> Sequential {
+        let mut layers = vec![];
+        let mut params = vec![];
+        for (k, l) in mlp.layers.iter().enumerate() {
+            if k > 0 {
+                layers.push(Layer::Relu);
+                params.push(vec![]);
+            }
+            layers.push(Layer::Linear { inputs: l.in_features, outputs: l.out_features });
+            params.push(l.weight.iter().chain(&l.bias).copied().collect());
+        }
+        Sequential { layers, params }
+    }
+}
+
 impl LayerProgram for Sequential {
     fn layers(&self) -> usize {
         self.layers.len()
@@ -126,6 +148,10 @@ impl LayerProgram for Sequential {
 
     fn host_params(&self, i: usize) -> &[f32] {
         &self.params[i]
+    }
+
+    fn kind(&self, i: usize) -> &str {
+        self.layers[i].kind()
     }
 
     fn run(&self, i: usize, p: &Params<'_>, x: &[f32], y: &mut Vec<f32>) {
