@@ -103,6 +103,8 @@ pub struct Setup {
     pub costs: Vec<ModelCost>,
     pub profiles: Vec<Arc<TenantModel>>,
     pub shares: Vec<f64>,
+    /// Each model's [`solo`](Setup::solo) latency, computed once.
+    solo: Vec<Duration>,
 }
 
 impl Setup {
@@ -112,23 +114,26 @@ impl Setup {
         let costs: Vec<ModelCost> = shapes.iter().map(|s| cost::model_cost(&machine, s, &shapes)).collect();
         let profiles = costs.iter().map(|c| c.profile(&machine).map(Arc::new)).collect::<Result<Vec<_>>>()?;
         let shares = models.iter().map(|(_, s)| *s).collect();
-        Ok(Setup { machine, costs, profiles, shares })
+        let solo = profiles.iter().map(|p| solo_latency(p, machine.cores)).collect();
+        Ok(Setup { machine, costs, profiles, shares, solo })
     }
 
     /// A model's latency alone on the machine: each layer in its fastest version on every core
     /// (as many as help), no interference (the lower bound the paper divides by).
     pub fn solo(&self, model: ModelId) -> Duration {
-        let p = &self.profiles[model];
-        let c = self.machine.cores;
-        let us: f64 = (0..p.layers().len())
-            .map(|l| {
-                (0..p.layers()[l].versions.len())
-                    .map(|v| p.time(l, v as u8, c, 0))
-                    .fold(f64::INFINITY, f64::min)
-            })
-            .sum();
-        Duration::from_secs_f64(us * 1e-6)
+        self.solo[model]
     }
+}
+
+fn solo_latency(p: &TenantModel, cores: usize) -> Duration {
+    let us: f64 = (0..p.layers().len())
+        .map(|l| {
+            (0..p.layers()[l].versions.len())
+                .map(|v| p.time(l, v as u8, cores, 0))
+                .fold(f64::INFINITY, f64::min)
+        })
+        .sum();
+    Duration::from_secs_f64(us * 1e-6)
 }
 
 /// What one simulated run measured.
