@@ -3,33 +3,13 @@
 //! simulator's JSON and SVG.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-use serde_json::Value;
+mod cli_common;
 
-const SERVE: &str = env!("CARGO_BIN_EXE_serve");
-
-fn serve(args: &[&str]) -> Output {
-    Command::new(SERVE).args(args).output().expect("run serve")
-}
-
-fn ok(o: &Output) -> String {
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "serve failed: {}\n{out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
-    out
-}
-
-fn fails(o: &Output) -> String {
-    assert!(!o.status.success(), "serve succeeded: {}", String::from_utf8_lossy(&o.stdout));
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use cli_common::{fails, json, ok, serve};
 
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("serve-cli-coldstart-{}-{name}", std::process::id()))
-}
-
-fn json(path: &PathBuf) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    cli_common::temp("cli-coldstart", name)
 }
 
 #[test]

@@ -5,29 +5,15 @@
 //! served by the real runtime (`serve bench elastic`).
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-use serde_json::Value;
 use serve::sim::CostFile;
 
-const SERVE: &str = env!("CARGO_BIN_EXE_serve");
+mod cli_common;
 
-fn serve(args: &[&str]) -> Output {
-    Command::new(SERVE).args(args).output().expect("run serve")
-}
-
-fn ok(o: &Output) -> String {
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "serve failed: {}\n{out}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
-    out
-}
+use cli_common::{json, ok, serve};
 
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("serve-cli-sim-{}-{name}", std::process::id()))
-}
-
-fn json(path: &PathBuf) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    cli_common::temp("cli-sim", name)
 }
 
 #[test]

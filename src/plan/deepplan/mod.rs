@@ -59,35 +59,53 @@ pub struct ColdPlan {
 /// transmission over its helpers ([`Topology::helpers`]).
 pub fn plan(profile: &ColdProfile, options: PlanOptions, topology: Option<(&Topology, u32)>) -> ColdPlan {
     let methods = planner::plan_methods(profile, options);
+    let helpers = topology.map(|(t, primary)| (t.helpers(primary), t.nvlink_gbps));
+    complete(profile, options.algorithm, methods, helpers)
+}
+
+/// The plan of methods chosen elsewhere (by hand, by a test), split into `k` partitions with
+/// the paper's override, its latency by the stall model (one partition) or the uncontended
+/// arrival model at `nvlink_gbps` (several). Labelled with `algorithm`.
+pub fn plan_given(profile: &ColdProfile, algorithm: Algorithm, methods: Vec<Method>, k: usize) -> ColdPlan {
+    let helpers = Helpers { primary: 0, secondaries: (1..k as u32).collect(), reason: None };
+    let mut p = complete(profile, algorithm, methods, Some((helpers, Topology::p3_8xlarge().nvlink_gbps)));
+    p.gpus.clear();
+    p
+}
+
+fn complete(
+    profile: &ColdProfile,
+    algorithm: Algorithm,
+    methods: Vec<Method>,
+    helpers: Option<(Helpers, f64)>,
+) -> ColdPlan {
+    assert_eq!(methods.len(), profile.layers.len(), "one method per layer");
     let all_load_latency_ms = pipeline(profile, &all_load(profile)).latency_ms;
-    let (helpers, nvlink_gbps) = match topology {
-        Some((t, primary)) => (Some(t.helpers(primary)), t.nvlink_gbps),
-        None => (None, 0.0),
-    };
-    let k = helpers.as_ref().map_or(1, Helpers::k);
+    let k = helpers.as_ref().map_or(1, |(h, _)| h.k());
     let (methods, partitions) = transmission::parallel(profile, &methods, k);
-    let latency_ms = if partitions.len() > 1 {
-        let ready = transmission::arrivals(profile, &partitions, nvlink_gbps);
-        transmission::latency_with_arrivals(profile, &methods, &ready)
-    } else {
-        pipeline(profile, &methods).latency_ms
+    let latency_ms = match &helpers {
+        Some((_, nvlink_gbps)) if partitions.len() > 1 => {
+            let ready = transmission::arrivals(profile, &partitions, *nvlink_gbps);
+            transmission::latency_with_arrivals(profile, &methods, &ready)
+        }
+        _ => pipeline(profile, &methods).latency_ms,
     };
     let device_bytes = partitions.iter().map(|p| p.bytes).sum();
     let gpus = match &helpers {
-        Some(h) => {
+        Some((h, _)) => {
             std::iter::once(h.primary).chain(h.secondaries.iter().copied()).take(partitions.len()).collect()
         }
         None => vec![],
     };
     ColdPlan {
         model: profile.model.clone(),
-        algorithm: options.algorithm,
+        algorithm,
         plan: methods,
         latency_ms,
         all_load_latency_ms,
         partitions,
         gpus,
-        transmission_note: helpers.and_then(|h| h.reason),
+        transmission_note: helpers.and_then(|(h, _)| h.reason),
         host_bytes: profile.bytes() - device_bytes,
         device_bytes,
     }

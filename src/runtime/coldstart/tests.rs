@@ -2,11 +2,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::backend::cpu::cold::program::sizes_profile;
 use crate::backend::cpu::cold::program::{Layer, Sequential};
 use crate::backend::cpu::cold::run_warm;
 use crate::plan::deepplan::planner::Method::{self, Dha, Load};
-use crate::plan::deepplan::transmission::parallel;
-use crate::plan::deepplan::{Algorithm, ColdProfile, LayerCost};
+use crate::plan::deepplan::{Algorithm, plan_given};
 
 fn model() -> Arc<Sequential> {
     Arc::new(Sequential::random(
@@ -22,34 +22,7 @@ fn model() -> Arc<Sequential> {
 }
 
 fn plan_of(m: &Sequential, methods: Vec<Method>) -> ColdPlan {
-    let layers = m
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(i, l)| LayerCost {
-            name: format!("l{i}"),
-            kind: l.kind().into(),
-            bytes: 4 * l.params() as u64,
-            load_ms: if l.params() == 0 { 0.0 } else { 1.0 },
-            exec_ms: 1.0,
-            dha_ms: 1.0,
-        })
-        .collect();
-    let profile = ColdProfile::new("m", layers).unwrap();
-    let (plan, partitions) = parallel(&profile, &methods, 1);
-    let device_bytes = partitions.iter().map(|p| p.bytes).sum();
-    ColdPlan {
-        model: "m".into(),
-        algorithm: Algorithm::DeepPlan,
-        plan,
-        latency_ms: 0.0,
-        all_load_latency_ms: 0.0,
-        partitions,
-        gpus: vec![],
-        transmission_note: None,
-        host_bytes: profile.bytes() - device_bytes,
-        device_bytes,
-    }
+    plan_given(&sizes_profile(m, "m").unwrap(), Algorithm::DeepPlan, methods, 1)
 }
 
 fn config(devices: usize, budget_bytes: u64) -> ColdServerConfig {

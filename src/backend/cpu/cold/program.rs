@@ -141,6 +141,28 @@ impl Sequential {
     }
 }
 
+/// A cold-start profile of `program`'s sizes alone (every time 1 ms, a parameter-free layer's
+/// load 0), for plans chosen by hand ([`plan_given`](crate::plan::deepplan::plan_given)).
+pub fn sizes_profile(
+    program: &dyn LayerProgram,
+    name: &str,
+) -> crate::error::Result<crate::plan::deepplan::ColdProfile> {
+    let layers = (0..program.layers())
+        .map(|i| {
+            let bytes = std::mem::size_of_val(program.host_params(i)) as u64;
+            crate::plan::deepplan::LayerCost {
+                name: format!("{i}:{}", program.kind(i)),
+                kind: program.kind(i).into(),
+                bytes,
+                load_ms: if bytes == 0 { 0.0 } else { 1.0 },
+                exec_ms: 1.0,
+                dha_ms: 1.0,
+            }
+        })
+        .collect();
+    crate::plan::deepplan::ColdProfile::new(name, layers)
+}
+
 impl LayerProgram for Sequential {
     fn layers(&self) -> usize {
         self.layers.len()

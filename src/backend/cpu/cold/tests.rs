@@ -1,10 +1,10 @@
 use std::time::Duration;
 
+use super::program::sizes_profile;
 use super::program::{Layer, LayerProgram, Sequential};
 use super::*;
 use crate::plan::deepplan::planner::Method::{Dha, Load};
-use crate::plan::deepplan::transmission::parallel;
-use crate::plan::deepplan::{Algorithm, ColdProfile, LayerCost};
+use crate::plan::deepplan::{Algorithm, plan_given};
 
 /// A small transformer-like stack: embedding, norm, two linears around a ReLU, norm.
 fn model() -> Sequential {
@@ -28,33 +28,7 @@ fn tokens() -> Vec<f32> {
 
 /// A plan of `methods` split into `k` partitions (the planner's partitioning and override).
 fn cold_plan(m: &Sequential, methods: Vec<Method>, k: usize) -> ColdPlan {
-    let layers = m
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(i, l)| LayerCost {
-            name: format!("l{i}"),
-            kind: l.kind().into(),
-            bytes: 4 * l.params() as u64,
-            load_ms: if l.params() == 0 { 0.0 } else { 1.0 },
-            exec_ms: 1.0,
-            dha_ms: 1.0,
-        })
-        .collect();
-    let profile = ColdProfile::new("tiny", layers).unwrap();
-    let (plan, partitions) = parallel(&profile, &methods, k);
-    ColdPlan {
-        model: "tiny".into(),
-        algorithm: Algorithm::DeepPlan,
-        device_bytes: partitions.iter().map(|p| p.bytes).sum(),
-        host_bytes: 0,
-        plan,
-        latency_ms: 0.0,
-        all_load_latency_ms: 0.0,
-        partitions,
-        gpus: vec![],
-        transmission_note: None,
-    }
+    plan_given(&sizes_profile(m, "tiny").unwrap(), Algorithm::DeepPlan, methods, k)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
