@@ -110,12 +110,10 @@ impl ColdServer {
                 config.devices
             )));
         }
-        if plan.plan.len() != program.layers() {
-            return Err(Error::invalid(format!(
-                "a plan of {} layers for a model of {}",
-                plan.plan.len(),
-                program.layers()
-            )));
+        crate::backend::cpu::cold::check_plan(program.as_ref(), &plan.plan)?;
+        config.copy.check()?;
+        if config.max_queued == 0 {
+            return Err(Error::invalid("max_queued is 0: every request would be refused"));
         }
         if plan.device_bytes > config.budget_bytes {
             return Err(Error::invalid(format!(
@@ -183,15 +181,16 @@ impl ColdServer {
         Ok(rx)
     }
 
-    /// Bytes resident on `device` now, and the most ever resident at once.
-    pub fn resident_bytes(&self, device: usize) -> (u64, u64) {
-        let s = self.devices[device].lock();
-        (s.cache.used(), s.peak)
+    /// Bytes resident on `device` now, and the most ever resident at once (`None`: no such
+    /// device).
+    pub fn resident_bytes(&self, device: usize) -> Option<(u64, u64)> {
+        let s = self.devices.get(device)?.lock();
+        Some((s.cache.used(), s.peak))
     }
 
-    /// Instances resident on `device`, least recently used first.
+    /// Instances resident on `device`, least recently used first (empty: no such device).
     pub fn resident(&self, device: usize) -> Vec<usize> {
-        self.devices[device].lock().cache.resident().collect()
+        self.devices.get(device).map_or_else(Vec::new, |d| d.lock().cache.resident().collect())
     }
 }
 

@@ -21,7 +21,7 @@ use serve::backend::cpu::cold::program::{Layer, Sequential};
 use serve::backend::cpu::cold::{ColdOptions, profile::profile};
 use serve::plan::deepplan::{ColdProfile, PlanOptions, Topology, plan};
 use serve::runtime::coldstart::{ColdServer, ColdServerConfig};
-use serve::sim::coldstart::{Arrival, Machine, Record, Strategy, Workload, serve as simulate};
+use serve::sim::coldstart::{Arrival, Machine, Strategy, Summary, Workload, serve as simulate};
 
 use crate::bench::{open_report, write_report};
 use crate::{CliResult, fatal, in_range, positive_f64};
@@ -35,7 +35,7 @@ pub(crate) struct BenchColdstartArgs {
     #[arg(long, default_value_t = 4, value_parser = in_range(1, 4096))]
     budget_instances: usize,
     /// Poisson arrival rate, requests/s.
-    #[arg(long, default_value_t = 15.0, value_parser = positive_f64)]
+    #[arg(long, default_value_t = 15.0, value_parser = request_rate)]
     rate: f64,
     /// Requests measured per run.
     #[arg(long, default_value_t = 200, value_parser = in_range(1, 1_000_000))]
@@ -44,10 +44,10 @@ pub(crate) struct BenchColdstartArgs {
     #[arg(long, default_value_t = 30, value_parser = in_range(0, 1_000_000))]
     warmup: usize,
     /// Emulated host → device copy rate, GB/s.
-    #[arg(long, default_value_t = 0.5, value_parser = positive_f64)]
+    #[arg(long, default_value_t = 0.5, value_parser = bus_gbps)]
     h2d_gbps: f64,
     /// Emulated direct host read rate, GB/s.
-    #[arg(long, default_value_t = 0.5, value_parser = positive_f64)]
+    #[arg(long, default_value_t = 0.5, value_parser = bus_gbps)]
     dha_gbps: f64,
     /// Transformer blocks of the model.
     #[arg(long, default_value_t = 6, value_parser = in_range(1, 64))]
@@ -92,11 +92,7 @@ pub(crate) fn profile_coldstart(
     dha_gbps: f64,
     json: &std::path::Path,
 ) -> CliResult<()> {
-    let copy = ColdOptions {
-        h2d_bytes_per_s: h2d_gbps * 1e9,
-        dha_bytes_per_s: dha_gbps * 1e9,
-        ..ColdOptions::default()
-    };
+    let copy = emulated_bus(h2d_gbps, dha_gbps);
     let (program, name, x) = match model_dir {
         Some(dir) => {
             let net = serve::model::load(dir)
@@ -127,32 +123,30 @@ pub(crate) fn profile_coldstart(
     Ok(())
 }
 
-struct Summary {
-    p50: f64,
-    p99: f64,
-    cold_pct: f64,
-    goodput_pct: f64,
+/// The executor's rates for an emulated bus of `h2d_gbps` (copies) and `dha_gbps` (DHA reads).
+fn emulated_bus(h2d_gbps: f64, dha_gbps: f64) -> ColdOptions {
+    ColdOptions { h2d_bytes_per_s: h2d_gbps * 1e9, dha_bytes_per_s: dha_gbps * 1e9, ..ColdOptions::default() }
 }
 
-fn summarize(latencies_ms: &mut [f64], colds: usize, slo: f64) -> Summary {
-    latencies_ms.sort_by(f64::total_cmp);
-    let n = latencies_ms.len().max(1);
-    let at = |q: f64| latencies_ms.get(((q * n as f64) as usize).saturating_sub(1)).copied().unwrap_or(0.0);
-    Summary {
-        p50: at(0.5),
-        p99: at(0.99),
-        cold_pct: 100.0 * colds as f64 / n as f64,
-        goodput_pct: 100.0 * latencies_ms.iter().filter(|&&l| l <= slo).count() as f64 / n as f64,
+/// An emulated bus rate, GB/s: 0.001 to 10,000.
+pub(crate) fn bus_gbps(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (1e-3..=1e4).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}`: a rate from 0.001 to 10000 GB/s expected")),
+    }
+}
+
+/// A request rate, per second: 0.001 to 100,000.
+fn request_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (1e-3..=1e5).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}`: a rate from 0.001 to 100000 requests/s expected")),
     }
 }
 
 pub(crate) fn cmd_bench_coldstart(a: &BenchColdstartArgs) -> CliResult<()> {
     let report = open_report(a.json.as_ref())?;
-    let copy = ColdOptions {
-        h2d_bytes_per_s: a.h2d_gbps * 1e9,
-        dha_bytes_per_s: a.dha_gbps * 1e9,
-        ..ColdOptions::default()
-    };
+    let copy = emulated_bus(a.h2d_gbps, a.dha_gbps);
     let program = Arc::new(model(a.blocks));
     let t = Instant::now();
     let prof: ColdProfile = profile(program.as_ref(), "cpu-transformer", &input(0), &copy, 10)?;
@@ -206,30 +200,28 @@ pub(crate) fn cmd_bench_coldstart(a: &BenchColdstartArgs) -> CliResult<()> {
                 Workload { instances: n, rate: a.rate, warmup: a.warmup, measured: a.requests, seed: a.seed };
             let arrivals = w.arrivals();
             let real = run_real(&program, &p, &arrivals, budget, &copy, a.warmup)?;
-            let mut real_lat: Vec<f64> = real.iter().map(|r| r.0).collect();
-            let real_colds = real.iter().filter(|r| r.1).count();
-            let r = summarize(&mut real_lat, real_colds, a.slo_ms);
+            let r = Summary::of(&real, &[a.slo_ms]);
             let records = simulate(&machine, &prof, strategy, &arrivals)?;
-            let measured = &records[a.warmup.min(records.len())..];
-            let mut sim_lat: Vec<f64> = measured.iter().map(Record::latency_ms).collect();
-            let s = summarize(&mut sim_lat, measured.iter().filter(|r| r.cold).count(), a.slo_ms);
+            let measured: Vec<(f64, bool)> =
+                records[a.warmup.min(records.len())..].iter().map(|r| (r.latency_ms(), r.cold)).collect();
+            let s = Summary::of(&measured, &[a.slo_ms]);
             println!(
                 "  N {n:4}: real p50 {:7.2} p99 {:7.2} ms cold {:5.1}% goodput {:5.1}% | sim p50 {:7.2} p99 {:7.2} ms cold {:5.1}% | sim/real p50 {:.2} p99 {:.2}",
-                r.p50,
-                r.p99,
+                r.p50_ms,
+                r.p99_ms,
                 r.cold_pct,
-                r.goodput_pct,
-                s.p50,
-                s.p99,
+                r.goodput_pct(),
+                s.p50_ms,
+                s.p99_ms,
                 s.cold_pct,
-                s.p50 / r.p50,
-                s.p99 / r.p99
+                s.p50_ms / r.p50_ms,
+                s.p99_ms / r.p99_ms
             );
             rows.push(json!({
                 "policy": strategy.name(), "instances": n, "offered_rps": a.rate,
-                "p50_ms": r.p50, "p99_ms": r.p99, "cold_pct": r.cold_pct, "goodput_pct": r.goodput_pct,
+                "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "cold_pct": r.cold_pct, "goodput_pct": r.goodput_pct(),
                 "completed": real.len(),
-                "sim": {"p50_ms": s.p50, "p99_ms": s.p99, "cold_pct": s.cold_pct, "goodput_pct": s.goodput_pct},
+                "sim": {"p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "cold_pct": s.cold_pct, "goodput_pct": s.goodput_pct()},
             }));
         }
     }

@@ -519,10 +519,10 @@ struct ProfileArgs {
     #[arg(long, conflicts_with_all = ["random_kind", "versions", "engine_configs"])]
     coldstart: bool,
     /// --coldstart: the emulated host → device copy rate, GB/s.
-    #[arg(long, default_value_t = 0.5, value_parser = positive_f64)]
+    #[arg(long, default_value_t = 0.5, value_parser = bench_coldstart::bus_gbps)]
     h2d_gbps: f64,
     /// --coldstart: the emulated direct host read rate, GB/s.
-    #[arg(long, default_value_t = 0.5, value_parser = positive_f64)]
+    #[arg(long, default_value_t = 0.5, value_parser = bench_coldstart::bus_gbps)]
     dha_gbps: f64,
     /// Profile the benchmarks' random model of this kind instead (`serve bench`'s defaults).
     #[arg(long = "random", value_enum)]

@@ -141,34 +141,22 @@ fn serving(machine: &Machine, profile: &ColdProfile, a: &ColdstartArgs) -> CliRe
         for &n in &a.instances {
             let w =
                 Workload { instances: n, rate: a.rate, warmup: a.warmup, measured: a.measured, seed: a.seed };
-            let mut goodput = vec![];
-            let mut first = None;
-            for &slo in &a.slo {
-                let o = experiment(machine, profile, s, &w, slo)?;
-                goodput.push(json!({"slo_ms": slo, "goodput_pct": o.goodput_pct}));
-                first.get_or_insert(o);
-            }
-            let o = first.ok_or_else(|| fatal("no SLO given"))?;
-            if knee.is_none() && o.p99_ms > a.slo[0] {
+            let o = experiment(machine, profile, s, &w, &a.slo)?;
+            let sum = &o.summary;
+            if knee.is_none() && sum.p99_ms > a.slo[0] {
                 knee = Some(n);
             }
-            let good: Vec<String> = a
-                .slo
-                .iter()
-                .zip(&goodput)
-                .map(|(slo, g)| format!("{:.1}%≤{slo}ms", g["goodput_pct"].as_f64().unwrap_or(0.0)))
-                .collect();
+            let good: Vec<String> =
+                sum.goodput.iter().map(|g| format!("{:.1}%≤{}ms", g.goodput_pct, g.slo_ms)).collect();
             println!(
                 "  N {n:5}: goodput {}  cold {:5.1}%  p50 {:7.2} ms  p99 {:8.2} ms",
                 good.join(" "),
-                o.cold_pct,
-                o.p50_ms,
-                o.p99_ms
+                sum.cold_pct,
+                sum.p50_ms,
+                sum.p99_ms
             );
-            points.push((n as f64, o.p99_ms));
-            let mut v = serde_json::to_value(&o).map_err(|e| fatal(format!("cannot encode: {e}")))?;
-            v["goodput"] = json!(goodput);
-            results.push(v);
+            points.push((n as f64, sum.p99_ms));
+            results.push(serde_json::to_value(&o).map_err(|e| fatal(format!("cannot encode: {e}")))?);
         }
         match knee {
             Some(n) => println!("  knee: p99 passes {} ms first at N = {n}", a.slo[0]),

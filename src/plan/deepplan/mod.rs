@@ -60,17 +60,35 @@ pub struct ColdPlan {
 pub fn plan(profile: &ColdProfile, options: PlanOptions, topology: Option<(&Topology, u32)>) -> ColdPlan {
     let methods = planner::plan_methods(profile, options);
     let helpers = topology.map(|(t, primary)| (t.helpers(primary), t.nvlink_gbps));
-    complete(profile, options.algorithm, methods, helpers)
+    let mut p = complete(profile, options.algorithm, methods, helpers);
+    if topology.is_some_and(|(t, primary)| t.index(primary).is_none()) {
+        p.gpus.clear(); // no GPU to name: the note says the primary is not in the topology
+    }
+    p
 }
 
 /// The plan of methods chosen elsewhere (by hand, by a test), split into `k` partitions with
 /// the paper's override, its latency by the stall model (one partition) or the uncontended
-/// arrival model at `nvlink_gbps` (several). Labelled with `algorithm`.
-pub fn plan_given(profile: &ColdProfile, algorithm: Algorithm, methods: Vec<Method>, k: usize) -> ColdPlan {
+/// arrival model with NVLink 2.0 (several). Labelled with `algorithm`. INVALID_ARGUMENT unless
+/// there is one method per layer and `k` is 1 to [`transmission::MAX_GPUS`].
+pub fn plan_given(
+    profile: &ColdProfile,
+    algorithm: Algorithm,
+    methods: Vec<Method>,
+    k: usize,
+) -> crate::Result<ColdPlan> {
+    if methods.len() != profile.layers.len() || !(1..=transmission::MAX_GPUS).contains(&k) {
+        return Err(crate::Error::invalid(format!(
+            "{} methods and {k} partitions for a profile of {} layers: one method per layer and 1 to {} partitions expected",
+            methods.len(),
+            profile.layers.len(),
+            transmission::MAX_GPUS
+        )));
+    }
     let helpers = Helpers { primary: 0, secondaries: (1..k as u32).collect(), reason: None };
     let mut p = complete(profile, algorithm, methods, Some((helpers, Topology::p3_8xlarge().nvlink_gbps)));
     p.gpus.clear();
-    p
+    Ok(p)
 }
 
 fn complete(

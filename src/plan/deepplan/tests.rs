@@ -256,17 +256,18 @@ fn parallel_transmission_loads_dha_layers_of_later_partitions() {
     ]);
     let plan = vec![Dha, Load, Load, Dha, Load];
     let (over, parts) = parallel(&p, &plan, 2);
-    // Loaded: a b d (3,000 bytes, block 1,500): [a] then [b d]; c lies in partition 2's range.
+    // Loaded: a b d (3,000 bytes, block 1,500): [a] then [b d]; c lies in partition 2's range
+    // and is loaded; partitioned again, a b c d (4,000, block 2,000): [a b] [c d] — equal.
     assert_eq!(over, vec![Dha, Load, Load, Load, Load], "c is overridden, emb (partition 1) is not");
-    assert_eq!(parts[0].layers, vec![1]);
-    assert_eq!(parts[1].layers, vec![2, 3, 4]);
-    assert_eq!(parts[1].bytes, 3000);
+    assert_eq!(parts[0].layers, vec![1, 2]);
+    assert_eq!(parts[1].layers, vec![3, 4]);
+    assert_eq!((parts[0].bytes, parts[1].bytes), (2000, 2000));
     // Arrivals: partition 2 copies on its own link from 0 and forwards each layer after it lands.
     let ready = arrivals(&p, &parts, 1e-3); // 1,000 bytes at 1 MB/s: 1 ms per forward
     assert_eq!(ready[1], Some(1.0));
     assert_eq!(ready[2], Some(2.0));
-    assert_eq!(ready[3], Some(3.0));
-    assert_eq!(ready[4], Some(4.0));
+    assert_eq!(ready[3], Some(2.0));
+    assert_eq!(ready[4], Some(3.0));
     assert_eq!(ready[0], None);
 }
 
@@ -362,7 +363,9 @@ fn plans_match_the_python_oracle() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/deepplan_oracle.py");
     let python = std::process::Command::new("python3").arg("--version").output();
     if !python.is_ok_and(|o| o.status.success()) {
-        eprintln!("skipped: python3 not found (the oracle check needs it; CI installs it)");
+        // CI sets SERVE_REQUIRE_PYTHON=1 (it installs python3): a skip there is a failure.
+        assert!(std::env::var("SERVE_REQUIRE_PYTHON").as_deref() != Ok("1"), "python3 not found");
+        eprintln!("skipped: python3 not found (the oracle check needs it)");
         return;
     }
     let mut rng = StdRng::seed_from_u64(2023);

@@ -97,7 +97,9 @@ impl Topology {
         Topology::parse(&text).map_err(|e| e.context(format!("{}", path.display())))
     }
 
-    fn check(&self) -> Result<()> {
+    /// The bounds [`parse`](Self::parse) checks: 1 to [`MAX_GPUS`] GPUs with distinct ids,
+    /// NVLink edges between listed GPUs, bandwidths from 0.001 to 10⁶ GB/s.
+    pub fn check(&self) -> Result<()> {
         let bad = |what: String| Err(Error::format(format!("topology: {what}")));
         if self.gpus.is_empty() || self.gpus.len() > MAX_GPUS {
             return bad(format!("{} GPUs; 1 to {MAX_GPUS} expected", self.gpus.len()));
@@ -238,28 +240,29 @@ pub fn partition(profile: &ColdProfile, plan: &[Method], k: usize) -> Vec<Partit
     parts
 }
 
-/// Parallel transmission over `k` GPUs for `plan`: the partitions, after the paper's override
-/// (layers on DHA from partition 2's first layer on are loaded, into the partition whose range
-/// holds them). Returns the overridden plan and its partitions; `k ≤ 1` leaves the plan as is,
-/// with one partition.
+/// Parallel transmission over `k` GPUs for `plan`: layers on DHA from partition 2's first
+/// layer on are loaded (the paper's override), and the new load set is partitioned again, until
+/// no DHA layer lies in partition 2 or later (each round only moves layers from DHA to load, so
+/// it ends). Returns the overridden plan and its partitions, about equal in bytes; `k ≤ 1`
+/// leaves the plan as is, with one partition.
 pub fn parallel(profile: &ColdProfile, plan: &[Method], k: usize) -> (Vec<Method>, Vec<Partition>) {
-    let mut parts = partition(profile, plan, k);
     let mut plan = plan.to_vec();
-    if parts.len() < 2 {
-        return (plan, parts);
-    }
-    let second_start = parts[1].layers[0];
-    for (i, m) in plan.iter_mut().enumerate().skip(second_start) {
-        if *m == Method::Dha && profile.layers[i].has_params() {
-            *m = Method::Load;
-            // The partition whose range holds layer i: the last whose first layer precedes it.
-            let p = parts.iter().rposition(|p| p.layers[0] <= i).expect("partition 2 starts at or before i");
-            let at = parts[p].layers.partition_point(|&x| x < i);
-            parts[p].layers.insert(at, i);
-            parts[p].bytes += profile.layers[i].bytes;
+    loop {
+        let parts = partition(profile, &plan, k);
+        if parts.len() < 2 {
+            return (plan, parts);
+        }
+        let mut changed = false;
+        for (i, m) in plan.iter_mut().enumerate().skip(parts[1].layers[0]) {
+            if *m == Method::Dha && profile.layers[i].has_params() {
+                *m = Method::Load;
+                changed = true;
+            }
+        }
+        if !changed {
+            return (plan, parts);
         }
     }
-    (plan, parts)
 }
 
 /// When each layer is ready on the primary under serial or parallel transmission, with no

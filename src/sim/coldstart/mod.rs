@@ -75,6 +75,56 @@ impl Workload {
     }
 }
 
+/// The share of requests within one SLO.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Goodput {
+    pub slo_ms: f64,
+    /// Percent of measured requests within `slo_ms`.
+    pub goodput_pct: f64,
+}
+
+/// What measured requests saw: percentiles as the artifact computes them
+/// (`sorted[⌊q·n⌋ − 1]`), cold rate and goodput under each SLO. Shared by the simulator's
+/// experiments and `serve bench coldstart`'s real runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub mean_ms: f64,
+    /// Percent of measured requests that found their instance cold.
+    pub cold_pct: f64,
+    pub goodput: Vec<Goodput>,
+}
+
+impl Summary {
+    /// Of `(latency ms, cold)` per measured request.
+    pub fn of(requests: &[(f64, bool)], slos: &[f64]) -> Summary {
+        let n = requests.len().max(1) as f64;
+        let mut lat: Vec<f64> = requests.iter().map(|r| r.0).collect();
+        lat.sort_by(f64::total_cmp);
+        let at =
+            |q: f64| lat.get(((q * lat.len() as f64) as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+        Summary {
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            mean_ms: lat.iter().sum::<f64>() / n,
+            cold_pct: 100.0 * requests.iter().filter(|r| r.1).count() as f64 / n,
+            goodput: slos
+                .iter()
+                .map(|&slo_ms| Goodput {
+                    slo_ms,
+                    goodput_pct: 100.0 * lat.iter().filter(|&&l| l <= slo_ms).count() as f64 / n,
+                })
+                .collect(),
+        }
+    }
+
+    /// Goodput under the first SLO (0 with none).
+    pub fn goodput_pct(&self) -> f64 {
+        self.goodput.first().map_or(0.0, |g| g.goodput_pct)
+    }
+}
+
 /// One strategy's outcome on a [`Workload`].
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Outcome {
@@ -82,15 +132,8 @@ pub struct Outcome {
     pub instances: usize,
     /// Instances the four GPUs hold at once.
     pub fit: usize,
-    pub slo_ms: f64,
-    /// Percent of measured requests within the SLO.
-    pub goodput_pct: f64,
-    /// Percent of measured requests that found their instance cold.
-    pub cold_pct: f64,
-    pub p50_ms: f64,
-    /// `sorted[⌊0.99·n⌋ − 1]`, as the artifact computes it.
-    pub p99_ms: f64,
-    pub mean_ms: f64,
+    #[serde(flatten)]
+    pub summary: Summary,
 }
 
 /// Instances of `profile` the machine holds at once under `strategy` (each GPU holds whole
@@ -108,29 +151,21 @@ pub fn fit(machine: &Machine, profile: &ColdProfile, strategy: Strategy) -> usiz
         .sum()
 }
 
-/// Runs `workload` with `strategy` and measures it against `slo_ms`.
+/// Runs `workload` with `strategy` once and measures it against each of `slos`.
 pub fn experiment(
     machine: &Machine,
     profile: &ColdProfile,
     strategy: Strategy,
     workload: &Workload,
-    slo_ms: f64,
+    slos: &[f64],
 ) -> Result<Outcome> {
     let records = serve(machine, profile, strategy, &workload.arrivals())?;
-    let measured = &records[workload.warmup.min(records.len())..];
-    let n = measured.len().max(1) as f64;
-    let mut lat: Vec<f64> = measured.iter().map(Record::latency_ms).collect();
-    lat.sort_by(f64::total_cmp);
-    let at = |q: f64| lat.get(((q * lat.len() as f64) as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+    let measured: Vec<(f64, bool)> =
+        records[workload.warmup.min(records.len())..].iter().map(|r| (r.latency_ms(), r.cold)).collect();
     Ok(Outcome {
         strategy: strategy.name().to_string(),
         instances: workload.instances,
         fit: fit(machine, profile, strategy),
-        slo_ms,
-        goodput_pct: 100.0 * lat.iter().filter(|&&l| l <= slo_ms).count() as f64 / n,
-        cold_pct: 100.0 * measured.iter().filter(|r| r.cold).count() as f64 / n,
-        p50_ms: at(0.5),
-        p99_ms: at(0.99),
-        mean_ms: lat.iter().sum::<f64>() / n,
+        summary: Summary::of(&measured, slos),
     })
 }

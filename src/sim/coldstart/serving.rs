@@ -123,6 +123,18 @@ impl Machine {
     pub fn capacity(&self) -> u64 {
         self.memory_bytes.saturating_sub(self.reserve_bytes)
     }
+
+    /// A valid topology and a finite forward cost ≥ 0.
+    pub fn check(&self) -> Result<()> {
+        self.topology.check()?;
+        if !self.forward_ms.is_finite() || self.forward_ms < 0.0 {
+            return Err(Error::invalid(format!(
+                "forward_ms is {}; a finite time ≥ 0 expected",
+                self.forward_ms
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One request: it arrives at `at_ms` for `instance` (home GPU `instance mod GPUs`).
@@ -151,8 +163,8 @@ impl Record {
 /// The plans of one strategy on every GPU, and what they cost.
 struct Plans {
     by_gpu: Vec<Rc<ColdPlan>>,
-    /// Execution time of a warm request (DHA layers still by DHA).
-    warm_ms: f64,
+    /// Per GPU, the execution time of a warm request (DHA layers still by DHA).
+    warm_ms: Vec<f64>,
     parallel: bool,
     pipelined: bool,
 }
@@ -184,8 +196,10 @@ impl Plans {
                 )));
             }
         }
-        let first = &by_gpu[0];
-        let warm_ms = profile.layers.iter().zip(&first.plan).map(|(l, &m)| exec_time(l, m)).sum();
+        let warm_ms = by_gpu
+            .iter()
+            .map(|p| profile.layers.iter().zip(&p.plan).map(|(l, &m)| exec_time(l, m)).sum())
+            .collect();
         Ok(Plans {
             by_gpu,
             warm_ms,
@@ -271,6 +285,11 @@ impl Events {
         self.heap.pop().map(|Reverse((_, _, e))| e)
     }
 }
+
+// A copy id packs the GPU (12 bits), the partition (12 bits: at most one per GPU) and the layer
+// (32 bits); the topology's and the profile's bounds keep each in its field.
+const _: () = assert!(crate::plan::deepplan::transmission::MAX_GPUS <= 1 << 12);
+const _: () = assert!(crate::plan::deepplan::profile::MAX_LAYERS <= 1 << 32);
 
 fn copy_id(gpu: usize, part: usize, layer: usize) -> CopyId {
     ((gpu as u64) << 44) | ((part as u64) << 32) | layer as u64
@@ -409,7 +428,7 @@ impl Sim<'_> {
         let gpu = &mut self.gpus[g];
         if gpu.resident.pin(instance) {
             gpu.running = Some(Running::Warm(r));
-            self.events.push(self.now + self.plans.warm_ms, Event::WarmDone(g));
+            self.events.push(self.now + self.plans.warm_ms[g], Event::WarmDone(g));
             return;
         }
         self.records[r].cold = true;

@@ -117,12 +117,14 @@ fn serving_knees_come_in_the_papers_order() {
     let knee = |s: Strategy| {
         (100..=200)
             .step_by(20)
-            .find(|&n| experiment(&m, &p, s, &Workload::paper(n, 1), 100.0).unwrap().p99_ms > 100.0)
+            .find(|&n| {
+                experiment(&m, &p, s, &Workload::paper(n, 1), &[100.0]).unwrap().summary.p99_ms > 100.0
+            })
             .unwrap_or(usize::MAX)
     };
     let (a, b, c) = (knee(Strategy::PipeSwitch), knee(Strategy::Dha), knee(Strategy::PtDha));
     assert!(a < b && b < c, "knees: PipeSwitch {a}, DHA {b}, PT+DHA {c}");
-    let good = |s| experiment(&m, &p, s, &Workload::paper(180, 1), 100.0).unwrap().goodput_pct;
+    let good = |s| experiment(&m, &p, s, &Workload::paper(180, 1), &[100.0]).unwrap().summary.goodput_pct();
     let (ps, pd) = (good(Strategy::PipeSwitch), good(Strategy::PtDha));
     assert!(pd >= 1.5 * ps, "goodput at 180: PT+DHA {pd}% vs PipeSwitch {ps}%");
 }

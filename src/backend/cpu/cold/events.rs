@@ -19,6 +19,8 @@ struct State {
     issued: u64,
     /// Records the stream has reached.
     completed: u64,
+    /// The host will never issue a record (its launcher failed): waiting for one fails.
+    abandoned: bool,
 }
 
 /// An event (cheap to clone: clones are the same event).
@@ -45,13 +47,24 @@ impl Event {
         s.issued > 0 && s.completed >= s.issued
     }
 
-    /// Blocks until a record has been issued (the launcher's guard).
-    pub fn wait_recorded(&self) {
+    /// Blocks until a record has been issued (the launcher's guard); false if the event was
+    /// [abandoned](Self::abandon) first.
+    pub fn wait_recorded(&self) -> bool {
         let (lock, cv) = &*self.0;
         let mut s = lock.lock().unwrap_or_else(PoisonError::into_inner);
-        while s.issued == 0 {
+        while s.issued == 0 && !s.abandoned {
             s = cv.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
+        s.issued > 0
+    }
+
+    /// Says that no record will be issued if none has been (the launcher is gone), waking whoever
+    /// waits for one.
+    pub fn abandon(&self) {
+        let (lock, cv) = &*self.0;
+        let mut s = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        s.abandoned = true;
+        cv.notify_all();
     }
 
     /// The record a wait issued now waits for (0: none, the wait is a no-op).

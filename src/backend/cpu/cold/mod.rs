@@ -30,14 +30,14 @@ pub mod program;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use events::{Event, Stream};
 use program::{HostView, LayerProgram, Params, lines_spanned};
 
-use crate::error::{Error, Result};
+use crate::error::{Code, Error, Result};
 use crate::plan::deepplan::planner::Method;
 use crate::plan::deepplan::{ColdPlan, Partition};
 
@@ -56,6 +56,24 @@ pub struct ColdOptions {
     pub issue_delay: Duration,
     /// Skip the record-before-wait guard. Only for the test that shows what it prevents.
     pub unguarded: bool,
+}
+
+impl ColdOptions {
+    /// Every rate positive (∞ allowed), else INVALID_ARGUMENT.
+    pub fn check(&self) -> Result<()> {
+        for (k, v) in [
+            ("h2d_bytes_per_s", self.h2d_bytes_per_s),
+            ("forward_bytes_per_s", self.forward_bytes_per_s),
+            ("dha_bytes_per_s", self.dha_bytes_per_s),
+        ] {
+            if v.is_nan() || v <= 0.0 {
+                return Err(Error::invalid(format!(
+                    "cold-start option `{k}` is {v}; a positive rate expected"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for ColdOptions {
@@ -104,7 +122,8 @@ impl Resident {
 /// Waits out the emulated bus time of `lines` direct host reads.
 fn bus_time(lines: u64, rate: f64) {
     if lines > 0 && rate.is_finite() && rate > 0.0 {
-        std::thread::sleep(Duration::from_secs_f64(lines as f64 * program::LINE_BYTES as f64 / rate));
+        let secs = lines as f64 * program::LINE_BYTES as f64 / rate;
+        std::thread::sleep(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX));
     }
 }
 
@@ -117,7 +136,7 @@ pub fn run_resident(
     input: &[f32],
     options: &ColdOptions,
 ) -> Result<Vec<f32>> {
-    check(program, plan)?;
+    check_plan(program, plan)?;
     if resident.buffers.len() != plan.len() {
         return Err(Error::invalid("the resident arena is not of this model"));
     }
@@ -149,7 +168,7 @@ fn poisoned(len: usize) -> Buffer {
 fn throttled_copy(src: &[f32], dst: &RwLock<Vec<f32>>, rate: f64) {
     let bytes = std::mem::size_of_val(src) as f64;
     if rate.is_finite() && rate > 0.0 {
-        std::thread::sleep(Duration::from_secs_f64(bytes / rate));
+        std::thread::sleep(Duration::try_from_secs_f64(bytes / rate).unwrap_or(Duration::MAX));
     }
     dst.write().unwrap_or_else(PoisonError::into_inner).copy_from_slice(src);
 }
@@ -157,7 +176,7 @@ fn throttled_copy(src: &[f32], dst: &RwLock<Vec<f32>>, rate: f64) {
 /// Runs `program` warm: every loaded layer's parameters already in device memory, DHA layers
 /// still read from the host (DeepPlan keeps them there). The reference of a cold run's output.
 pub fn run_warm(program: &dyn LayerProgram, plan: &[Method], input: &[f32]) -> Result<Vec<f32>> {
-    check(program, plan)?;
+    check_plan(program, plan)?;
     let lines = AtomicU64::new(0);
     let mut x = input.to_vec();
     let mut y = vec![];
@@ -176,7 +195,8 @@ pub fn run_warm(program: &dyn LayerProgram, plan: &[Method], input: &[f32]) -> R
     Ok(x)
 }
 
-fn check(program: &dyn LayerProgram, plan: &[Method]) -> Result<()> {
+/// A plan of one method per layer of `program`, else INVALID_ARGUMENT.
+pub fn check_plan(program: &dyn LayerProgram, plan: &[Method]) -> Result<()> {
     if plan.len() != program.layers() {
         return Err(Error::invalid(format!(
             "a plan of {} layers for a model of {}",
@@ -196,7 +216,8 @@ pub fn run_cold(
     options: &ColdOptions,
 ) -> Result<(ColdRun, Resident)> {
     let methods = &plan.plan;
-    check(program, methods)?;
+    check_plan(program, methods)?;
+    options.check()?;
     let n = methods.len();
     let loaded = |i: usize| methods[i] == Method::Load && !program.host_params(i).is_empty();
     for (p, part) in plan.partitions.iter().enumerate() {
@@ -207,9 +228,14 @@ pub fn run_cold(
             )));
         }
     }
-    let in_parts: usize = plan.partitions.iter().map(|p| p.layers.len()).sum();
-    if in_parts != (0..n).filter(|&i| loaded(i)).count() {
-        return Err(Error::invalid("the partitions do not hold every loaded layer exactly once"));
+    let mut listed = vec![false; n];
+    for &i in plan.partitions.iter().flat_map(|p| &p.layers) {
+        if std::mem::replace(&mut listed[i], true) {
+            return Err(Error::invalid(format!("layer {i} is in the partitions twice")));
+        }
+    }
+    if let Some(i) = (0..n).find(|&i| loaded(i) && !listed[i]) {
+        return Err(Error::invalid(format!("the plan loads layer {i} but no partition carries it")));
     }
     let arena: Vec<Option<Buffer>> =
         (0..n).map(|i| loaded(i).then(|| poisoned(program.host_params(i).len()))).collect();
@@ -217,6 +243,7 @@ pub fn run_cold(
     let landed: Vec<Event> = (0..n).map(|_| Event::new()).collect();
     let dha_lines = AtomicU64::new(0);
     let load_lines = AtomicU64::new(0);
+    let copy_failed = AtomicBool::new(false);
     let mut waited = 0;
 
     let output = std::thread::scope(|scope| -> Result<Vec<f32>> {
@@ -231,22 +258,29 @@ pub fn run_cold(
             let migrate = if p == 0 { None } else { Some(spawn(&format!("migrate{p}"))?) };
             streams.push((load, migrate));
         }
-        let (arena, landed, load_lines) = (&arena, &landed, &load_lines);
+        let (arena, landed, load_lines, copy_failed) = (&arena, &landed, &load_lines, &copy_failed);
         let launcher = std::thread::Builder::new()
             .name("serve-cold-launch".into())
             .spawn_scoped(scope, move || {
-                launch(program, &plan.partitions, streams, arena, landed, load_lines, options);
+                // Whatever happens to the launcher, no event stays waited for in vain.
+                let _abandon = Abandon(landed);
+                let copies = Copies { arena, landed, load_lines, failed: copy_failed };
+                launch(program, &plan.partitions, streams, &copies, options);
             })
             .map_err(|e| Error::internal(format!("cannot start the load launcher: {e}")))?;
 
         let mut x = input.to_vec();
         let mut y = vec![];
+        let mut failed = None;
         for (i, &m) in methods.iter().enumerate() {
             let host = program.host_params(i);
             if let Some(buffer) = &arena[i] {
                 let event = &landed[i];
-                if !options.unguarded {
-                    event.wait_recorded(); // never wait on an event not yet recorded
+                // Never wait on an event not yet recorded: block until the launcher issues it.
+                if !options.unguarded && !event.wait_recorded() {
+                    failed =
+                        Some(Error::new(Code::Backend, format!("the copy of layer {i} was never issued")));
+                    break;
                 }
                 if !event.is_completed() {
                     waited += 1;
@@ -265,7 +299,13 @@ pub fn run_cold(
             std::mem::swap(&mut x, &mut y);
         }
         launcher.join().map_err(|_| Error::internal("the load launcher panicked"))?;
-        Ok(x)
+        if copy_failed.load(Ordering::Acquire) {
+            return Err(Error::new(Code::Backend, "a layer's copy failed; its parameters never landed"));
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(x),
+        }
     })?;
     let run = ColdRun {
         output,
@@ -277,17 +317,45 @@ pub fn run_cold(
     Ok((run, Resident { buffers: arena }))
 }
 
+/// Marks the events the launcher never issued as abandoned when it ends, normally or not.
+struct Abandon<'a>(&'a [Event]);
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        for e in self.0 {
+            e.abandon();
+        }
+    }
+}
+
+/// Where a run's copies land and what they count.
+struct Copies<'a> {
+    arena: &'a [Option<Buffer>],
+    landed: &'a [Event],
+    load_lines: &'a AtomicU64,
+    /// Set by a copy that failed (its buffer keeps its poison).
+    failed: &'a AtomicBool,
+}
+
+/// A copy that records its failure instead of passing for done.
+fn guarded_copy(src: &[f32], dst: &RwLock<Vec<f32>>, rate: f64, failed: &AtomicBool) {
+    let ok =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| throttled_copy(src, dst, rate))).is_ok();
+    if !ok {
+        failed.store(true, Ordering::Release);
+    }
+}
+
 /// The launcher: issues every partition's copies and records (module docs). Dropping the
 /// streams at the end lets their threads finish and be joined by the scope.
 fn launch<'scope>(
     program: &'scope dyn LayerProgram,
     partitions: &'scope [Partition],
     streams: Vec<(Stream<'scope>, Option<Stream<'scope>>)>,
-    arena: &'scope [Option<Buffer>],
-    landed: &'scope [Event],
-    load_lines: &'scope AtomicU64,
+    c: &Copies<'scope>,
     options: &'scope ColdOptions,
 ) {
+    let (arena, landed, load_lines, failed) = (c.arena, c.landed, c.load_lines, c.failed);
     let (h2d, forward) = (options.h2d_bytes_per_s, options.forward_bytes_per_s);
     for (part, (load, migrate)) in partitions.iter().zip(&streams) {
         for &i in &part.layers {
@@ -303,7 +371,7 @@ fn launch<'scope>(
                 None => {
                     load.enqueue(move || {
                         count();
-                        throttled_copy(host, &dst, h2d);
+                        guarded_copy(host, &dst, h2d, failed);
                     });
                     load.record(&landed[i]);
                 }
@@ -314,13 +382,13 @@ fn launch<'scope>(
                     let s = Arc::clone(&staging);
                     load.enqueue(move || {
                         count();
-                        throttled_copy(host, &s, h2d);
+                        guarded_copy(host, &s, h2d, failed);
                     });
                     load.record(&on_secondary);
                     migrate.wait(&on_secondary);
                     migrate.enqueue(move || {
                         let src = staging.read().unwrap_or_else(PoisonError::into_inner);
-                        throttled_copy(&src, &dst, forward);
+                        guarded_copy(&src, &dst, forward, failed);
                     });
                     migrate.record(&landed[i]);
                 }

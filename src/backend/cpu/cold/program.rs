@@ -181,10 +181,11 @@ impl LayerProgram for Sequential {
         match self.layers[i] {
             Layer::Embedding { rows, width } => {
                 for &t in x {
-                    // Token ids are checked by the caller; an out-of-range id reads row 0's
-                    // place as zeros rather than out of bounds.
-                    let r = t as usize;
-                    if r < rows {
+                    // Token ids are checked by the caller; one that is not a row index
+                    // (negative, fractional, NaN, ≥ rows) gives a row of zeros, never a read
+                    // out of bounds.
+                    if t >= 0.0 && t.fract() == 0.0 && (t as usize) < rows {
+                        let r = t as usize;
                         y.extend_from_slice(p.read(r * width..(r + 1) * width));
                     } else {
                         y.extend(std::iter::repeat_n(0.0, width));

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::program::sizes_profile;
-use super::program::{Layer, LayerProgram, Sequential};
+use super::program::{Layer, LayerProgram, Params, Sequential};
 use super::*;
 use crate::plan::deepplan::planner::Method::{Dha, Load};
 use crate::plan::deepplan::{Algorithm, plan_given};
@@ -28,7 +28,7 @@ fn tokens() -> Vec<f32> {
 
 /// A plan of `methods` split into `k` partitions (the planner's partitioning and override).
 fn cold_plan(m: &Sequential, methods: Vec<Method>, k: usize) -> ColdPlan {
-    plan_given(&sizes_profile(m, "tiny").unwrap(), Algorithm::DeepPlan, methods, k)
+    plan_given(&sizes_profile(m, "tiny").unwrap(), Algorithm::DeepPlan, methods, k).unwrap()
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -121,4 +121,51 @@ fn a_plan_that_does_not_fit_the_model_is_refused() {
     plan.plan[0] = Dha; // partition 1 still lists layer 0
     let e = run_cold(&m, &plan, &tokens(), &ColdOptions::default()).unwrap_err();
     assert!(e.message().contains("lists layer 0, which the plan does not load"), "{e}");
+}
+
+/// A program whose launcher-side reads misbehave: `host_params` panics, or returns a slice of
+/// another length, when the load launcher asks (the execution's own reads are fine).
+struct Treacherous {
+    inner: Sequential,
+    panics: bool,
+}
+
+impl LayerProgram for Treacherous {
+    fn layers(&self) -> usize {
+        self.inner.layers()
+    }
+    fn host_params(&self, i: usize) -> &[f32] {
+        let p = self.inner.host_params(i);
+        if std::thread::current().name() == Some("serve-cold-launch") && i == 2 {
+            assert!(!self.panics, "launcher-side failure");
+            return &p[..p.len() / 2];
+        }
+        p
+    }
+    fn run(&self, i: usize, params: &Params<'_>, x: &[f32], y: &mut Vec<f32>) {
+        self.inner.run(i, params, x, y)
+    }
+}
+
+/// A launcher that dies, a copy that fails and partitions that miss a layer are errors, never
+/// a hang or a poisoned output passed off as a result.
+#[test]
+fn launcher_and_copy_failures_are_errors_not_hangs() {
+    let m = model();
+    let plan = cold_plan(&m, vec![Load; 7], 1);
+    for panics in [true, false] {
+        let t = Treacherous { inner: m.clone(), panics };
+        let e = run_cold(&t, &plan, &tokens(), &ColdOptions::default()).unwrap_err();
+        assert!(matches!(e.code(), crate::Code::Internal | crate::Code::Backend), "{e}");
+    }
+    let mut twice = plan.clone();
+    twice.partitions[0].layers[1] = twice.partitions[0].layers[0];
+    let e = run_cold(&m, &twice, &tokens(), &ColdOptions::default()).unwrap_err();
+    assert!(e.message().contains("twice"), "{e}");
+    let mut missing = plan.clone();
+    missing.partitions[0].layers.pop();
+    let e = run_cold(&m, &missing, &tokens(), &ColdOptions::default()).unwrap_err();
+    assert!(e.message().contains("no partition carries it"), "{e}");
+    let bad = ColdOptions { h2d_bytes_per_s: -1.0, ..ColdOptions::default() };
+    assert!(run_cold(&m, &plan, &tokens(), &bad).unwrap_err().message().contains("h2d_bytes_per_s"));
 }
