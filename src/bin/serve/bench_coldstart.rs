@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use serve::backend::cpu::cold::program::{Layer, Sequential};
 use serve::backend::cpu::cold::{ColdOptions, profile::profile};
-use serve::plan::deepplan::{ColdProfile, PlanOptions, Topology, plan};
+use serve::plan::deepplan::{ColdProfile, Topology, plan};
 use serve::runtime::coldstart::{ColdServer, ColdServerConfig};
 use serve::sim::coldstart::{Arrival, Machine, Strategy, Summary, Workload, serve as simulate};
 
@@ -188,7 +188,7 @@ pub(crate) fn cmd_bench_coldstart(a: &BenchColdstartArgs) -> CliResult<()> {
     };
     let mut rows = vec![];
     for strategy in [Strategy::PipeSwitch, Strategy::Dha] {
-        let p = plan(&prof, PlanOptions { ..strategy.options() }, None);
+        let p = plan(&prof, strategy.options(), None);
         println!(
             "{}: cold {:.2} ms planned, {:.1} MiB per instance on the device",
             strategy.name(),

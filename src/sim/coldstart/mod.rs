@@ -25,7 +25,7 @@ use serde::Serialize;
 pub use serving::{Arrival, Machine, Record, Strategy, serve};
 
 use crate::error::Result;
-use crate::plan::deepplan::{ColdProfile, plan};
+use crate::plan::deepplan::ColdProfile;
 
 /// Latencies of cold inferences started at t = 0 on each GPU of `gpus` (positions), each for a
 /// model instance homed there, with nothing resident.
@@ -144,8 +144,7 @@ pub fn fit(machine: &Machine, profile: &ColdProfile, strategy: Strategy) -> usiz
         .gpus
         .iter()
         .map(|g| {
-            let topology = strategy.parallel().then_some((&machine.topology, g.id));
-            let need = plan(profile, strategy.options(), topology).device_bytes.max(1);
+            let need = strategy.plan_on(machine, profile, g.id).device_bytes.max(1);
             usize::try_from(machine.capacity() / need).unwrap_or(usize::MAX)
         })
         .sum()

@@ -81,6 +81,12 @@ impl Strategy {
         }
     }
 
+    /// Its plan of `profile` for a cold start on GPU `gpu` of `machine` (with parallel
+    /// transmission over that GPU's helpers when the strategy uses it).
+    pub fn plan_on(self, machine: &Machine, profile: &ColdProfile, gpu: u32) -> ColdPlan {
+        plan(profile, self.options(), self.parallel().then_some((&machine.topology, gpu)))
+    }
+
     /// Whether it uses parallel transmission.
     pub fn parallel(self) -> bool {
         matches!(self, Strategy::Pt | Strategy::PtDha)
@@ -171,16 +177,8 @@ struct Plans {
 
 impl Plans {
     fn new(machine: &Machine, profile: &ColdProfile, strategy: Strategy) -> Result<Plans> {
-        let options = strategy.options();
-        let by_gpu: Vec<Rc<ColdPlan>> = machine
-            .topology
-            .gpus
-            .iter()
-            .map(|g| {
-                let topology = strategy.parallel().then_some((&machine.topology, g.id));
-                Rc::new(plan(profile, options, topology))
-            })
-            .collect();
+        let by_gpu: Vec<Rc<ColdPlan>> =
+            machine.topology.gpus.iter().map(|g| Rc::new(strategy.plan_on(machine, profile, g.id))).collect();
         for (g, p) in machine.topology.gpus.iter().zip(&by_gpu) {
             if p.device_bytes > machine.capacity() {
                 return Err(Error::invalid(format!(

@@ -127,6 +127,30 @@ fn bus_time(lines: u64, rate: f64) {
     }
 }
 
+/// Runs layer `i` on `x` into `y` with its parameters from `device` (the arena, or any copy
+/// standing for device memory) or, with none, from the host: a parameter-free layer as it is, a
+/// DHA layer through the line counter `lines` and then its bus time at `dha_rate` (∞: none).
+fn run_layer(
+    program: &dyn LayerProgram,
+    i: usize,
+    device: Option<&[f32]>,
+    lines: &AtomicU64,
+    dha_rate: f64,
+    x: &[f32],
+    y: &mut Vec<f32>,
+) {
+    let host = program.host_params(i);
+    match device {
+        Some(d) => program.run(i, &Params::Device(d), x, y),
+        None if host.is_empty() => program.run(i, &Params::None, x, y),
+        None => {
+            let before = lines.load(Ordering::Relaxed);
+            program.run(i, &Params::Host(HostView::new(host, lines)), x, y);
+            bus_time(lines.load(Ordering::Relaxed) - before, dha_rate);
+        }
+    }
+}
+
 /// Runs `program` warm from `resident` (its cold run's arena): loaded layers from the arena, DHA
 /// layers from the host as before (bus time included).
 pub fn run_resident(
@@ -143,18 +167,17 @@ pub fn run_resident(
     let lines = AtomicU64::new(0);
     let mut x = input.to_vec();
     let mut y = vec![];
-    for i in 0..plan.len() {
-        let host = program.host_params(i);
-        if let Some(b) = &resident.buffers[i] {
-            let params = b.read().unwrap_or_else(PoisonError::into_inner);
-            program.run(i, &Params::Device(&params), &x, &mut y);
-        } else if host.is_empty() {
-            program.run(i, &Params::None, &x, &mut y);
-        } else {
-            let before = lines.load(Ordering::Relaxed);
-            program.run(i, &Params::Host(HostView::new(host, &lines)), &x, &mut y);
-            bus_time(lines.load(Ordering::Relaxed) - before, options.dha_bytes_per_s);
-        }
+    for (i, buffer) in resident.buffers.iter().enumerate() {
+        let params = buffer.as_ref().map(|b| b.read().unwrap_or_else(PoisonError::into_inner));
+        run_layer(
+            program,
+            i,
+            params.as_deref().map(Vec::as_slice),
+            &lines,
+            options.dha_bytes_per_s,
+            &x,
+            &mut y,
+        );
         std::mem::swap(&mut x, &mut y);
     }
     Ok(x)
@@ -182,14 +205,8 @@ pub fn run_warm(program: &dyn LayerProgram, plan: &[Method], input: &[f32]) -> R
     let mut y = vec![];
     for (i, &m) in plan.iter().enumerate() {
         let host = program.host_params(i);
-        let params = if host.is_empty() {
-            Params::None
-        } else if m == Method::Dha {
-            Params::Host(HostView::new(host, &lines))
-        } else {
-            Params::Device(host)
-        };
-        program.run(i, &params, &x, &mut y);
+        let device = (m == Method::Load && !host.is_empty()).then_some(host);
+        run_layer(program, i, device, &lines, f64::INFINITY, &x, &mut y);
         std::mem::swap(&mut x, &mut y);
     }
     Ok(x)
@@ -273,7 +290,6 @@ pub fn run_cold(
         let mut y = vec![];
         let mut failed = None;
         for (i, &m) in methods.iter().enumerate() {
-            let host = program.host_params(i);
             if let Some(buffer) = &arena[i] {
                 let event = &landed[i];
                 // Never wait on an event not yet recorded: block until the launcher issues it.
@@ -287,14 +303,10 @@ pub fn run_cold(
                 }
                 event.synchronize();
                 let params = buffer.read().unwrap_or_else(PoisonError::into_inner);
-                program.run(i, &Params::Device(&params), &x, &mut y);
-            } else if host.is_empty() {
-                program.run(i, &Params::None, &x, &mut y);
+                run_layer(program, i, Some(&params), &dha_lines, options.dha_bytes_per_s, &x, &mut y);
             } else {
-                debug_assert_eq!(m, Method::Dha);
-                let before = dha_lines.load(Ordering::Relaxed);
-                program.run(i, &Params::Host(HostView::new(host, &dha_lines)), &x, &mut y);
-                bus_time(dha_lines.load(Ordering::Relaxed) - before, options.dha_bytes_per_s);
+                debug_assert!(m == Method::Dha || program.host_params(i).is_empty());
+                run_layer(program, i, None, &dha_lines, options.dha_bytes_per_s, &x, &mut y);
             }
             std::mem::swap(&mut x, &mut y);
         }

@@ -7,8 +7,8 @@ use std::sync::RwLock;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
-use super::program::{HostView, LayerProgram, Params};
-use super::{ColdOptions, bus_time, throttled_copy};
+use super::program::{LayerProgram, Params};
+use super::{ColdOptions, run_layer, throttled_copy};
 use crate::error::Result;
 use crate::plan::deepplan::{ColdProfile, LayerCost};
 
@@ -62,11 +62,7 @@ pub fn profile(
         let device = arena.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
         let exec_ms = mean_ms(&mut || program.run(i, &Params::Device(&device), x, &mut y));
         let lines = AtomicU64::new(0);
-        let dha_ms = mean_ms(&mut || {
-            let before = lines.load(std::sync::atomic::Ordering::Relaxed);
-            program.run(i, &Params::Host(HostView::new(host, &lines)), x, &mut y);
-            bus_time(lines.load(std::sync::atomic::Ordering::Relaxed) - before, options.dha_bytes_per_s);
-        });
+        let dha_ms = mean_ms(&mut || run_layer(program, i, None, &lines, options.dha_bytes_per_s, x, &mut y));
         layers.push(LayerCost {
             name: format!("{i}:{}", program.kind(i)),
             kind: program.kind(i).into(),
