@@ -74,6 +74,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h> /* mallinfo2 */
+#endif
 
 #include "libserve.h"
 #include "check.h"
@@ -112,6 +115,18 @@ static uint64_t rss_bytes(void) {
 }
 
 static double mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+/* Bytes the C allocator has handed out and not had back (glibc's mallinfo2: small chunks in use
+ * plus mmapped blocks), or 0 where it cannot say. Beside RSS it tells growth of live memory from
+ * the allocator's own footprint (a new arena, a grown heap top kept for reuse). */
+static uint64_t heap_in_use(void) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  struct mallinfo2 m = mallinfo2();
+  return (uint64_t)m.uordblks + (uint64_t)m.hblkhd;
+#else
+  return 0;
+#endif
+}
 
 /* xorshift64*: the client's only randomness (one generator per thread). */
 static uint64_t rng_next(uint64_t *s) {
@@ -694,10 +709,11 @@ static uint64_t print_sample(soak_t *s, uint64_t t, uint64_t *last_t, uint64_t *
   for (unsigned i = 0; i < CODES; i++) rejected += atomic_load(&s->refused_by_code[i]);
   double dt = (double)(t - *last_t) / NS_PER_S;
   printf("sample t=%.1fs submitted=%" PRIu64 " completed=%" PRIu64 " rejected=%" PRIu64
-         " rate=%.0f/s backlog_max=%" PRIu64 " rss=%.2fMiB\n",
+         " rate=%.0f/s backlog_max=%" PRIu64 " rss=%.2fMiB heap=%.2fMiB\n",
          (double)(t - s->soak_start) / NS_PER_S, (uint64_t)atomic_load(&s->accepted), done,
          rejected + (uint64_t)atomic_load(&s->ledger_full),
-         dt > 0 ? (double)(done - *last_done) / dt : 0.0, backlog, mib(rss_bytes()));
+         dt > 0 ? (double)(done - *last_done) / dt : 0.0, backlog, mib(rss_bytes()),
+         mib(heap_in_use()));
   *last_t = t;
   *last_done = done;
   return backlog;
@@ -737,6 +753,7 @@ int main(int argc, char **argv) {
            (uint64_t)atomic_load(&s.accepted) - primed_from, mib(rss_bytes()));
   }
   uint64_t rss_warm = 0, rss_end = 0, rss_max = 0, before = 0, backlog_before = 0, backlog_after = 0;
+  uint64_t heap_warm = 0, heap_end = 0;
   uint64_t accepted_before = atomic_load(&s.accepted), completed_before = atomic_load(&s.completed);
   if (calibrated) {
     s.rate = s.cfg.load * capacity;
@@ -775,12 +792,14 @@ int main(int argc, char **argv) {
         uint64_t b = atomic_exchange(&s.backlog_peak, 0);
         if (b > backlog_before) backlog_before = b;
         rss_warm = rss_max = rss_bytes();
-        printf("warm-up done at t=%.1fs: rss=%.2fMiB (before the run %.2fMiB)\n",
-               (double)(at - s.soak_start) / NS_PER_S, mib(rss_warm), mib(before));
+        heap_warm = heap_in_use();
+        printf("warm-up done at t=%.1fs: rss=%.2fMiB heap=%.2fMiB (before the run %.2fMiB)\n",
+               (double)(at - s.soak_start) / NS_PER_S, mib(rss_warm), mib(heap_warm), mib(before));
       }
     }
     pthread_join(sub, NULL);
     rss_end = rss_bytes();
+    heap_end = heap_in_use();
     if (rss_end > rss_max) rss_max = rss_end;
     uint64_t b = print_sample(&s, now_ns(), &last_t, &last_done);
     if (b > backlog_after) backlog_after = b;
@@ -804,10 +823,10 @@ int main(int argc, char **argv) {
     if (atomic_load(&s.by_code[i]) != 0)
       printf(" %s %" PRIu64, serve_code_name(i), (uint64_t)atomic_load(&s.by_code[i]));
   printf(" (soak %" PRIu64 " of them, calibration %" PRIu64 "); rss warm-up %.2f MiB, end %.2f "
-         "MiB, max %.2f MiB, growth %.3f%% (limit %.2f%%); ledger violations %" PRIu64
-         ", bad outputs %" PRIu64 "\n",
+         "MiB, max %.2f MiB, growth %.3f%% (limit %.2f%%); heap in use warm-up %.2f MiB, end "
+         "%.2f MiB; ledger violations %" PRIu64 ", bad outputs %" PRIu64 "\n",
          (uint64_t)atomic_load(&s.completed) - completed_before, completed_before, mib(rss_warm),
-         mib(rss_end), mib(rss_max), growth, s.cfg.max_growth,
+         mib(rss_end), mib(rss_max), growth, s.cfg.max_growth, mib(heap_warm), mib(heap_end),
          (uint64_t)atomic_load(&s.violations), (uint64_t)atomic_load(&s.bad_outputs));
   if (calibrated && growth > s.cfg.max_growth)
     fail("RSS grew %.3f%% from warm-up to the end, over the %.2f%% limit", growth,

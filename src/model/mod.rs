@@ -430,10 +430,14 @@ pub(crate) fn config_error(what: &str) -> Error {
 
 /// Every element of an f32 input is finite; the error names the first that is not.
 fn check_finite(v: &[f32]) -> Result<()> {
-    match v.iter().position(|x| !x.is_finite()) {
-        None => Ok(()),
-        Some(i) => Err(Error::invalid(format!("input element {i} is {}; inputs must be finite", v[i]))),
+    // One branch-free pass over the whole input, which vectorises (an exponent of all ones is
+    // ±inf or NaN); the element is looked for only once one is known to be bad.
+    const EXP: u32 = 0x7f80_0000;
+    if !v.iter().fold(false, |bad, x| bad | (x.to_bits() & EXP == EXP)) {
+        return Ok(());
     }
+    let i = v.iter().position(|x| !x.is_finite()).unwrap_or(0);
+    Err(Error::invalid(format!("input element {i} is {}; inputs must be finite", v[i])))
 }
 
 /// A token sequence: non-empty, not longer than `max_len`, every id below `vocab`.

@@ -64,6 +64,10 @@ pub(crate) struct Submit<R> {
     pub slots_needed: usize,
     pub deadline: Option<Time>,
     pub priority: i32,
+    /// Its input is in place already (no input ring to copy it into): the policy hears
+    /// [`Policy::input_ready`] with the arrival, with no separate
+    /// [`input_ready`](EngineCore::input_ready) event.
+    pub input_ready: bool,
     pub data: R,
 }
 
@@ -200,6 +204,15 @@ fn place<V>(v: &mut Vec<Option<V>>, idx: usize, value: V) {
     v[idx] = Some(value);
 }
 
+/// Mark group `gid` as having decisions to drain. `poll` drains the last-marked group until its
+/// policy has nothing more, so marking the group already on top again would only cost `poll` an
+/// empty policy poll.
+fn mark(dirty: &mut Vec<GroupId>, gid: GroupId) {
+    if dirty.last() != Some(&gid) {
+        dirty.push(gid);
+    }
+}
+
 impl<R, T: Default> EngineCore<R, T> {
     fn at(&mut self, now: Time) -> Time {
         self.now = self.now.max(now);
@@ -286,7 +299,7 @@ impl<R, T: Default> EngineCore<R, T> {
             deadline: s.deadline,
             priority: s.priority,
             started: None,
-            input_ready: false,
+            input_ready: s.input_ready,
             arrived: false,
             data: s.data,
         };
@@ -317,7 +330,7 @@ impl<R, T: Default> EngineCore<R, T> {
             if ready {
                 g.policy.input_ready(now, id);
             }
-            self.dirty.push(gid);
+            mark(&mut self.dirty, gid);
         }
     }
 
@@ -347,7 +360,7 @@ impl<R, T: Default> EngineCore<R, T> {
             let model = r.model;
             if let Some((gid, g)) = self.group_of(model) {
                 g.policy.input_ready(now, id);
-                self.dirty.push(gid);
+                mark(&mut self.dirty, gid);
             }
         }
     }
@@ -369,7 +382,7 @@ impl<R, T: Default> EngineCore<R, T> {
             self.complete(id, Code::Cancelled, None);
         } else if let Some((gid, g)) = self.group_of(model) {
             g.policy.cancel(now, id);
-            self.dirty.push(gid);
+            mark(&mut self.dirty, gid);
         }
     }
 
@@ -378,7 +391,7 @@ impl<R, T: Default> EngineCore<R, T> {
         let now = self.at(now);
         if let Some((gid, g)) = self.group_of(model) {
             g.policy.flush(now);
-            self.dirty.push(gid);
+            mark(&mut self.dirty, gid);
         }
     }
 
@@ -405,7 +418,7 @@ impl<R, T: Default> EngineCore<R, T> {
                 && g.policy.next_wakeup().is_some_and(|t| t <= now)
             {
                 g.policy.tick(now);
-                self.dirty.push(idx);
+                mark(&mut self.dirty, idx);
             }
         }
     }
@@ -449,7 +462,7 @@ impl<R, T: Default> EngineCore<R, T> {
             }
         }
         g.policy.task_done(now, report);
-        self.dirty.push(group);
+        mark(&mut self.dirty, group);
         let done = TaskEnd { model: entry.model, worker: entry.worker, rows: entry.requests.len(), busy };
         g.policy.recycle(entry.requests, entry.shape);
         if let Some(m) = self.models.get_mut(done.model).and_then(|m| m.as_mut()) {

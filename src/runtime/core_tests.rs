@@ -105,7 +105,7 @@ impl Policy for Recorder {
 }
 
 fn submit(model: ModelId, id: RequestId, slots_needed: usize) -> Submit<RequestId> {
-    Submit { model, id, graph: None, slots_needed, deadline: None, priority: 0, data: id }
+    Submit { model, id, graph: None, slots_needed, deadline: None, priority: 0, input_ready: false, data: id }
 }
 
 fn drain(core: &mut EngineCore<RequestId>) -> Vec<CoreOutput<RequestId>> {

@@ -35,7 +35,9 @@ use crate::runtime::request::{Reply, flush, shutdown_cancelled};
 use crate::runtime::stats::Stats;
 use crate::sched::{CellGraph, Policy, RequestId, TaskId, TaskReport, TaskShape, Time};
 
-/// A request admitted by submit, on its way to the engine.
+/// A request admitted by submit. It travels to the engine boxed and stays in that box, carried
+/// by the core (`core::CoreRequest::data`) until it completes: the engine's own data of a
+/// request moves as one pointer between the channel, the core's maps and the completion.
 pub(crate) struct Pending {
     pub model: usize,
     /// When submit accepted it (the metrics' queue and latency times start here).
@@ -50,6 +52,19 @@ pub(crate) struct Pending {
     pub deadline: Option<Instant>,
     pub priority: i32,
     pub reply: Reply,
+    /// What the engine learns while the request runs (empty at submit).
+    pub run: Run,
+}
+
+/// The engine's record of a request while it runs.
+#[derive(Default)]
+pub(crate) struct Run {
+    /// The result computed by the request's task(s), set when it is known.
+    result: Option<Result<Output>>,
+    /// Seq2Seq: the tokens decoded so far.
+    decoding: Decoding,
+    /// The slot of its model's input ring its input was copied into at arrival.
+    ring_slot: Option<usize>,
 }
 
 /// A model as the engine sees it.
@@ -132,21 +147,8 @@ pub(crate) enum Event {
 /// Events handled back to back before timers are checked and completions delivered.
 const MAX_EVENTS_PER_TURN: usize = 256;
 
-/// The engine's own data of a request, carried by the core (`core::CoreRequest::data`).
-struct Live {
-    /// When submit accepted it.
-    submitted: Instant,
-    /// Its rows of work, as admission counted them (released at completion).
-    rows: u64,
-    input: Input,
-    reply: Reply,
-    /// The result computed by the request's task(s), set when it is known.
-    result: Option<Result<Output>>,
-    /// Seq2Seq: the tokens decoded so far.
-    decoding: Decoding,
-    /// The slot of its model's input ring its input was copied into at arrival.
-    ring_slot: Option<usize>,
-}
+/// The engine's own data of a request, as the core carries it.
+type Live = Box<Pending>;
 
 /// The backend side of a model: what the core does not hold.
 struct ModelState {
@@ -203,8 +205,8 @@ pub(crate) struct Engine {
     drain_until: Option<Instant>,
     /// Where released models go to be dropped (the reaper thread, see `Runtime::start`).
     reaper: Sender<Box<dyn Send>>,
-    /// The current event's instant, once read (see [`instant`](Self::instant)).
-    clock: Option<Instant>,
+    /// The current event's time, once read (see [`now`](Self::now)).
+    clock: Option<Time>,
     /// Given back as each cancel and flush is handled.
     control: Arc<ControlBudget>,
 }
@@ -246,13 +248,11 @@ impl Engine {
     /// The wall clock, read once per event (and once per timer pass): everything one event
     /// causes — a task's end, the launches and completions it leads to — happens at one instant,
     /// for the policies and the metrics alike, and the clock is not read per request.
-    fn instant(&mut self) -> Instant {
-        *self.clock.get_or_insert_with(Instant::now)
-    }
-
     fn now(&mut self) -> Time {
-        let at = self.instant();
-        self.time(at)
+        match self.clock {
+            Some(t) => t,
+            None => *self.clock.insert(self.time(Instant::now())),
+        }
     }
 
     /// The engine loop; returns when shut down and every request has completed.
@@ -352,32 +352,35 @@ impl Engine {
             }
             // Sent once, by the last handle's drop; the index is not reused before release.
             Event::RemoveModel(idx) => self.core.close_model(idx),
-            Event::Arrive(p) => {
-                let Pending { model, submitted, rows, input, cells, slots_needed, deadline, priority, reply } =
-                    *p;
-                let id = reply.id();
-                let data = Live {
-                    submitted,
-                    rows,
-                    input,
-                    reply,
-                    result: None,
-                    decoding: Decoding::default(),
-                    ring_slot: None,
-                };
-                let deadline = deadline.map(|d| self.time(d));
+            Event::Arrive(mut data) => {
+                let (model, id, cells) = (data.model, data.reply.id(), data.cells.take());
+                let (slots_needed, priority) = (data.slots_needed, data.priority);
+                let deadline = data.deadline.map(|d| self.time(d));
                 let now = self.now();
-                let s = Submit { model, id, graph: cells, slots_needed, deadline, priority, data };
+                // The input was copied into host memory at submit, where both backends gather it
+                // from when the task launches: ready with the arrival. A model with an input
+                // ring has it copied into its slot first (the slot is known once the policy has
+                // seen the request): ready right after.
+                let has_ring =
+                    self.models.get(model).and_then(|s| s.as_ref()).is_some_and(|s| s.ring.is_some());
+                let s = Submit {
+                    model,
+                    id,
+                    graph: cells,
+                    slots_needed,
+                    deadline,
+                    priority,
+                    input_ready: !has_ring,
+                    data,
+                };
                 // A handle is alive while it submits, so its model is here and not closing; were
                 // it not, the request completes `Cancelled`.
                 match self.core.submit(now, s) {
-                    // The input was copied into host memory at submit, where both backends
-                    // gather it from when the task launches, or it is copied into the model's
-                    // input ring now: ready at once either way.
-                    Ok(()) => {
+                    Ok(()) if has_ring => {
                         self.copy_into_ring(model, id);
                         self.core.input_ready(now, id);
                     }
+                    Ok(()) => {}
                     Err(live) => {
                         let freed = Err(Error::new(Code::Cancelled, "the model was freed"));
                         self.finish(model, None, live, freed, false);
@@ -453,7 +456,7 @@ impl Engine {
                     None => finished.row_outcome(
                         net,
                         &r.data.input,
-                        &mut r.data.decoding,
+                        &mut r.data.run.decoding,
                         i,
                         node.expect("cell tasks have nodes"),
                     ),
@@ -461,12 +464,12 @@ impl Engine {
                 match outcome {
                     Ok(RowOutcome::Continue) => RowEnd::Continue,
                     Ok(RowOutcome::Result { output, early }) => {
-                        r.data.result = Some(Ok(output));
+                        r.data.run.result = Some(Ok(output));
                         if early { RowEnd::Early } else { RowEnd::Continue }
                     }
                     // A failed cell ends the request: its later cells would read bad state.
-                    Err(e) if !matches!(r.data.result, Some(Err(_))) => {
-                        r.data.result = Some(Err(e));
+                    Err(e) if !matches!(r.data.run.result, Some(Err(_))) => {
+                        r.data.run.result = Some(Err(e));
                         RowEnd::Early
                     }
                     Err(_) => RowEnd::Continue,
@@ -475,7 +478,7 @@ impl Engine {
         } else {
             let rows = data.rows;
             self.core.task_done(now, group, &report, |row, r, _| {
-                r.data.result = Some(match &error {
+                r.data.run.result = Some(match &error {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
                     None => match output.get(row * out_len..(row + 1) * out_len) {
                         Some(v) => Ok(Output::F32(v.to_vec())),
@@ -532,7 +535,7 @@ impl Engine {
         // and was reported with its count, or the ring was dropped above, `task_done`), and
         // this thread is the ring's only writer.
         if unsafe { ring.write(slot, |row| net.dense_row(&r.data.input, row)) }.is_ok() {
-            r.data.ring_slot = Some(slot);
+            r.data.run.ring_slot = Some(slot);
             self.stats.record_ring_copy();
         }
     }
@@ -552,7 +555,8 @@ impl Engine {
         let mut unrunnable = None;
         let work = if t.nodes().is_empty() {
             // A run of consecutive ring slots, every one a live request's: read in place.
-            let slot_of = |i: usize| t.requests.get(i).and_then(|id| self.core.request(*id)?.data.ring_slot);
+            let slot_of =
+                |i: usize| t.requests.get(i).and_then(|id| self.core.request(*id)?.data.run.ring_slot);
             let in_ring = state.ring.as_ref().and_then(|ring| {
                 let first = slot_of(0)?;
                 let run = t.requests.len() == t.batch && (1..t.batch).all(|i| slot_of(i) == Some(first + i));
@@ -641,6 +645,7 @@ impl Engine {
     ) {
         let result = match (code, rejected) {
             (Code::Ok, _) => live
+                .run
                 .result
                 .take()
                 .unwrap_or_else(|| Err(Error::internal("request completed without a result"))),
@@ -672,15 +677,15 @@ impl Engine {
         result: Result<Output>,
         rejected: bool,
     ) {
-        let now = self.instant();
-        let started = started.map(|t| self.instant_of(t));
+        let now = self.now();
+        let submitted = self.time(live.submitted);
         if let Some(Some(s)) = self.models.get_mut(model) {
             s.admission.finished(live.rows);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             if rejected {
                 s.metrics.rejected(code);
             } else {
-                s.metrics.completed(code, live.submitted, started, now);
+                s.metrics.completed(code, submitted, started, now);
             }
         }
         live.reply.complete(result, &mut self.outbox);

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
@@ -27,6 +27,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 use crate::error::Code;
+use crate::sched::Time;
 
 /// The series a runtime exposes (`serve_` prefix; counters get OpenMetrics' `_total` suffix):
 ///
@@ -82,45 +83,44 @@ struct WorkerLabels {
 type Seconds = Counter<f64, AtomicU64>;
 
 /// A histogram with one writer (the engine thread) and any number of readers (scrapes):
-/// observing is a few relaxed atomic loads and stores, no lock and no read-modify-write, where
-/// `prometheus_client`'s histogram takes a mutex per observation (which cost the round trip
-/// several percent). Buckets are powers of two from `first` (`le` = first × 2^k, then `+Inf`).
-/// A scrape may see an observation's count before its sum; nothing is lost or counted twice.
+/// observing is integer arithmetic and a few relaxed atomic loads and stores, no lock and no
+/// read-modify-write, where `prometheus_client`'s histogram takes a mutex per observation (which
+/// cost the round trip several percent). Values are whole `unit`s (nanoseconds for the time
+/// series, rows for batch sizes), summed as integers and scaled at a scrape. Buckets are powers
+/// of two from `first` (`le` = first × 2^k units, then `+Inf`). A scrape may see an
+/// observation's count before its sum; nothing is lost or counted twice.
 #[derive(Clone, Debug)]
 pub(crate) struct Histogram(Arc<HistogramInner>);
 
 #[derive(Debug)]
 struct HistogramInner {
-    first: f64,
+    /// The first bucket's bound, in units (≥ 1).
+    first: u64,
+    /// What one unit is in the exposition (1e-9 for seconds counted in nanoseconds).
+    unit: f64,
     /// Per-bucket counts; the last is `+Inf`.
     counts: Box<[AtomicU64]>,
-    /// The sum's f64 bits.
+    /// The sum, in units (saturating).
     sum: AtomicU64,
 }
 
 impl Histogram {
-    fn new(first: f64, buckets: usize) -> Histogram {
+    fn new(first: u64, unit: f64, buckets: usize) -> Histogram {
         let counts = (0..=buckets).map(|_| AtomicU64::new(0)).collect();
-        Histogram(Arc::new(HistogramInner { first, counts, sum: AtomicU64::new(0) }))
+        Histogram(Arc::new(HistogramInner { first: first.max(1), unit, counts, sum: AtomicU64::new(0) }))
     }
 
-    /// Record `v`. One writer only (the engine thread), or counts may be lost.
-    fn observe(&self, v: f64) {
+    /// Record `v` units. One writer only (the engine thread), or counts may be lost.
+    fn observe(&self, v: u64) {
         let h = &*self.0;
         let last = h.counts.len() - 1;
-        // The first bucket whose bound first × 2^k is ≥ v: for x = v / first in (2^(k-1), 2^k],
-        // ceil(x) is an integer n in the same range, and k = ceil(log2(n)) = bits of n - 1.
-        let x = v / h.first;
-        let bucket = if x <= 1.0 {
-            0 // NaN lands here too (as in prometheus_client, it is counted, not bucketed apart)
-        } else if x < 2f64.powi(62) {
-            ((u64::BITS - (x.ceil() as u64 - 1).leading_zeros()) as usize).min(last)
-        } else {
-            last
-        };
+        // The first bucket whose bound first × 2^k is ≥ v: n = ceil(v / first) lies in
+        // (2^(k-1), 2^k], so k = ceil(log2(n)) = the bits of n - 1 (0 for n ≤ 1).
+        let n = v.div_ceil(h.first);
+        let bucket = if n <= 1 { 0 } else { ((u64::BITS - (n - 1).leading_zeros()) as usize).min(last) };
         let c = &h.counts[bucket];
         c.store(c.load(Relaxed) + 1, Relaxed);
-        h.sum.store((f64::from_bits(h.sum.load(Relaxed)) + v).to_bits(), Relaxed);
+        h.sum.store(h.sum.load(Relaxed).saturating_add(v), Relaxed);
     }
 }
 
@@ -137,11 +137,13 @@ impl EncodeMetric for Histogram {
             .iter()
             .enumerate()
             .map(|(k, c)| {
-                (if k == last { f64::INFINITY } else { h.first * (1u64 << k) as f64 }, c.load(Relaxed))
+                let bound = if k == last { f64::INFINITY } else { (h.first << k) as f64 * h.unit };
+                (bound, c.load(Relaxed))
             })
             .collect();
         let count = buckets.iter().map(|b| b.1).sum();
-        encoder.encode_histogram::<NoLabelSet>(f64::from_bits(h.sum.load(Relaxed)), count, &buckets, None)
+        let sum = h.sum.load(Relaxed) as f64 * h.unit;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
 
     fn metric_type(&self) -> MetricType {
@@ -149,12 +151,12 @@ impl EncodeMetric for Histogram {
     }
 }
 
-/// Histogram buckets of the time metrics: 10 µs × 2^k up to ~42 s.
+/// Histogram buckets of the time metrics: 10 µs × 2^k up to ~42 s (observed in nanoseconds).
 #[derive(Clone)]
 struct TimeBuckets;
 impl MetricConstructor<Histogram> for TimeBuckets {
     fn new_metric(&self) -> Histogram {
-        Histogram::new(10e-6, 23)
+        Histogram::new(10_000, 1e-9, 23)
     }
 }
 
@@ -163,7 +165,7 @@ impl MetricConstructor<Histogram> for TimeBuckets {
 struct BatchBuckets;
 impl MetricConstructor<Histogram> for BatchBuckets {
     fn new_metric(&self) -> Histogram {
-        Histogram::new(1.0, 17)
+        Histogram::new(1, 1.0, 17)
     }
 }
 
@@ -338,19 +340,20 @@ impl ModelMetrics {
     }
 
     /// A request completed with `code` at `now`; it was submitted at `submitted` and its first
-    /// task launched at `started` (if any did).
-    pub(crate) fn completed(&self, code: Code, submitted: Instant, started: Option<Instant>, now: Instant) {
+    /// task launched at `started` (if any did). Times are the engine's (nanoseconds on one
+    /// clock), so the durations are integer differences.
+    pub(crate) fn completed(&self, code: Code, submitted: Time, started: Option<Time>, now: Time) {
         self.completed[code as usize].inc();
-        let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
-        self.queue_seconds.observe(secs(submitted, started.unwrap_or(now)));
+        let ns = |from: Time, to: Time| to.0.saturating_sub(from.0);
+        self.queue_seconds.observe(ns(submitted, started.unwrap_or(now)));
         if let Some(s) = started {
-            self.service_seconds.observe(secs(s, now));
+            self.service_seconds.observe(ns(s, now));
         }
-        self.latency_seconds.observe(secs(submitted, now));
+        self.latency_seconds.observe(ns(submitted, now));
     }
 
     pub(crate) fn task_launched(&self, requests: usize) {
-        self.batch_size.observe(requests as f64);
+        self.batch_size.observe(requests as u64);
     }
 
     pub(crate) fn worker_compute(&self, worker: usize, compute: Duration) {
@@ -406,17 +409,18 @@ mod tests {
     #[test]
     fn observations_land_in_the_first_bucket_whose_bound_holds_them() {
         // Bounds 1, 2, 4, 8, then +Inf.
-        let h = Histogram::new(1.0, 4);
-        for v in [0.0, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 8.0, 8.5, 1e300, f64::INFINITY] {
+        let h = Histogram::new(1, 1.0, 4);
+        for v in [0, 1, 2, 3, 4, 5, 8, 9, 1 << 40, u64::MAX] {
             h.observe(v);
         }
-        assert_eq!(counts(&h), [2, 2, 2, 2, 3]);
-        assert_eq!(f64::from_bits(h.0.sum.load(Relaxed)), f64::INFINITY);
-        // Time buckets: 10 µs × 2^k.
-        let t = Histogram::new(10e-6, 23);
-        t.observe(10e-6);
-        t.observe(15e-6);
-        t.observe(1.0); // 10 µs × 2^17 = 1.31 s
+        assert_eq!(counts(&h), [2, 1, 2, 2, 3]);
+        // The sum saturates rather than wrapping.
+        assert_eq!(h.0.sum.load(Relaxed), u64::MAX);
+        // Time buckets: 10 µs × 2^k, observed in nanoseconds.
+        let t = Histogram::new(10_000, 1e-9, 23);
+        t.observe(10_000);
+        t.observe(15_000);
+        t.observe(1_000_000_000); // 10 µs × 2^17 = 1.31 s
         let c = counts(&t);
         assert_eq!((c[0], c[1], c[17]), (1, 1, 1));
         assert_eq!(c.iter().sum::<u64>(), 3);

@@ -755,6 +755,7 @@ impl Model {
             deadline: opts.deadline,
             priority: opts.priority,
             reply,
+            run: Default::default(),
         };
         if let Err(mpsc::SendError(ev)) = self.m.rt.events.send(Event::Arrive(Box::new(pending))) {
             // The engine is gone (it cannot be while the gate is open, but never lose a request):

@@ -199,10 +199,8 @@ pub(crate) fn shutdown_cancelled() -> Error {
 pub(crate) fn flush(outbox: &mut Vec<(Arc<QueueShared>, Completion)>) {
     let mut items = outbox.drain(..).peekable();
     while let Some((queue, first)) = items.next() {
-        let mut run = vec![first];
-        while let Some((_, c)) = items.next_if(|(q, _)| Arc::ptr_eq(q, &queue)) {
-            run.push(c);
-        }
-        queue.push_all(run);
+        // The run is moved straight into the queue (no intermediate vector to grow).
+        let rest = std::iter::from_fn(|| items.next_if(|(q, _)| Arc::ptr_eq(q, &queue)).map(|(_, c)| c));
+        queue.push_all(std::iter::once(first).chain(rest));
     }
 }

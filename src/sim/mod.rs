@@ -305,6 +305,8 @@ impl Sim<'_> {
             slots_needed,
             deadline: None,
             priority: 0,
+            // Inputs are where the cost model's task times assume them: ready at once.
+            input_ready: true,
             // Submitted by its caller the arrival delay earlier.
             data: Live {
                 arrived: Time(now.0.saturating_sub(self.spec.cost.arrival_delay().as_nanos() as u64)),
@@ -312,8 +314,6 @@ impl Sim<'_> {
             },
         };
         self.core.submit(now, s).map_err(|_| Error::internal("the simulated model is not served"))?;
-        // Inputs are where the cost model's task times assume them: ready at once.
-        self.core.input_ready(now, id);
         Ok(())
     }
 

@@ -30,12 +30,14 @@ pub mod model;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
-use crate::sched::{Arrival, Decision, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerShape};
+use crate::sched::{
+    Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerShape,
+};
 
 pub use model::{Formula, Linear, StageFit, Stages, Streams};
 
@@ -101,7 +103,7 @@ struct Running {
 pub struct AdaptivePolicy {
     cfg: AdaptiveConfig,
     book: Book,
-    requests: HashMap<RequestId, Entry>,
+    requests: IdMap<Entry>,
     /// Waiting requests in arrival order (ids that left are skipped).
     queue: VecDeque<RequestId>,
     /// Launched tasks in launch order (the worker runs them in order).
@@ -121,7 +123,7 @@ impl AdaptivePolicy {
         cfg.check()?;
         Ok(AdaptivePolicy {
             book: Book::default(),
-            requests: HashMap::new(),
+            requests: IdMap::default(),
             queue: VecDeque::new(),
             running: VecDeque::new(),
             fits: std::array::from_fn(|_| StageFit::new(cfg.window)),

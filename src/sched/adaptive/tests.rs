@@ -1,6 +1,8 @@
 //! The adaptive policy's acceptance checks that are arithmetic or scheduler logic (spec Z1, Z2,
 //! Z4, and both close paths), on virtual time.
 
+use std::collections::HashMap;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

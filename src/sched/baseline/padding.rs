@@ -18,14 +18,14 @@
 //! Cancel and deadline take effect at the next task boundary: the request's later rows become
 //! padding and it completes once none of its rows is running.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, CellGraph, CellType, Decision, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId,
-    WorkerShape,
+    Arrival, CellGraph, CellType, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
+    WorkerId, WorkerShape,
 };
 
 /// Which non-empty bucket an idle worker takes its batch from.
@@ -176,7 +176,7 @@ impl Batch {
 /// The padding (graph batching) baseline.
 pub struct PaddingPolicy {
     cfg: PaddingConfig,
-    reqs: HashMap<RequestId, Req>,
+    reqs: IdMap<Req>,
     buckets: BTreeMap<usize, VecDeque<RequestId>>,
     /// The bucket served last (round-robin continues after it).
     cursor: Option<usize>,
@@ -184,7 +184,7 @@ pub struct PaddingPolicy {
     arrivals: u64,
     batches: Vec<Option<Batch>>,
     /// Requests of each task (rows may repeat a request).
-    tasks: HashMap<TaskId, (WorkerId, Vec<RequestId>)>,
+    tasks: IdMap<(WorkerId, Vec<RequestId>)>,
     book: Book,
 }
 
@@ -194,11 +194,11 @@ impl PaddingPolicy {
         Ok(PaddingPolicy {
             batches: (0..cfg.workers).map(|_| None).collect(),
             cfg,
-            reqs: HashMap::new(),
+            reqs: IdMap::default(),
             buckets: BTreeMap::new(),
             cursor: None,
             arrivals: 0,
-            tasks: HashMap::new(),
+            tasks: IdMap::default(),
             book: Book::default(),
         })
     }

@@ -14,13 +14,13 @@
 //!   removes a queued request at once and a running one when its task finishes.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use crate::error::Code;
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, Decision, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
+    Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
 };
 
 /// Configuration of [`TimeoutPolicy`].
@@ -60,7 +60,7 @@ struct Entry {
 #[derive(Debug)]
 pub struct TimeoutPolicy {
     cfg: TimeoutConfig,
-    requests: HashMap<RequestId, Entry>,
+    requests: IdMap<Entry>,
     /// Queued request ids by priority (largest first), FIFO within a priority. May hold ids that
     /// already left the queue (cancelled / expired); those are skipped and never at a front.
     queues: BTreeMap<Reverse<i32>, VecDeque<RequestId>>,
@@ -68,7 +68,7 @@ pub struct TimeoutPolicy {
     /// checked when its task ends).
     book: Book,
     idle: BTreeSet<WorkerId>,
-    tasks: HashMap<TaskId, (WorkerId, Vec<RequestId>)>,
+    tasks: IdMap<(WorkerId, Vec<RequestId>)>,
     /// The last flush: requests that arrived by then are ready without waiting out `max_wait`.
     flushed: Option<Time>,
 }
@@ -79,11 +79,11 @@ impl TimeoutPolicy {
         assert!(cfg.workers >= 1, "workers must be at least 1");
         TimeoutPolicy {
             cfg,
-            requests: HashMap::new(),
+            requests: IdMap::default(),
             queues: BTreeMap::new(),
             book: Book::default(),
             idle: (0..cfg.workers).collect(),
-            tasks: HashMap::new(),
+            tasks: IdMap::default(),
             flushed: None,
         }
     }

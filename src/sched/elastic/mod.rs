@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, Decision, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
+    Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
 };
 
 pub mod confs;
@@ -198,7 +198,7 @@ struct Task {
 pub struct ElasticPolicy {
     cfg: ElasticConfig,
     book: Book,
-    requests: HashMap<RequestId, Request>,
+    requests: IdMap<Request>,
     /// Slots from serial `base` (the oldest not freed) to `next` (the next arrival's).
     ring: VecDeque<Slot>,
     base: u64,
@@ -215,7 +215,7 @@ pub struct ElasticPolicy {
     /// E-Ebird's current level (TotalBS; 0 below the smallest), `None` before the first.
     level: Option<usize>,
     reconfigurations: u64,
-    tasks: HashMap<TaskId, Task>,
+    tasks: IdMap<Task>,
 }
 
 impl ElasticPolicy {
@@ -224,7 +224,7 @@ impl ElasticPolicy {
         let m = cfg.workers.len();
         let mut p = ElasticPolicy {
             book: Book::default(),
-            requests: HashMap::new(),
+            requests: IdMap::default(),
             ring: VecDeque::with_capacity(cfg.ring_slots),
             base: 0,
             next: 0,
@@ -235,7 +235,7 @@ impl ElasticPolicy {
             active: vec![cfg.engine_confs.is_empty(); m],
             level: None,
             reconfigurations: 0,
-            tasks: HashMap::new(),
+            tasks: IdMap::default(),
             cfg,
         };
         // N-Ebird: every worker is in Q, for good; E-Ebird: the level of an empty pool.

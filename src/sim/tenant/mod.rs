@@ -326,10 +326,10 @@ pub fn simulate(setup: &Setup, run: &Run) -> Result<TenantOutcome> {
                     slots_needed: 0,
                     deadline: None,
                     priority: 0,
+                    input_ready: true,
                     data: (model, now),
                 };
                 core.submit(now, s).map_err(|_| Error::internal("a simulated tenant is not served"))?;
-                core.input_ready(now, i as u64);
             }
             Ev::End(generation) => {
                 if generation == blocks.generation {

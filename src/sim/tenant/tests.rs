@@ -91,8 +91,16 @@ fn a_tenant_removed_while_its_blocks_run_finishes_them_and_the_others_go_on() {
     );
     core.add_model(0, 0, 0);
     core.add_model(1, 0, 0);
-    let sub =
-        |model, id| Submit { model, id, graph: None, slots_needed: 0, deadline: None, priority: 0, data: id };
+    let sub = |model, id| Submit {
+        model,
+        id,
+        graph: None,
+        slots_needed: 0,
+        deadline: None,
+        priority: 0,
+        input_ready: false,
+        data: id,
+    };
     let t = Time::from_micros;
     core.submit(t(0), sub(1, 1)).unwrap();
     core.input_ready(t(0), 1);
