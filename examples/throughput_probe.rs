@@ -4,9 +4,11 @@
 //! (submit, admission, engine, policy, stream, poller, delivery), the number the "no
 //! regression" checks compare between revisions.
 //!
-//! `cargo run --release --example throughput_probe [WINDOWS] [rust|c]` (default 200 windows
+//! `cargo run --release --example throughput_probe [WINDOWS] [rust|c|lstm]` (default 200 windows
 //! through the Rust API; `c`: the same through the C ABI, `serve_submit_f32` and
-//! `serve_queue_next`, as a C server calls it).
+//! `serve_queue_next`, as a C server calls it; `lstm`: the recurrent path, an lstm of hidden 4
+//! under cellular batching, sentences of 1 to 47 tokens, mean 24, so that the runtime's cost
+//! per cell, not the arithmetic, is what is measured).
 //!
 //! The probe does a fixed amount of work, so it can also run under
 //! `valgrind --tool=callgrind`: the instructions per request are then the difference between
@@ -28,7 +30,7 @@ use serve::ffi::runtime::{
     serve_runtime_options_set_backend, serve_runtime_options_set_cpu_threads,
 };
 use serve::ffi::submit::serve_submit_f32;
-use serve::model::Mlp;
+use serve::model::{Lstm, Mlp};
 use serve::{
     BackendChoice, CompletionQueue, Input, ModelOptions, Network, PolicyConfig, Runtime, SubmitOptions,
     TimeoutConfig,
@@ -43,7 +45,8 @@ fn main() {
     let elapsed = match api.as_str() {
         "rust" => rust(windows),
         "c" => c_abi(windows),
-        other => panic!("unknown API {other:?}: rust or c"),
+        "lstm" => lstm(windows),
+        other => panic!("unknown API {other:?}: rust, c or lstm"),
     };
     let n = windows as f64 * W as f64;
     println!(
@@ -75,6 +78,33 @@ fn rust(windows: usize) -> Duration {
     for _ in 0..windows {
         for i in 0..W {
             model.submit_to(Input::F32(vec![0.5; 16]), SubmitOptions::default(), &q, i).expect("submit");
+        }
+        let mut got = 0;
+        while got < W as usize {
+            out.clear();
+            q.next_into(&mut out, 1024, Duration::from_secs(10)).expect("drain");
+            got += out.len();
+        }
+    }
+    t0.elapsed()
+}
+
+fn lstm(windows: usize) -> Duration {
+    let rt = Runtime::builder()
+        .backend(BackendChoice::Cpu)
+        .cpu_threads(1)
+        .admission_bound(1 << 20)
+        .build()
+        .expect("runtime");
+    let net = Arc::new(Network::Lstm(Lstm::random(100, 4, 4, 1, 1)));
+    let model = rt.add_network(net, "lstm4".into(), ModelOptions::default()).expect("model");
+    let q = CompletionQueue::new().expect("queue");
+    let sentence = |i: u64| Input::Tokens((0..1 + i % 47).map(|t| ((i + t) % 100) as u32).collect());
+    let mut out = Vec::new();
+    let t0 = Instant::now();
+    for _ in 0..windows {
+        for i in 0..W {
+            model.submit_to(sentence(i), SubmitOptions::default(), &q, i).expect("submit");
         }
         let mut got = 0;
         while got < W as usize {
