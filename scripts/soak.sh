@@ -16,6 +16,9 @@
 # achieved rates, refusals, completions by code, RSS at warm-up and end, growth) and `soak: ok`
 # or `soak: FAILED`; this script exits with its status. Options after `--` go to the program
 # (e.g. `-- --backend cuda --sample-seconds 30`; see the top of ffi_examples/c/soak.c).
+# Each sample line also gives glibc's heap in use and held: with glibc's default per-thread
+# arenas RSS can creep while the heap in use stays flat (the allocator keeping freed memory per
+# thread); `MALLOC_ARENA_MAX=1 scripts/soak.sh` measures with one arena (ARCHITECTURE.md §9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

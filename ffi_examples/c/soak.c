@@ -32,7 +32,13 @@
  * completions by code and checks every OK output (f32: the model's output length, all finite;
  * tokens: 1 to max_decode ids below the vocabulary). The main thread samples this process's RSS
  * (/proc/self/statm) every --sample-seconds and prints a `sample` line; RSS growth is measured
- * from the end of warm-up to the end of the run. Each line also gives the interval's backlog peak:
+ * from the end of warm-up to the end of the run. Beside RSS each line gives, where the C library
+ * is glibc, the heap in use (`heap`: bytes malloc has handed out and not had back) and held
+ * (`held`: what its arenas hold from the system, free chunks included): RSS growing while `heap`
+ * stays flat is the allocator keeping memory, not the program's live memory growing. glibc's
+ * per-thread arenas do that under a producer/consumer load (each thread's arena keeps its own
+ * high-water mark); `MALLOC_ARENA_MAX=1` in the environment gives them one arena.
+ * Each line also gives the interval's backlog peak:
  * the most requests accepted and not yet settled by the consumer, seen at a submit. A request
  * holds its admission place until its completion is freed, so the backlog never exceeds the sum
  * of the admission bounds, and neither does what the runtime holds for it. Before the run, a
@@ -123,6 +129,18 @@ static uint64_t heap_in_use(void) {
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
   struct mallinfo2 m = mallinfo2();
   return (uint64_t)m.uordblks + (uint64_t)m.hblkhd;
+#else
+  return 0;
+#endif
+}
+
+/* Bytes the C allocator holds from the system: in use plus free chunks it keeps in its arenas
+ * (glibc's mallinfo2 `arena` + mmapped blocks), or 0 where it cannot say. Held growing while in
+ * use stays flat is the allocator keeping freed memory (per-thread arenas, fragmentation). */
+static uint64_t heap_held(void) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  struct mallinfo2 m = mallinfo2();
+  return (uint64_t)m.arena + (uint64_t)m.hblkhd;
 #else
   return 0;
 #endif
@@ -709,11 +727,11 @@ static uint64_t print_sample(soak_t *s, uint64_t t, uint64_t *last_t, uint64_t *
   for (unsigned i = 0; i < CODES; i++) rejected += atomic_load(&s->refused_by_code[i]);
   double dt = (double)(t - *last_t) / NS_PER_S;
   printf("sample t=%.1fs submitted=%" PRIu64 " completed=%" PRIu64 " rejected=%" PRIu64
-         " rate=%.0f/s backlog_max=%" PRIu64 " rss=%.2fMiB heap=%.2fMiB\n",
+         " rate=%.0f/s backlog_max=%" PRIu64 " rss=%.2fMiB heap=%.2fMiB held=%.2fMiB\n",
          (double)(t - s->soak_start) / NS_PER_S, (uint64_t)atomic_load(&s->accepted), done,
          rejected + (uint64_t)atomic_load(&s->ledger_full),
          dt > 0 ? (double)(done - *last_done) / dt : 0.0, backlog, mib(rss_bytes()),
-         mib(heap_in_use()));
+         mib(heap_in_use()), mib(heap_held()));
   *last_t = t;
   *last_done = done;
   return backlog;

@@ -27,7 +27,85 @@ use serve::{BackendChoice, Network};
 
 use crate::bench::{open_report, write_report};
 use crate::profile::{layer_batch, run_round};
-use crate::{BackendArg, BenchLayersArgs, CliResult, LayerModelArg, compute_threads, fatal};
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serve::runtime::MAX_CPU_THREADS;
+
+use crate::{BackendArg, CliResult, compute_threads, fatal, in_range, seconds};
+
+/// The layer models `serve bench layers` times (torchvision's and Hugging Face's configurations).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LayerModelArg {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    Resnet101,
+    Resnet152,
+    BertBase,
+}
+
+impl LayerModelArg {
+    /// torchvision's function name, or `bert-base`.
+    pub(crate) fn torch_name(self) -> &'static str {
+        match self {
+            LayerModelArg::Resnet18 => "resnet18",
+            LayerModelArg::Resnet34 => "resnet34",
+            LayerModelArg::Resnet50 => "resnet50",
+            LayerModelArg::Resnet101 => "resnet101",
+            LayerModelArg::Resnet152 => "resnet152",
+            LayerModelArg::BertBase => "bert-base",
+        }
+    }
+}
+
+/// `C,H,W` of an image (each 1..=4096, C ≤ 1024).
+fn image_dims(s: &str) -> Result<[usize; 3], String> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|p| p.trim().parse::<usize>().map_err(|e| format!("`{p}`: {e}")))
+        .collect::<Result<_, _>>()?;
+    match v[..] {
+        [c, h, w] if (1..=1024).contains(&c) && (1..=4096).contains(&h) && (1..=4096).contains(&w) => {
+            Ok([c, h, w])
+        }
+        _ => Err(format!("`{s}`: expected C,H,W with C in 1..=1024 and H, W in 1..=4096")),
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BenchLayersArgs {
+    /// The model (random weights).
+    #[arg(value_enum)]
+    pub(crate) model: LayerModelArg,
+    /// Batch sizes to time (at most 1024 each).
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_values_t = [1, 8], value_parser = in_range(1, 1024))]
+    pub(crate) batches: Vec<usize>,
+    /// ResNet input image `C,H,W`.
+    #[arg(long, default_value = "3,224,224", value_parser = image_dims)]
+    pub(crate) image: [usize; 3],
+    /// BERT request length in tokens (every request this long).
+    #[arg(long, default_value_t = 128)]
+    pub(crate) seq_len: usize,
+    /// Compute threads of both sides (0 = one per core; at most 1024).
+    #[arg(long, default_value_t = 0, value_parser = in_range(0, MAX_CPU_THREADS))]
+    pub(crate) threads: usize,
+    /// Seconds of timed rounds per batch size and side (at most 3600).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
+    pub(crate) min_time: f64,
+    /// The Python interpreter with torch (and torchvision, transformers) for PyTorch's side.
+    #[arg(long, default_value = "python3")]
+    pub(crate) python: PathBuf,
+    /// Time libserve only.
+    #[arg(long)]
+    pub(crate) no_torch: bool,
+    /// The backend of both sides: cpu, or cuda (device 0; PyTorch on the same GPU).
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub(crate) backend: BackendArg,
+    /// Write the results as one JSON object to this file.
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+}
 
 /// PyTorch's side, run by `PYTHON -`.
 const TORCH_SCRIPT: &str = include_str!("../../../scripts/torch_layer_bench.py");

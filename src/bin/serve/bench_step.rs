@@ -27,7 +27,41 @@ use serve::backend::cuda::{self, CudaDevice, Stream};
 use serve::workload::values;
 
 use crate::bench::{open_report, write_report};
-use crate::{BackendArg, BenchStepArgs, CliResult, StepModel, build_runtime, compute_threads, fatal};
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::{BackendArg, CliResult, RuntimeArgs, build_runtime, compute_threads, fatal, positive};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StepModel {
+    /// One `torch.nn.LSTM` layer step.
+    Lstm,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BenchStepArgs {
+    /// The cell to time.
+    #[arg(long, value_enum, default_value_t = StepModel::Lstm)]
+    pub(crate) model: StepModel,
+    /// Hidden size H.
+    #[arg(long, default_value_t = 1024, value_parser = positive())]
+    pub(crate) hidden: usize,
+    /// Rows in the batch.
+    #[arg(long, default_value_t = 512, value_parser = positive())]
+    pub(crate) batch: usize,
+    /// Input features of the layer (default: the hidden size).
+    #[arg(long, value_parser = positive())]
+    pub(crate) input: Option<usize>,
+    /// Timed iterations of each (after one untimed warm-up).
+    #[arg(long, default_value_t = 20, value_parser = positive())]
+    pub(crate) iters: usize,
+    #[command(flatten)]
+    pub(crate) rt: RuntimeArgs,
+    /// Write `{"results":[…]}` (ARCHITECTURE.md §8) to this file.
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+}
 
 /// One timed kernel.
 struct Timing {

@@ -50,13 +50,13 @@ use serve::runtime::{MAX_BATCH_LIMIT, MAX_CPU_THREADS, MAX_WORKERS};
 use serve::{BackendChoice, Error, Runtime, TimeoutConfig};
 
 use crate::bench::cmd_bench_mlp;
-use crate::bench_layers::cmd_bench_layers;
+use crate::bench_layers::{BenchLayersArgs, cmd_bench_layers};
 use crate::bench_rnn::{RnnKind, cmd_bench_rnn};
-use crate::bench_step::cmd_bench_step;
+use crate::bench_step::{BenchStepArgs, cmd_bench_step};
 use crate::demo::cmd_demo;
 use crate::infer::{DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_LIMIT, cmd_infer};
 use crate::info::cmd_info;
-use crate::profile::cmd_profile;
+use crate::profile::{ProfileArgs, cmd_profile};
 use crate::sim::cmd_sim;
 
 // ---------------------------------------------------------------------------------------------
@@ -507,63 +507,6 @@ struct BenchRnnArgs {
     peer: crate::bench_peer::PeerArgs,
 }
 
-#[derive(Args, Debug)]
-struct ProfileArgs {
-    /// Model directory of the model to profile (recurrent: per cell type; mlp, resnet, bert: per
-    /// layer).
-    #[arg(required_unless_present_any = ["random_kind", "versions", "coldstart"], conflicts_with = "random_kind")]
-    model_dir: Option<PathBuf>,
-    /// DeepPlan's cold-start profile (per layer: bytes, load, in-memory and DHA times) on the CPU
-    /// executor with an emulated bus, of an mlp MODEL_DIR or, without one, `serve bench
-    /// coldstart`'s model; written to --json for `serve plan deepplan`.
-    #[arg(long, conflicts_with_all = ["random_kind", "versions", "engine_configs"])]
-    coldstart: bool,
-    /// --coldstart: the emulated host → device copy rate, GB/s.
-    #[arg(long, default_value_t = 0.5, value_parser = bench_coldstart::bus_gbps)]
-    h2d_gbps: f64,
-    /// --coldstart: the emulated direct host read rate, GB/s.
-    #[arg(long, default_value_t = 0.5, value_parser = bench_coldstart::bus_gbps)]
-    dha_gbps: f64,
-    /// Profile the benchmarks' random model of this kind instead (`serve bench`'s defaults).
-    #[arg(long = "random", value_enum)]
-    random_kind: Option<RnnKind>,
-    /// Hidden (= embedding) size of the random model.
-    #[arg(long, default_value_t = crate::bench_rnn::CPU_HIDDEN, value_parser = positive())]
-    hidden: usize,
-    #[command(flatten)]
-    random: RandomRnnArgs,
-    /// Seed of the random model.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Batch sizes to time (at most 65536 each; default: 1, 2, 4, … 512 for a recurrent model,
-    /// 1 and 8 for a layer model).
-    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
-    batches: Vec<usize>,
-    /// Layer models on the CPU: the core counts to time each layer with (default: 1 and all).
-    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_CPU_THREADS))]
-    cores: Vec<usize>,
-    #[command(flatten)]
-    rt: RuntimeArgs,
-    /// Where to write the cost file.
-    #[arg(long, required_unless_present_any = ["engine_configs", "versions"])]
-    json: Option<PathBuf>,
-    /// VELTAIR's multi-version kernels of one product `MxKxN` (e.g. 196x2304x256): time every
-    /// candidate version (outer tiles, loop order, where the parallelism sits) alone on 1 and 2
-    /// cores and on one core beside a memory antagonist at --levels intensities on the other;
-    /// print the versions kept and whether the solo-best one loses under interference.
-    #[arg(long, value_parser = gemm_shape,
-          conflicts_with_all = ["model_dir", "random_kind", "engine_configs", "batches", "cores"])]
-    versions: Option<(usize, usize, usize)>,
-    /// Antagonist intensities of --versions (level 0: none), 2 to 10.
-    #[arg(long, default_value_t = 5, value_parser = in_range(2, 10))]
-    levels: usize,
-    /// A fixed-shape model: co-run every E-Ebird engine configuration (TotalBS 4, 8, 16, 32:
-    /// 252 of them) on the backend and write the least mean latency's per level, with every
-    /// score, to this file (for `serve bench elastic`, `serve sim elastic` and the C ABI).
-    #[arg(long, conflicts_with_all = ["json", "random_kind", "batches", "cores"])]
-    engine_configs: Option<PathBuf>,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum SimKind {
     Lstm,
@@ -722,109 +665,6 @@ struct SimArgs {
     compare: Option<PathBuf>,
     #[command(flatten)]
     elastic: ElasticSimArgs,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum StepModel {
-    /// One `torch.nn.LSTM` layer step.
-    Lstm,
-}
-
-/// The layer models `serve bench layers` times (torchvision's and Hugging Face's configurations).
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum LayerModelArg {
-    Resnet18,
-    Resnet34,
-    Resnet50,
-    Resnet101,
-    Resnet152,
-    BertBase,
-}
-
-impl LayerModelArg {
-    /// torchvision's function name, or `bert-base`.
-    fn torch_name(self) -> &'static str {
-        match self {
-            LayerModelArg::Resnet18 => "resnet18",
-            LayerModelArg::Resnet34 => "resnet34",
-            LayerModelArg::Resnet50 => "resnet50",
-            LayerModelArg::Resnet101 => "resnet101",
-            LayerModelArg::Resnet152 => "resnet152",
-            LayerModelArg::BertBase => "bert-base",
-        }
-    }
-}
-
-/// `C,H,W` of an image (each 1..=4096, C ≤ 1024).
-fn image_dims(s: &str) -> Result<[usize; 3], String> {
-    let v: Vec<usize> = s
-        .split(',')
-        .map(|p| p.trim().parse::<usize>().map_err(|e| format!("`{p}`: {e}")))
-        .collect::<Result<_, _>>()?;
-    match v[..] {
-        [c, h, w] if (1..=1024).contains(&c) && (1..=4096).contains(&h) && (1..=4096).contains(&w) => {
-            Ok([c, h, w])
-        }
-        _ => Err(format!("`{s}`: expected C,H,W with C in 1..=1024 and H, W in 1..=4096")),
-    }
-}
-
-#[derive(Args, Debug)]
-struct BenchLayersArgs {
-    /// The model (random weights).
-    #[arg(value_enum)]
-    model: LayerModelArg,
-    /// Batch sizes to time (at most 1024 each).
-    #[arg(long, value_delimiter = ',', num_args = 1.., default_values_t = [1, 8], value_parser = in_range(1, 1024))]
-    batches: Vec<usize>,
-    /// ResNet input image `C,H,W`.
-    #[arg(long, default_value = "3,224,224", value_parser = image_dims)]
-    image: [usize; 3],
-    /// BERT request length in tokens (every request this long).
-    #[arg(long, default_value_t = 128)]
-    seq_len: usize,
-    /// Compute threads of both sides (0 = one per core; at most 1024).
-    #[arg(long, default_value_t = 0, value_parser = in_range(0, MAX_CPU_THREADS))]
-    threads: usize,
-    /// Seconds of timed rounds per batch size and side (at most 3600).
-    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
-    min_time: f64,
-    /// The Python interpreter with torch (and torchvision, transformers) for PyTorch's side.
-    #[arg(long, default_value = "python3")]
-    python: PathBuf,
-    /// Time libserve only.
-    #[arg(long)]
-    no_torch: bool,
-    /// The backend of both sides: cpu, or cuda (device 0; PyTorch on the same GPU).
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
-    backend: BackendArg,
-    /// Write the results as one JSON object to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
-}
-
-#[derive(Args, Debug)]
-struct BenchStepArgs {
-    /// The cell to time.
-    #[arg(long, value_enum, default_value_t = StepModel::Lstm)]
-    model: StepModel,
-    /// Hidden size H.
-    #[arg(long, default_value_t = 1024, value_parser = positive())]
-    hidden: usize,
-    /// Rows in the batch.
-    #[arg(long, default_value_t = 512, value_parser = positive())]
-    batch: usize,
-    /// Input features of the layer (default: the hidden size).
-    #[arg(long, value_parser = positive())]
-    input: Option<usize>,
-    /// Timed iterations of each (after one untimed warm-up).
-    #[arg(long, default_value_t = 20, value_parser = positive())]
-    iters: usize,
-    #[command(flatten)]
-    rt: RuntimeArgs,
-    /// Write `{"results":[…]}` (ARCHITECTURE.md §8) to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -26,7 +26,71 @@ use serve::sim::{CellCost, CostFile};
 use serve::{CellularOptions, Input, ModelOptions, Network, PolicyConfig, SubmitOptions};
 
 use crate::bench_rnn::random_network;
-use crate::{CliResult, ProfileArgs, fatal};
+use std::path::PathBuf;
+
+use clap::Args;
+use serve::runtime::{MAX_BATCH_LIMIT, MAX_CPU_THREADS};
+
+use crate::bench_coldstart;
+use crate::bench_rnn::RnnKind;
+use crate::{CliResult, RandomRnnArgs, RuntimeArgs, fatal, gemm_shape, in_range, positive};
+
+#[derive(Args, Debug)]
+pub(crate) struct ProfileArgs {
+    /// Model directory of the model to profile (recurrent: per cell type; mlp, resnet, bert: per
+    /// layer).
+    #[arg(required_unless_present_any = ["random_kind", "versions", "coldstart"], conflicts_with = "random_kind")]
+    pub(crate) model_dir: Option<PathBuf>,
+    /// DeepPlan's cold-start profile (per layer: bytes, load, in-memory and DHA times) on the CPU
+    /// executor with an emulated bus, of an mlp MODEL_DIR or, without one, `serve bench
+    /// coldstart`'s model; written to --json for `serve plan deepplan`.
+    #[arg(long, conflicts_with_all = ["random_kind", "versions", "engine_configs"])]
+    pub(crate) coldstart: bool,
+    /// --coldstart: the emulated host → device copy rate, GB/s.
+    #[arg(long, default_value_t = 0.5, value_parser = bench_coldstart::bus_gbps)]
+    pub(crate) h2d_gbps: f64,
+    /// --coldstart: the emulated direct host read rate, GB/s.
+    #[arg(long, default_value_t = 0.5, value_parser = bench_coldstart::bus_gbps)]
+    pub(crate) dha_gbps: f64,
+    /// Profile the benchmarks' random model of this kind instead (`serve bench`'s defaults).
+    #[arg(long = "random", value_enum)]
+    pub(crate) random_kind: Option<RnnKind>,
+    /// Hidden (= embedding) size of the random model.
+    #[arg(long, default_value_t = crate::bench_rnn::CPU_HIDDEN, value_parser = positive())]
+    pub(crate) hidden: usize,
+    #[command(flatten)]
+    pub(crate) random: RandomRnnArgs,
+    /// Seed of the random model.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Batch sizes to time (at most 65536 each; default: 1, 2, 4, … 512 for a recurrent model,
+    /// 1 and 8 for a layer model).
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_BATCH_LIMIT))]
+    pub(crate) batches: Vec<usize>,
+    /// Layer models on the CPU: the core counts to time each layer with (default: 1 and all).
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = in_range(1, MAX_CPU_THREADS))]
+    pub(crate) cores: Vec<usize>,
+    #[command(flatten)]
+    pub(crate) rt: RuntimeArgs,
+    /// Where to write the cost file.
+    #[arg(long, required_unless_present_any = ["engine_configs", "versions"])]
+    pub(crate) json: Option<PathBuf>,
+    /// VELTAIR's multi-version kernels of one product `MxKxN` (e.g. 196x2304x256): time every
+    /// candidate version (outer tiles, loop order, where the parallelism sits) alone on 1 and 2
+    /// cores and on one core beside a memory antagonist at --levels intensities on the other;
+    /// print the versions kept and whether the solo-best one loses under interference.
+    #[arg(long, value_parser = gemm_shape,
+          conflicts_with_all = ["model_dir", "random_kind", "engine_configs", "batches", "cores"])]
+    pub(crate) versions: Option<(usize, usize, usize)>,
+    /// Antagonist intensities of --versions (level 0: none), 2 to 10.
+    #[arg(long, default_value_t = 5, value_parser = in_range(2, 10))]
+    pub(crate) levels: usize,
+    /// A fixed-shape model: co-run every E-Ebird engine configuration (TotalBS 4, 8, 16, 32:
+    /// 252 of them) on the backend and write the least mean latency's per level, with every
+    /// score, to this file (for `serve bench elastic`, `serve sim elastic` and the C ABI).
+    #[arg(long, conflicts_with_all = ["json", "random_kind", "batches", "cores"])]
+    pub(crate) engine_configs: Option<PathBuf>,
+}
 
 /// Tasks timed per round at least, the least time per round, and rounds per point (the
 /// median round is kept: one descheduled round on a busy machine does not move it).

@@ -24,8 +24,9 @@ use serde_json::json;
 use serve::backend::{Runner, RunnerShape, TaskData, Work};
 use serve::{BackendKind, Network};
 
+use crate::profile::ProfileArgs;
 use crate::profile::{layer_batch, run_round};
-use crate::{CliResult, ProfileArgs, compute_threads, fatal};
+use crate::{CliResult, compute_threads, fatal};
 
 const ROUNDS: usize = 5;
 const MIN_ROUND: Duration = Duration::from_millis(20);

@@ -20,7 +20,8 @@ use serve::backend::cpu::versions::{GemmVersion, candidates};
 use serve::sched::tenant::versions::{Candidate, prune, spread};
 
 use crate::bench::{open_report, write_report};
-use crate::{CliResult, ProfileArgs, fatal};
+use crate::profile::ProfileArgs;
+use crate::{CliResult, fatal};
 
 /// Sweeps over every candidate (and every level), and timed runs per point in each: a point is
 /// the median of `SWEEPS × RUNS` runs taken in different sweeps, so that the VM's drift over
