@@ -56,55 +56,42 @@ fn main() {
     );
 }
 
+/// The mlp through the Rust API.
 fn rust(windows: usize) -> Duration {
-    let rt = Runtime::builder()
-        .backend(BackendChoice::Cpu)
-        .cpu_threads(1)
-        .admission_bound(1 << 20)
-        .build()
-        .expect("runtime");
-    let net = Arc::new(Network::Mlp(Mlp::random(&[16, 16], 1)));
+    let net = Network::Mlp(Mlp::random(&[16, 16], 1));
     let policy = PolicyConfig::Timeout(TimeoutConfig {
         max_batch: 64,
         max_wait: Duration::ZERO,
         workers: 1,
         pad_to_max: false,
     });
-    let model =
-        rt.add_network(net, "mlp16".into(), ModelOptions { policy, ..Default::default() }).expect("model");
-    let q = CompletionQueue::new().expect("queue");
-    let mut out = Vec::new();
-    let t0 = Instant::now();
-    for _ in 0..windows {
-        for i in 0..W {
-            model.submit_to(Input::F32(vec![0.5; 16]), SubmitOptions::default(), &q, i).expect("submit");
-        }
-        let mut got = 0;
-        while got < W as usize {
-            out.clear();
-            q.next_into(&mut out, 1024, Duration::from_secs(10)).expect("drain");
-            got += out.len();
-        }
-    }
-    t0.elapsed()
+    rust_windows(net, ModelOptions { policy, ..Default::default() }, windows, |_| Input::F32(vec![0.5; 16]))
 }
 
+/// The lstm (cellular batching, the default policy of a recurrent model) through the Rust API.
 fn lstm(windows: usize) -> Duration {
+    let net = Network::Lstm(Lstm::random(100, 4, 4, 1, 1));
+    rust_windows(net, ModelOptions::default(), windows, |i| {
+        Input::Tokens((0..1 + i % 47).map(|t| ((i + t) % 100) as u32).collect())
+    })
+}
+
+/// `windows` windows of `W` requests (request `i` of a window takes `input(i)`) submitted to one
+/// completion queue and drained, on a one-thread CPU runtime; the time taken.
+fn rust_windows(net: Network, opts: ModelOptions, windows: usize, input: impl Fn(u64) -> Input) -> Duration {
     let rt = Runtime::builder()
         .backend(BackendChoice::Cpu)
         .cpu_threads(1)
         .admission_bound(1 << 20)
         .build()
         .expect("runtime");
-    let net = Arc::new(Network::Lstm(Lstm::random(100, 4, 4, 1, 1)));
-    let model = rt.add_network(net, "lstm4".into(), ModelOptions::default()).expect("model");
+    let model = rt.add_network(Arc::new(net), "probe".into(), opts).expect("model");
     let q = CompletionQueue::new().expect("queue");
-    let sentence = |i: u64| Input::Tokens((0..1 + i % 47).map(|t| ((i + t) % 100) as u32).collect());
     let mut out = Vec::new();
     let t0 = Instant::now();
     for _ in 0..windows {
         for i in 0..W {
-            model.submit_to(sentence(i), SubmitOptions::default(), &q, i).expect("submit");
+            model.submit_to(input(i), SubmitOptions::default(), &q, i).expect("submit");
         }
         let mut got = 0;
         while got < W as usize {

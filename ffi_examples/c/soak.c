@@ -122,27 +122,22 @@ static uint64_t rss_bytes(void) {
 
 static double mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
-/* Bytes the C allocator has handed out and not had back (glibc's mallinfo2: small chunks in use
- * plus mmapped blocks), or 0 where it cannot say. Beside RSS it tells growth of live memory from
- * the allocator's own footprint (a new arena, a grown heap top kept for reuse). */
-static uint64_t heap_in_use(void) {
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
-  struct mallinfo2 m = mallinfo2();
-  return (uint64_t)m.uordblks + (uint64_t)m.hblkhd;
-#else
-  return 0;
-#endif
-}
+/* What the C allocator says of its memory, where it can (glibc's mallinfo2; else zeros):
+ * `in_use`, the bytes it has handed out and not had back (small chunks plus mmapped blocks), and
+ * `held`, what its arenas hold from the system, free chunks included. RSS growing while `in_use`
+ * stays flat is the allocator keeping freed memory (per-thread arenas, fragmentation), not the
+ * program's live memory growing. */
+typedef struct {
+  uint64_t in_use, held;
+} heap_t;
 
-/* Bytes the C allocator holds from the system: in use plus free chunks it keeps in its arenas
- * (glibc's mallinfo2 `arena` + mmapped blocks), or 0 where it cannot say. Held growing while in
- * use stays flat is the allocator keeping freed memory (per-thread arenas, fragmentation). */
-static uint64_t heap_held(void) {
+static heap_t heap_bytes(void) {
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
   struct mallinfo2 m = mallinfo2();
-  return (uint64_t)m.arena + (uint64_t)m.hblkhd;
+  return (heap_t){.in_use = (uint64_t)m.uordblks + (uint64_t)m.hblkhd,
+                  .held = (uint64_t)m.arena + (uint64_t)m.hblkhd};
 #else
-  return 0;
+  return (heap_t){0, 0};
 #endif
 }
 
@@ -725,13 +720,14 @@ static uint64_t print_sample(soak_t *s, uint64_t t, uint64_t *last_t, uint64_t *
   uint64_t done = atomic_load(&s->completed), rejected = 0;
   uint64_t backlog = atomic_exchange(&s->backlog_peak, 0);
   for (unsigned i = 0; i < CODES; i++) rejected += atomic_load(&s->refused_by_code[i]);
+  heap_t heap = heap_bytes();
   double dt = (double)(t - *last_t) / NS_PER_S;
   printf("sample t=%.1fs submitted=%" PRIu64 " completed=%" PRIu64 " rejected=%" PRIu64
          " rate=%.0f/s backlog_max=%" PRIu64 " rss=%.2fMiB heap=%.2fMiB held=%.2fMiB\n",
          (double)(t - s->soak_start) / NS_PER_S, (uint64_t)atomic_load(&s->accepted), done,
          rejected + (uint64_t)atomic_load(&s->ledger_full),
          dt > 0 ? (double)(done - *last_done) / dt : 0.0, backlog, mib(rss_bytes()),
-         mib(heap_in_use()), mib(heap_held()));
+         mib(heap.in_use), mib(heap.held));
   *last_t = t;
   *last_done = done;
   return backlog;
@@ -810,14 +806,14 @@ int main(int argc, char **argv) {
         uint64_t b = atomic_exchange(&s.backlog_peak, 0);
         if (b > backlog_before) backlog_before = b;
         rss_warm = rss_max = rss_bytes();
-        heap_warm = heap_in_use();
+        heap_warm = heap_bytes().in_use;
         printf("warm-up done at t=%.1fs: rss=%.2fMiB heap=%.2fMiB (before the run %.2fMiB)\n",
                (double)(at - s.soak_start) / NS_PER_S, mib(rss_warm), mib(heap_warm), mib(before));
       }
     }
     pthread_join(sub, NULL);
     rss_end = rss_bytes();
-    heap_end = heap_in_use();
+    heap_end = heap_bytes().in_use;
     if (rss_end > rss_max) rss_max = rss_end;
     uint64_t b = print_sample(&s, now_ns(), &last_t, &last_done);
     if (b > backlog_after) backlog_after = b;
