@@ -200,3 +200,28 @@ fn input_ready_before_the_policy_sees_a_request_is_given_as_it_arrives() {
     assert!(matches!(out[1], CoreOutput::Launch { .. }), "request 2 arrives with its input ready");
     assert_eq!(seen.lock().unwrap().ready, vec![1, 2]);
 }
+
+#[test]
+fn a_submit_whose_input_is_in_place_is_ready_with_its_arrival() {
+    let (policy, seen) = Recorder::new(u64::MAX);
+    let mut core = EngineCore::<RequestId>::default();
+    core.add_group(0, Box::new(policy));
+    core.add_model(0, 0, 2);
+    // Fixed-shape (no slots): ready at once, with no input_ready event.
+    core.submit(us(0), Submit { input_ready: true, ..submit(0, 1, 0) }).unwrap();
+    // Recurrent, waiting for slots behind request 3: told it is ready when it gets them.
+    core.submit(us(0), submit(0, 3, 2)).unwrap();
+    core.submit(us(0), Submit { input_ready: true, ..submit(0, 2, 2) }).unwrap();
+    assert_eq!(seen.lock().unwrap().ready, vec![1]);
+    let Some(CoreOutput::Launch { group, task }) = core.poll() else { panic!("request 1 launches") };
+    assert!(core.poll().is_none(), "request 3's input is not ready");
+    core.task_done(us(1), group, &TaskReport::of(task), |_, _, _| RowEnd::Continue);
+    assert!(matches!(drain(&mut core)[..], [CoreOutput::Complete { id: 1, .. }]));
+    core.input_ready(us(2), 3);
+    let Some(CoreOutput::Launch { group, task }) = core.poll() else { panic!("request 3 launches") };
+    core.task_done(us(3), group, &TaskReport::of(task), |_, _, _| RowEnd::Continue);
+    let out = drain(&mut core);
+    assert!(matches!(out[0], CoreOutput::Complete { id: 3, .. }));
+    assert!(matches!(out[1], CoreOutput::Launch { .. }), "request 2 arrives with its input ready");
+    assert_eq!(seen.lock().unwrap().ready, vec![1, 3, 2]);
+}

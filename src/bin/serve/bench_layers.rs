@@ -14,24 +14,22 @@
 //! why it is missing and no ratio is printed.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 
 use serve::backend::{RunnerShape, TaskData, Work};
 use serve::model::bert::{Bert, BertConfig};
 use serve::model::resnet::{ResNet, ResNetConfig};
+use serve::runtime::MAX_CPU_THREADS;
 use serve::{BackendChoice, Network};
 
 use crate::bench::{open_report, write_report};
 use crate::profile::{layer_batch, run_round};
-use std::path::PathBuf;
-
-use clap::{Args, ValueEnum};
-use serve::runtime::MAX_CPU_THREADS;
-
 use crate::{BackendArg, CliResult, compute_threads, fatal, in_range, seconds};
 
 /// The layer models `serve bench layers` times (torchvision's and Hugging Face's configurations).

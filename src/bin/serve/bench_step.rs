@@ -12,8 +12,10 @@
 //! With no CUDA device, `--backend cuda` fails with the runtime's UNAVAILABLE error.
 
 use std::hint::black_box;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use serve::BackendKind;
@@ -27,10 +29,6 @@ use serve::backend::cuda::{self, CudaDevice, Stream};
 use serve::workload::values;
 
 use crate::bench::{open_report, write_report};
-use std::path::PathBuf;
-
-use clap::{Args, ValueEnum};
-
 use crate::{BackendArg, CliResult, RuntimeArgs, build_runtime, compute_threads, fatal, positive};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -15,24 +15,21 @@
 //!   (`arrival_us` + `delivery_us`: the submit reaching the engine, the completion reaching the
 //!   caller, split evenly).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use serde_json::json;
 
 use serve::backend::{CellRow, CellTask, RunnerShape, TaskData, Work};
 use serve::model::{DECODER, INTERNAL, NO_TOKEN};
+use serve::runtime::{MAX_BATCH_LIMIT, MAX_CPU_THREADS};
 use serve::sim::{CellCost, CostFile};
 use serve::{CellularOptions, Input, ModelOptions, Network, PolicyConfig, SubmitOptions};
 
-use crate::bench_rnn::random_network;
-use std::path::PathBuf;
-
-use clap::Args;
-use serve::runtime::{MAX_BATCH_LIMIT, MAX_CPU_THREADS};
-
 use crate::bench_coldstart;
-use crate::bench_rnn::RnnKind;
+use crate::bench_rnn::{RnnKind, random_network};
 use crate::{CliResult, RandomRnnArgs, RuntimeArgs, fatal, gemm_shape, in_range, positive};
 
 #[derive(Args, Debug)]
