@@ -14,6 +14,8 @@
  *   --warmup-seconds S      warm-up before the RSS baseline (default 60, or 10% of --seconds if
  *                           that is shorter)
  *   --calibrate-seconds S   closed-loop calibration per model (default 5)
+ *   --prime-seconds S       overload burst before the run (default 10, or 5% of --seconds if
+ *                           that is shorter; 0: none)
  *   --window N              outstanding requests during calibration (default 128)
  *   --admission-bound N     each model's admission bound (default 4096, the runtime's default)
  *   --backend B             auto, cpu or cuda (default auto)
@@ -42,10 +44,15 @@
  * the most requests accepted and not yet settled by the consumer, seen at a submit. A request
  * holds its admission place until its completion is freed, so the backlog never exceeds the sum
  * of the admission bounds, and neither does what the runtime holds for it. Before the run, a
- * priming pass fills every model to its bound with the consumer paused (so the completions pile
- * up in the queue too), then lets it all drain: the runtime's queues and maps reach the largest
- * size the bounds allow before the RSS baseline, and a burst during the run cannot grow them
- * further. At the end: shutdown with drain, then every
+ * priming pass takes the runtime through the worst the bounds allow, so that the RSS baseline
+ * already holds the high-water marks of its queues and maps (and of the allocator's arenas) and
+ * an overload episode during the run cannot grow them further: first it fills every model to its
+ * bound at once, in turns, with the consumer paused (the completions pile up in the queue too);
+ * then, with the consumer running, it submits to the models in turns as fast as one thread can
+ * for --prime-seconds, so the engine falls behind and holds every model's bound together, as it
+ * does when the machine stalls under load. Filling one model after another is not enough: the
+ * engine's request tables are shared by the models, and a 3-minute run at load 1.3 after such a
+ * priming still grew RSS by 3.4 MiB in its first seconds. At the end: shutdown with drain, then every
  * request must have completed OK, nothing may be pending (ledger and serve_runtime_stats), and
  * every handle is freed.
  *
@@ -156,7 +163,8 @@ static uint64_t rng_below(uint64_t *s, uint64_t n) { return rng_next(s) % n; }
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct {
-  double seconds, load, max_growth, sample_seconds, warmup_seconds, calibrate_seconds;
+  double seconds, load, max_growth, sample_seconds, warmup_seconds, calibrate_seconds,
+      prime_seconds;
   uint64_t window, admission_bound, cpu_threads, max_seq, seed;
   const char *backend;
   const char *models[MAX_MODELS];
@@ -166,7 +174,7 @@ typedef struct {
 static void usage(const char *prog) {
   fprintf(stderr,
           "usage: %s [--seconds S] [--load F] [--max-growth PCT] [--sample-seconds S]\n"
-          "          [--warmup-seconds S] [--calibrate-seconds S] [--window N]\n"
+          "          [--warmup-seconds S] [--calibrate-seconds S] [--prime-seconds S] [--window N]\n"
           "          [--admission-bound N] [--backend auto|cpu|cuda] [--cpu-threads N]\n"
           "          [--max-seq N] [--seed N] [MODEL_DIR...]\n",
           prog);
@@ -201,7 +209,7 @@ static bool parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi,
 
 static bool parse_args(int argc, char **argv, config *c) {
   *c = (config){.seconds = 1800, .load = 0.8, .max_growth = 1.0, .sample_seconds = 10,
-                .warmup_seconds = -1, .calibrate_seconds = 5, .window = 128,
+                .warmup_seconds = -1, .calibrate_seconds = 5, .prime_seconds = -1, .window = 128,
                 .admission_bound = 4096, .cpu_threads = 0, .max_seq = 16, .seed = 1,
                 .backend = "auto"};
   const double week = 7 * 24 * 3600.0;
@@ -230,6 +238,8 @@ static bool parse_args(int argc, char **argv, config *c) {
       good = parse_double(a, v, 0, week, &c->warmup_seconds);
     else if (strcmp(a, "--calibrate-seconds") == 0)
       good = parse_double(a, v, 0.1, 3600, &c->calibrate_seconds);
+    else if (strcmp(a, "--prime-seconds") == 0)
+      good = parse_double(a, v, 0, 3600, &c->prime_seconds);
     else if (strcmp(a, "--window") == 0) good = parse_u64(a, v, 1, 1u << 20, &c->window);
     else if (strcmp(a, "--admission-bound") == 0)
       good = parse_u64(a, v, 1, 1u << 20, &c->admission_bound);
@@ -248,6 +258,7 @@ static bool parse_args(int argc, char **argv, config *c) {
     c->models[c->n_models++] = "ffi_examples/testdata/lstm_small";
   }
   if (c->warmup_seconds < 0) c->warmup_seconds = fmin(60, c->seconds / 10);
+  if (c->prime_seconds < 0) c->prime_seconds = fmin(10, c->seconds / 20);
   if (c->warmup_seconds >= c->seconds) {
     fprintf(stderr, "soak: --warmup-seconds %g must be shorter than --seconds %g\n",
             c->warmup_seconds, c->seconds);
@@ -584,15 +595,19 @@ static bool calibrate(soak_t *s, size_t mi, uint64_t *rng) {
   return md->capacity > 0;
 }
 
-/* Fill every model to its admission bound with the consumer paused, wait until the runtime has
- * completed all of it (the completions then wait in the queue), and let the consumer settle it:
- * the runtime's structures reach their bounded peak before the RSS baseline. Refusals here are
- * the bound doing its job and are not counted. */
-static bool prime(soak_t *s, uint64_t *rng) {
+/* Take the runtime through the worst its bounds allow before the RSS baseline (see the top of
+ * the file): fill every model to its admission bound at once with the consumer paused, wait
+ * until the runtime has completed all of it (the completions then wait in the queue) and let the
+ * consumer settle it; then, consumer running, submit to the models in turns as fast as this
+ * thread can for --prime-seconds. Refusals here are the bounds doing their job and are not
+ * counted. Returns the requests accepted in the burst. */
+static bool prime(soak_t *s, uint64_t *rng, uint64_t *burst) {
   atomic_store(&s->paused, true);
-  for (size_t mi = 0; mi < s->n_models; mi++)
-    while (submit_one(s, mi, (size_t)rng_below(rng, POOL))) {
-    }
+  bool open[MAX_MODELS];
+  size_t n_open = s->n_models;
+  for (size_t mi = 0; mi < s->n_models; mi++) open[mi] = true;
+  for (size_t mi = 0; n_open > 0; mi = (mi + 1) % s->n_models)
+    if (open[mi] && !submit_one(s, mi, (size_t)rng_below(rng, POOL))) open[mi] = false, n_open--;
   uint64_t until = now_ns() + DRAIN_TIMEOUT_NS;
   bool done = false;
   while (!done && now_ns() < until) {
@@ -605,7 +620,14 @@ static bool prime(soak_t *s, uint64_t *rng) {
   }
   atomic_store(&s->paused, false);
   bool settled = wait_settled(s, DRAIN_TIMEOUT_NS);
+  uint64_t from = atomic_load(&s->accepted);
+  uint64_t end = now_ns() + (uint64_t)(s->cfg.prime_seconds * NS_PER_S);
+  for (size_t mi = 0; settled && done && now_ns() < end; mi = (mi + 1) % s->n_models)
+    submit_one(s, mi, (size_t)rng_below(rng, POOL));
+  *burst = atomic_load(&s->accepted) - from;
+  settled = settled && wait_settled(s, DRAIN_TIMEOUT_NS);
   for (unsigned i = 0; i < CODES; i++) atomic_store(&s->refused_by_code[i], 0);
+  atomic_store(&s->ledger_full, 0);
   if (!done || !settled) fail("priming: requests still outstanding after 60 s");
   return done && settled;
 }
@@ -761,10 +783,12 @@ int main(int argc, char **argv) {
   }
   double capacity = calibrated ? (double)s.n_models / inv : 0;
   if (calibrated) {
-    uint64_t primed_from = atomic_load(&s.accepted);
-    calibrated = prime(&s, &rng);
-    printf("primed: %" PRIu64 " requests held to the admission bounds, then drained; rss=%.2fMiB\n",
-           (uint64_t)atomic_load(&s.accepted) - primed_from, mib(rss_bytes()));
+    uint64_t primed_from = atomic_load(&s.accepted), burst = 0;
+    calibrated = prime(&s, &rng, &burst);
+    printf("primed: %" PRIu64 " requests held to the admission bounds, then drained; an overload "
+           "burst of %" PRIu64 " requests in %.0f s; rss=%.2fMiB heap=%.2fMiB\n",
+           (uint64_t)atomic_load(&s.accepted) - primed_from - burst, burst, s.cfg.prime_seconds,
+           mib(rss_bytes()), mib(heap_bytes().in_use));
   }
   uint64_t rss_warm = 0, rss_end = 0, rss_max = 0, before = 0, backlog_before = 0, backlog_after = 0;
   uint64_t heap_warm = 0, heap_end = 0;
