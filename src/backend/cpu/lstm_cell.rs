@@ -343,13 +343,24 @@ pub fn lstm_layer_step(
     }
 }
 
+/// The narrowest hidden size the AVX2 build of the pointwise kernel is used for. Its loop is
+/// vectorised 8 lanes wide, so a narrower row never fills a vector and runs the polynomial `exp`
+/// scalar, while the baseline build's 4 lanes still fill: at h = 4 the step cost 26.3k
+/// instructions per request through the AVX2 build against 18.0k through the baseline build
+/// (callgrind, `throughput_probe 10|20 lstm`; ARCHITECTURE.md §8.5).
+const AVX2_MIN_HIDDEN: usize = 8;
+
 /// One row's gates: `g` (4H pre-activations without bias), `bias` (4H), `c` (`c_prev` in, `c`
-/// out), `h` (out). Compiled twice: for the baseline target and, chosen at run time, with AVX2 and
-/// FMA (the pointwise kernel is a third of a large step's time at h = 256 otherwise).
+/// out), `h` (out). Compiled twice: for the baseline target and, chosen at run time for rows of
+/// at least [`AVX2_MIN_HIDDEN`], with AVX2 and FMA (the pointwise kernel is a third of a large
+/// step's time at h = 256 otherwise).
 #[inline]
 fn lstm_pointwise(g: &[f32], bias: &[f32], c: &mut [f32], h: &mut [f32]) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if h.len() >= AVX2_MIN_HIDDEN
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
         // SAFETY: `lstm_pointwise_avx2` requires only that the CPU has AVX2 and FMA, checked
         // just above; its body is the safe `lstm_pointwise_rows`.
         unsafe { lstm_pointwise_avx2(g, bias, c, h) };
@@ -367,26 +378,20 @@ fn lstm_pointwise_avx2(g: &[f32], bias: &[f32], c: &mut [f32], h: &mut [f32]) {
 #[inline(always)]
 fn lstm_pointwise_rows(g: &[f32], bias: &[f32], c: &mut [f32], h: &mut [f32]) {
     let hd = h.len();
-    let (gi, rest) = g[..4 * hd].split_at(hd);
-    let (gf, rest) = rest.split_at(hd);
-    let (gg, go) = rest.split_at(hd);
-    let (bi, rest) = bias[..4 * hd].split_at(hd);
-    let (bf, rest) = rest.split_at(hd);
-    let (bg, bo) = rest.split_at(hd);
+    // Every slice cut to exactly `hd` up front: the indexed loop below then has no bounds checks
+    // and vectorizes, and a row costs no iterator set-up (a zip of ten slices cost more than the
+    // arithmetic at h = 4).
+    let (gi, gf, gg, go) = (&g[..hd], &g[hd..2 * hd], &g[2 * hd..3 * hd], &g[3 * hd..4 * hd]);
+    let (bi, bf, bg, bo) = (&bias[..hd], &bias[hd..2 * hd], &bias[2 * hd..3 * hd], &bias[3 * hd..4 * hd]);
     let c = &mut c[..hd];
-    // Equal-length zips: no bounds checks, so the loop vectorizes.
-    let gates = gi.iter().zip(gf).zip(gg).zip(go);
-    let biases = bi.iter().zip(bf).zip(bg).zip(bo);
-    for ((((gi, gf), gg), go), ((((bi, bf), bg), bo), (c, h))) in
-        gates.zip(biases.zip(c.iter_mut().zip(h.iter_mut())))
-    {
-        let i = sigmoid(gi + bi);
-        let f = sigmoid(gf + bf);
-        let gc = tanh(gg + bg);
-        let o = sigmoid(go + bo);
-        let cj = f * *c + i * gc;
-        *c = cj;
-        *h = o * tanh(cj);
+    for j in 0..hd {
+        let i = sigmoid(gi[j] + bi[j]);
+        let f = sigmoid(gf[j] + bf[j]);
+        let gc = tanh(gg[j] + bg[j]);
+        let o = sigmoid(go[j] + bo[j]);
+        let cj = f * c[j] + i * gc;
+        c[j] = cj;
+        h[j] = o * tanh(cj);
     }
 }
 

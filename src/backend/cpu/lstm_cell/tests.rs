@@ -139,9 +139,14 @@ fn lstm_step_matches_reference_for_batch_sizes() {
     let pool = pool();
     let sizes: &[(usize, usize)] =
         if cfg!(miri) { &[(1, 1), (3, 4)] } else { &[(1, 1), (3, 4), (17, 24), (64, 64), (64, 67)] };
-    for &(n, padded) in sizes {
-        for threads in pool.threads() {
-            run_sequence(5, 7, n, padded, threads, &pool);
+    // Hidden sizes on both sides of AVX2_MIN_HIDDEN, with and without a remainder past the
+    // vector width (the pointwise kernel's two builds).
+    let hiddens: &[usize] = if cfg!(miri) { &[7] } else { &[4, 7, 8, 12] };
+    for &hidden in hiddens {
+        for &(n, padded) in sizes {
+            for threads in pool.threads() {
+                run_sequence(5, hidden, n, padded, threads, &pool);
+            }
         }
     }
 }
