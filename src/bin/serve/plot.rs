@@ -1,6 +1,6 @@
-//! `--svg FILE` of `serve bench` and `serve sim`: latency against throughput, one colour per
-//! policy, p50 / p90 / p99 as solid / dashed-looking (thinner) / dotted-looking (thinnest) lines
-//! with a point per offered rate.
+//! `--svg FILE` of `serve bench` and `serve sim`, drawn by one `draw`: latency against
+//! throughput (one colour per policy, p50 / p90 / p99 as thick / thinner / thinnest lines with a
+//! point per offered rate), and plain lines of named series with an optional reference line.
 
 use std::path::Path;
 
@@ -19,38 +19,30 @@ const COLOURS: [RGBColor; 6] = [
 ];
 
 /// The colour of the `i`-th series.
-pub(crate) fn colour(i: usize) -> RGBColor {
+fn colour(i: usize) -> RGBColor {
     COLOURS[i % COLOURS.len()]
+}
+
+/// One line of a chart: its legend name, colour and stroke width, its points, and whether each
+/// point gets a marker.
+struct Series {
+    name: String,
+    colour: RGBColor,
+    width: u32,
+    points: Vec<(f64, f64)>,
+    markers: bool,
 }
 
 /// Write the latency–throughput plot of `results` to `path`.
 pub(crate) fn latency_svg(path: &Path, title: &str, results: &[RunResult]) -> CliResult<()> {
-    let err = |e: &dyn std::fmt::Display| fatal(format!("cannot draw {}: {e}", path.display()));
     let mut policies: Vec<&str> = Vec::new();
     for r in results {
         if !policies.contains(&r.policy.as_str()) {
             policies.push(&r.policy);
         }
     }
-    let x_max = results.iter().map(|r| r.throughput_rps).fold(1.0, f64::max) * 1.05;
-    let y_max = results.iter().map(|r| r.p99_ms).filter(|v| v.is_finite()).fold(0.1, f64::max) * 1.05;
-    let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("throughput (requests/s)")
-        .y_desc("latency (ms)")
-        .draw()
-        .map_err(|e| err(&e))?;
+    let mut series = Vec::new();
     for (i, policy) in policies.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
         let mut rows: Vec<&RunResult> = results.iter().filter(|r| r.policy == *policy).collect();
         rows.sort_by(|a, b| a.offered_rps.total_cmp(&b.offered_rps));
         for (name, width, pick) in [
@@ -58,27 +50,23 @@ pub(crate) fn latency_svg(path: &Path, title: &str, results: &[RunResult]) -> Cl
             ("p90", 2, |r: &RunResult| r.p90_ms),
             ("p99", 1, |r: &RunResult| r.p99_ms),
         ] {
-            let pts: Vec<(f64, f64)> = rows.iter().map(|r| (r.throughput_rps, pick(r))).collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), colour.stroke_width(width)))
-                .map_err(|e| err(&e))?
-                .label(format!("{policy} {name}"))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(width))
-                });
-            chart
-                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, colour.filled())))
-                .map_err(|e| err(&e))?;
+            series.push(Series {
+                name: format!("{policy} {name}"),
+                colour: colour(i),
+                width,
+                points: rows.iter().map(|r| (r.throughput_rps, pick(r))).collect(),
+                markers: true,
+            });
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
+    draw(
+        path,
+        title,
+        ("throughput (requests/s)", "latency (ms)"),
+        &series,
+        None,
+        SeriesLabelPosition::UpperLeft,
+    )?;
     println!("# wrote {}", path.display());
     Ok(())
 }
@@ -88,13 +76,41 @@ pub(crate) fn latency_svg(path: &Path, title: &str, results: &[RunResult]) -> Cl
 pub(crate) fn lines_svg(
     path: &Path,
     title: &str,
-    (x_desc, y_desc): (&str, &str),
+    axes: (&str, &str),
     lines: &[(&str, Vec<(f64, f64)>)],
     reference: Option<(&str, f64)>,
 ) -> CliResult<()> {
+    let series: Vec<Series> = lines
+        .iter()
+        .enumerate()
+        .map(|(i, (name, points))| Series {
+            name: name.to_string(),
+            colour: colour(i),
+            width: 2,
+            points: points.clone(),
+            markers: false,
+        })
+        .collect();
+    draw(path, title, axes, &series, reference, SeriesLabelPosition::MiddleRight)
+}
+
+/// Draw `series` (points with a non-finite coordinate left out) and the optional black
+/// reference line on axes from 0 to a little past the largest value, to an SVG at `path`.
+fn draw(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    reference: Option<(&str, f64)>,
+    legend: SeriesLabelPosition,
+) -> CliResult<()> {
     let err = |e: &dyn std::fmt::Display| fatal(format!("cannot draw {}: {e}", path.display()));
-    let pts = || lines.iter().flat_map(|l| l.1.iter()).filter(|p| p.0.is_finite() && p.1.is_finite());
-    let x_max = pts().map(|p| p.0).fold(1e-9, f64::max) * 1.02;
+    let finite = |s: &Series| -> Vec<(f64, f64)> {
+        s.points.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()).collect()
+    };
+    let series: Vec<(&Series, Vec<(f64, f64)>)> = series.iter().map(|s| (s, finite(s))).collect();
+    let pts = || series.iter().flat_map(|s| s.1.iter());
+    let x_max = pts().map(|p| p.0).fold(1e-9, f64::max) * 1.05;
     let y_max = pts().map(|p| p.1).chain(reference.map(|r| r.1)).fold(1e-9, f64::max) * 1.05;
     let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
@@ -106,15 +122,17 @@ pub(crate) fn lines_svg(
         .build_cartesian_2d(0.0..x_max, 0.0..y_max)
         .map_err(|e| err(&e))?;
     chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| err(&e))?;
-    for (i, (name, line)) in lines.iter().enumerate() {
-        let c = colour(i);
-        let line: Vec<(f64, f64)> =
-            line.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()).collect();
+    for (s, points) in series {
+        let style = s.colour.stroke_width(s.width);
         chart
-            .draw_series(LineSeries::new(line, c.stroke_width(2)))
+            .draw_series(LineSeries::new(points.clone(), style))
             .map_err(|e| err(&e))?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            .label(s.name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        if s.markers {
+            let fill = s.colour.filled();
+            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, fill))).map_err(|e| err(&e))?;
+        }
     }
     if let Some((name, y)) = reference {
         chart
@@ -125,6 +143,7 @@ pub(crate) fn lines_svg(
     }
     chart
         .configure_series_labels()
+        .position(legend)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
