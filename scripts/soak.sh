@@ -7,8 +7,10 @@
 # Builds the release library (`cargo build --release --lib`) and ffi_examples/c/soak.c (with
 # `cc`, into target/soak/), then runs it on the given model directories (default: the committed
 # fixtures ffi_examples/testdata/mlp_4_8_3 and lstm_small). The program calibrates each model's
-# capacity closed-loop, then offers an open-loop Poisson load at --load times the mix's capacity
-# from one submitter thread for --minutes, counting refused submits (BUSY) without retrying. It
+# capacity closed-loop, primes the runtime (every model at its admission bound at once, then a
+# 10 s overload burst, so that the baseline holds the high-water marks the bounds allow and
+# growth after it means a leak), then offers an open-loop Poisson load at --load times the mix's
+# capacity from one submitter thread for --minutes, counting refused submits (BUSY) without retrying. It
 # keeps an exactly-once ledger, checks every output, samples its RSS every 10 s, and fails if the
 # RSS grew more than --max-growth percent from the end of warm-up (the first 60 s) to the end, if
 # any request was lost, duplicated or completed with a code other than OK, or if shutdown with
