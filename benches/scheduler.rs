@@ -150,6 +150,9 @@ impl Policy for Plain {
     fn lookahead(&self) -> usize {
         1
     }
+    fn reserve(&mut self, requests: usize) {
+        self.live.reserve(requests);
+    }
     fn arrive(&mut self, _: Time, a: Arrival) {
         let len = a.cells.map_or(1, |g| g.len()) as u32;
         self.live.push((a.id, 0, len));
@@ -334,6 +337,10 @@ impl Policy for PlainTree {
     }
     fn lookahead(&self) -> usize {
         1
+    }
+    fn reserve(&mut self, requests: usize) {
+        self.trees.reserve(requests);
+        self.free.reserve(requests);
     }
     fn arrive(&mut self, _: Time, a: Arrival) {
         let graph = a.cells.expect("a tree request has a graph");

@@ -39,7 +39,10 @@
  * (`held`: what its arenas hold from the system, free chunks included): RSS growing while `heap`
  * stays flat is the allocator keeping memory, not the program's live memory growing. glibc's
  * per-thread arenas do that under a producer/consumer load (each thread's arena keeps its own
- * high-water mark); `MALLOC_ARENA_MAX=1` in the environment gives them one arena.
+ * high-water mark); `MALLOC_ARENA_MAX=1` in the environment gives them one arena. At the end,
+ * `rss by mapping` and up to 12 `rss change` lines say where RSS changed between warm-up and the
+ * end, mapping by mapping (/proc/self/smaps: a glibc arena, the heap, a large block of its own,
+ * a library's code), largest change first (soak_mem.h).
  * Each line also gives the interval's backlog peak:
  * the most requests accepted and not yet settled by the consumer, seen at a submit. A request
  * holds its admission place until its completion is freed, so the backlog never exceeds the sum
@@ -97,6 +100,7 @@
 
 #include "libserve.h"
 #include "check.h"
+#include "soak_mem.h"
 
 enum {
   MAX_MODELS = 16,   /* a tag's low 4 bits name the model */
@@ -109,7 +113,7 @@ enum {
 #define DRAIN_TIMEOUT_NS (60ull * 1000000000ull)
 
 /* ---------------------------------------------------------------------------------------------
- * Time, memory, random numbers (failures: check.h)
+ * Time, random numbers (failures: check.h; memory: soak_mem.h)
  * ------------------------------------------------------------------------------------------- */
 
 static uint64_t now_ns(void) { return serve_now_ns(); }
@@ -118,38 +122,6 @@ static void sleep_until_ns(uint64_t t) {
   struct timespec ts = {.tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u)};
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
   }
-}
-
-/* Resident set size of this process in bytes (/proc/self/statm, field 2), 0 if unreadable. */
-static uint64_t rss_bytes(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  unsigned long long size = 0, resident = 0;
-  if (f == NULL) return 0;
-  int n = fscanf(f, "%llu %llu", &size, &resident);
-  fclose(f);
-  long page = sysconf(_SC_PAGESIZE);
-  return n == 2 && page > 0 ? (uint64_t)resident * (uint64_t)page : 0;
-}
-
-static double mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
-
-/* What the C allocator says of its memory, where it can (glibc's mallinfo2; else zeros):
- * `in_use`, the bytes it has handed out and not had back (small chunks plus mmapped blocks), and
- * `held`, what its arenas hold from the system, free chunks included. RSS growing while `in_use`
- * stays flat is the allocator keeping freed memory (per-thread arenas, fragmentation), not the
- * program's live memory growing. */
-typedef struct {
-  uint64_t in_use, held;
-} heap_t;
-
-static heap_t heap_bytes(void) {
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
-  struct mallinfo2 m = mallinfo2();
-  return (heap_t){.in_use = (uint64_t)m.uordblks + (uint64_t)m.hblkhd,
-                  .held = (uint64_t)m.arena + (uint64_t)m.hblkhd};
-#else
-  return (heap_t){0, 0};
-#endif
 }
 
 /* xorshift64*: the client's only randomness (one generator per thread). */
@@ -662,6 +634,10 @@ static uint64_t print_sample(soak_t *s, uint64_t t, uint64_t *last_t, uint64_t *
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   static soak_t s; /* large (counters, models); zero-initialized */
+  static mem_map_t map_warm, map_end; /* where RSS changed after warm-up (soak_mem.h) */
+  mem_touch(&map_warm);
+  mem_touch(&map_end);
+  mem_snapshot(&map_end); /* and its code, run once before the baseline */
   if (!parse_args(argc, argv, &s.cfg)) {
     usage(argv[0]);
     return 2;
@@ -740,14 +716,18 @@ int main(int argc, char **argv) {
         if (b > backlog_before) backlog_before = b;
         rss_warm = rss_max = rss_bytes();
         heap_warm = heap_bytes().in_use;
+        mem_snapshot(&map_warm);
         printf("warm-up done at t=%.1fs: rss=%.2fMiB heap=%.2fMiB (before the run %.2fMiB)\n",
                (double)(at - s.soak_start) / NS_PER_S, mib(rss_warm), mib(heap_warm), mib(before));
       }
     }
-    pthread_join(sub, NULL);
-    started = false;
+    /* The end's figures before the submitter is joined: its exit runs C library code the run
+     * never did (64 KiB of libc's text faulted in), which is not growth of the runtime's. */
     rss_end = rss_bytes();
     heap_end = heap_bytes().in_use;
+    mem_snapshot(&map_end);
+    pthread_join(sub, NULL);
+    started = false;
     if (rss_end > rss_max) rss_max = rss_end;
     uint64_t b = print_sample(&s, now_ns(), &last_t, &last_done);
     if (b > backlog_after) backlog_after = b;
@@ -777,6 +757,7 @@ int main(int argc, char **argv) {
          (uint64_t)atomic_load(&s.completed) - completed_before, completed_before, mib(rss_warm),
          mib(rss_end), mib(rss_max), growth, s.cfg.max_growth, mib(heap_warm), mib(heap_end),
          (uint64_t)atomic_load(&s.violations), (uint64_t)atomic_load(&s.bad_outputs));
+  if (rss_warm != 0) mem_print_changes(&map_warm, &map_end, 12);
   if (calibrated && growth > s.cfg.max_growth)
     fail("RSS grew %.3f%% from warm-up to the end, over the %.2f%% limit", growth,
          s.cfg.max_growth);

@@ -21,7 +21,16 @@ pub struct serve_completion {
     output: Option<Output>,
     message: Option<CString>,
     /// The request's admission place, released by `serve_completion_free`.
-    _permit: Option<Permit>,
+    permit: Option<Permit>,
+}
+
+impl Drop for serve_completion {
+    /// The output's buffer goes back to its model for a later request (runtime/recycle.rs).
+    fn drop(&mut self) {
+        if let (Some(Output::F32(v)), Some(p)) = (self.output.take(), &self.permit) {
+            p.recycler().put_output(v);
+        }
+    }
 }
 
 impl From<Completion> for serve_completion {
@@ -30,7 +39,7 @@ impl From<Completion> for serve_completion {
             Ok(o) => (Code::Ok, Some(o), None),
             Err(e) => (e.code(), None, CString::new(e.message().replace('\0', "\\0")).ok()),
         };
-        serve_completion { id: c.id, tag: c.tag, code, output, message, _permit: c.permit }
+        serve_completion { id: c.id, tag: c.tag, code, output, message, permit: c.permit }
     }
 }
 

@@ -8,8 +8,9 @@ use crate::ffi::model::serve_model;
 use crate::ffi::queue::serve_queue;
 use crate::ffi::{arg, arg_mut, free_handle, into_handle, out_arg, slice_arg, write_out};
 use crate::ffi_boundary;
-use crate::model::{Input, Network};
+use crate::model::Network;
 use crate::runtime::SubmitOptions;
+use crate::runtime::recycle::InputRef;
 
 /// Per-request options: deadline and priority. An opaque builder, reusable across submits. Not
 /// thread-safe while being set; a `const serve_submit_options *` may be shared by concurrent
@@ -137,13 +138,14 @@ unsafe fn input_arg<'a, T>(net: &Network, p: *const T, len: usize, name: &str) -
     unsafe { slice_arg(p, len, name) }
 }
 
-/// Shared body of every submit function. `input` builds the request from the caller's arrays,
-/// given the model to check their lengths against first ([`input_arg`]).
-fn submit(
+/// Shared body of every submit function. `input` borrows the request's input from the
+/// caller's arrays, given the model to check their lengths against first ([`input_arg`]); the
+/// runtime copies it (into a kept buffer of the model's: runtime/recycle.rs).
+fn submit<'a>(
     model: *const serve_model,
     queue: *const serve_queue,
     tag: u64,
-    input: impl FnOnce(&Network) -> Result<Input>,
+    input: impl FnOnce(&Network) -> Result<InputRef<'a>>,
     options: *const serve_submit_options,
     request_id: *mut u64,
 ) -> Result<()> {
@@ -154,7 +156,7 @@ fn submit(
     let input = input(m.model.network()).inspect_err(|e| m.model.record_reject(e.code()))?;
     // SAFETY: NULL or a live options handle.
     let opts = submit_options(unsafe { options.as_ref() });
-    let id = m.model.submit_to(input, opts, &q.q, tag)?;
+    let id = m.model.submit_copy_to(input, opts, &q.q, tag)?;
     if !request_id.is_null() {
         // SAFETY: non-NULL; writable by the caller's contract.
         unsafe { write_out(request_id, id) };
@@ -188,8 +190,9 @@ pub extern "C" fn serve_submit_f32(
     request_id: *mut u64,
 ) -> *mut serve_error {
     ffi_boundary! {
-        // SAFETY: `input` has `len` floats when `len` is one the model takes (contract); copied at once.
-        submit(model, queue, tag, |net| Ok(Input::F32(unsafe { input_arg(net, input, len, "input") }?.to_vec())), options, request_id)
+        // SAFETY: `input` has `len` floats when `len` is one the model takes (contract); copied
+        // before `submit` returns.
+        submit(model, queue, tag, |net| Ok(InputRef::F32(unsafe { input_arg(net, input, len, "input") }?)), options, request_id)
     }
 }
 
@@ -208,8 +211,9 @@ pub extern "C" fn serve_submit_tokens(
     request_id: *mut u64,
 ) -> *mut serve_error {
     ffi_boundary! {
-        // SAFETY: `tokens` has `len` ids when `len` is one the model takes (contract); copied at once.
-        submit(model, queue, tag, |net| Ok(Input::Tokens(unsafe { input_arg(net, tokens, len, "tokens") }?.to_vec())), options, request_id)
+        // SAFETY: `tokens` has `len` ids when `len` is one the model takes (contract); copied
+        // before `submit` returns.
+        submit(model, queue, tag, |net| Ok(InputRef::Tokens(unsafe { input_arg(net, tokens, len, "tokens") }?)), options, request_id)
     }
 }
 
@@ -232,11 +236,11 @@ pub extern "C" fn serve_submit_tree(
     ffi_boundary! {
         submit(model, queue, tag, |net| {
             // SAFETY: both arrays have `len` elements when `len` is one the model takes (contract);
-            // copied at once.
-            let tokens = unsafe { input_arg(net, tokens, len, "tokens") }?.to_vec();
+            // copied before `submit` returns.
+            let tokens = unsafe { input_arg(net, tokens, len, "tokens") }?;
             // (`len` passed `input_arg` just above.)
-            let parents = unsafe { slice_arg(parents, len, "parents") }?.to_vec();
-            Ok(Input::Tree { tokens, parents })
+            let parents = unsafe { slice_arg(parents, len, "parents") }?;
+            Ok(InputRef::Tree { tokens, parents })
         }, options, request_id)
     }
 }

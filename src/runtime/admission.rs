@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::recycle::Recycler;
 use crate::error::{Code, Error, Result};
 
 /// Weight of a new task in the moving averages: 1/8.
@@ -47,6 +48,9 @@ fn average(avg: &AtomicU64, sample: u64) {
 
 pub(crate) struct Admission {
     bound: usize,
+    /// The allocations the model's requests hand back for reuse (recycle.rs): a request holds
+    /// at most one of each, under the same bound.
+    recycle: Recycler,
     workers: u64,
     /// Requests accepted whose permits are not yet released.
     admitted: AtomicUsize,
@@ -59,15 +63,25 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
-    pub(crate) fn new(bound: usize, workers: usize) -> Admission {
+    pub(crate) fn new(bound: usize, workers: usize, recycle: Recycler) -> Admission {
         Admission {
             bound,
+            recycle,
             workers: workers.max(1) as u64,
             admitted: AtomicUsize::new(0),
             rows: AtomicU64::new(0),
             row_ps: AtomicU64::new(0),
             task_ns: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn recycler(&self) -> &Recycler {
+        &self.recycle
+    }
+
+    /// The most requests admitted at once.
+    pub(crate) fn bound(&self) -> usize {
+        self.bound
     }
 
     pub(crate) fn admitted(&self) -> usize {
@@ -146,6 +160,13 @@ impl Admission {
 /// A request's place under its model's admission bound, released on drop (see the module docs).
 pub(crate) struct Permit(Arc<Admission>);
 
+impl Permit {
+    /// Where the request's allocations go back to (its model's recycler).
+    pub(crate) fn recycler(&self) -> &Recycler {
+        &self.0.recycle
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
         self.0.admitted.fetch_sub(1, Ordering::AcqRel);
@@ -164,7 +185,7 @@ mod tests {
 
     #[test]
     fn the_bound_refuses_busy_and_completions_free_room() {
-        let a = Arc::new(Admission::new(2, 1));
+        let a = Arc::new(Admission::new(2, 1, Recycler::none()));
         let now = Instant::now();
         let first = a.admit("m", 1, None, now).unwrap();
         let _second = a.admit("m", 1, None, now).unwrap();
@@ -181,7 +202,7 @@ mod tests {
 
     #[test]
     fn deadlines_the_queued_work_cannot_meet_are_refused_at_once() {
-        let a = Arc::new(Admission::new(1000, 2));
+        let a = Arc::new(Admission::new(1000, 2, Recycler::none()));
         let now = Instant::now();
         let in_ms = |ms| Some(now + Duration::from_millis(ms));
         // Unmeasured: nothing refused for its deadline.
@@ -208,7 +229,7 @@ mod tests {
 
     #[test]
     fn an_idle_model_admits_and_one_hiccup_moves_the_estimate_little() {
-        let a = Arc::new(Admission::new(100, 1));
+        let a = Arc::new(Admission::new(100, 1, Recycler::none()));
         let now = Instant::now();
         let soon = Some(now + Duration::from_millis(1));
         a.observe_task(Duration::from_micros(10), 1);
@@ -223,7 +244,7 @@ mod tests {
 
     #[test]
     fn the_time_per_row_follows_the_batches_the_load_forms() {
-        let a = Arc::new(Admission::new(10, 1));
+        let a = Arc::new(Admission::new(10, 1, Recycler::none()));
         a.observe_task(Duration::from_micros(100), 1); // 100 µs a row at batch 1
         for _ in 0..100 {
             a.observe_task(Duration::from_micros(320), 32); // 10 µs a row at batch 32

@@ -3,6 +3,7 @@
 //! children), and a finished task's rows turned back into request results (final `h`, decoded
 //! tokens, `eos`).
 
+use super::recycle::Recycler;
 use crate::backend::{CellRow, CellTask};
 use crate::error::{Error, Result};
 use crate::model::{DECODER, Input, NO_TOKEN, Network, Output};
@@ -118,6 +119,8 @@ pub(crate) struct Finished<'a> {
     pub tokens: &'a [u32],
     /// The `output` rows' values, `hidden` each, consumed in row order.
     pub outputs: std::slice::ChunksExact<'a, f32>,
+    /// Where a result's buffer comes from (the model's kept outputs).
+    pub recycle: &'a Recycler,
 }
 
 impl Finished<'_> {
@@ -136,7 +139,7 @@ impl Finished<'_> {
                 .outputs
                 .next()
                 .ok_or_else(|| Error::internal("a cell task returned fewer outputs than rows"))?;
-            return Ok(RowOutcome::Result { output: Output::F32(h.to_vec()), early: false });
+            return Ok(RowOutcome::Result { output: Output::F32(self.recycle.output(h)), early: false });
         }
         match (net, input) {
             (Network::Seq2Seq(m), Input::Tokens(src)) if self.task.cell == DECODER => {

@@ -30,7 +30,7 @@ use std::time::Duration;
 use crate::error::Code;
 use crate::sched::{
     Arrival, CellGraph, CellType, Decision, Exec, IdMap, ModelId, Policy, RequestId, TaskId, TaskReport,
-    TaskShape, Time, WorkerId, WorkerShape,
+    TaskShape, Time, WorkerId, WorkerShape, reserve_ids,
 };
 
 /// Index of a group (one policy and its workers) in the core.
@@ -163,6 +163,8 @@ struct CoreModel {
     requests: usize,
     tasks: usize,
     closing: bool,
+    /// The most requests the driver holds at once (its admission bound; 0: unknown).
+    max_requests: usize,
 }
 
 pub(crate) struct EngineCore<R, T = ()> {
@@ -178,6 +180,8 @@ pub(crate) struct EngineCore<R, T = ()> {
     /// Completions the core decided itself (cancel or expiry while waiting for slots).
     ready: VecDeque<CoreOutput<R>>,
     closing: usize,
+    /// The sum of the admission bounds of the models served: what `requests` is reserved for.
+    max_requests: usize,
 }
 
 impl<R, T> Default for EngineCore<R, T> {
@@ -191,6 +195,7 @@ impl<R, T> Default for EngineCore<R, T> {
             slots_freed: Vec::new(),
             ready: VecDeque::new(),
             closing: 0,
+            max_requests: 0,
         }
     }
 }
@@ -243,23 +248,37 @@ impl<R, T: Default> EngineCore<R, T> {
     }
 
     /// Serve model `model` (a free index) in group `group` (installed), with `state_slots` state
-    /// slots.
-    pub fn add_model(&mut self, model: ModelId, group: GroupId, state_slots: usize) {
+    /// slots. The driver holds at most `max_requests` of its requests at once (its admission
+    /// bound; 0: no bound known): the request tables, here and in the group's policy
+    /// ([`Policy::reserve`]), are reserved for it now, so serving never grows them later.
+    pub fn add_model(&mut self, model: ModelId, group: GroupId, state_slots: usize, max_requests: usize) {
         if let Some(g) = self.groups.get_mut(group).and_then(|g| g.as_mut()) {
             g.models += 1;
+            if max_requests > 0 {
+                g.policy.reserve(max_requests);
+            }
         } else {
             debug_assert!(false, "model {model} added to group {group}, which is not installed");
             return;
         }
+        self.max_requests = self.max_requests.saturating_add(max_requests);
+        reserve_ids(&mut self.requests, self.max_requests);
+        let waiting = if state_slots > 0 { max_requests } else { 0 };
         let m = CoreModel {
             group,
             free_slots: (0..u32::try_from(state_slots).unwrap_or(u32::MAX)).rev().collect(),
-            waiting: VecDeque::new(),
+            waiting: VecDeque::with_capacity(waiting),
             requests: 0,
             tasks: 0,
             closing: false,
+            max_requests,
         };
         place(&mut self.models, model, m);
+    }
+
+    /// The sum of the admission bounds of the models served (as given to `add_model`).
+    pub fn max_requests(&self) -> usize {
+        self.max_requests
     }
 
     /// The workers of the group a model is served by.
@@ -628,6 +647,7 @@ impl<R, T: Default> EngineCore<R, T> {
             .iter()
             .position(|m| matches!(m, Some(m) if m.closing && m.requests == 0 && m.tasks == 0))?;
         let m = self.models[idx].take()?;
+        self.max_requests -= m.max_requests;
         self.closing -= 1;
         let g = self.groups.get_mut(m.group).and_then(|g| g.as_mut())?;
         g.models -= 1;

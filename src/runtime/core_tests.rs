@@ -14,6 +14,8 @@ struct Seen {
     arrivals: Vec<(RequestId, ModelId)>,
     ready: Vec<RequestId>,
     reports: Vec<TaskReport>,
+    /// Every `Policy::reserve` the core made.
+    reserved: Vec<usize>,
 }
 
 /// Launches every request alone, as soon as its input is ready, on the worker of its model's
@@ -50,6 +52,9 @@ impl Policy for Recorder {
     }
     fn lookahead(&self) -> usize {
         8
+    }
+    fn reserve(&mut self, requests: usize) {
+        self.seen.lock().unwrap().reserved.push(requests);
     }
     fn arrive(&mut self, _: Time, a: Arrival) {
         self.seen.lock().unwrap().arrivals.push((a.id, a.model));
@@ -117,12 +122,30 @@ fn us(v: u64) -> Time {
 }
 
 #[test]
+fn a_model_without_a_known_bound_reserves_nothing_and_a_released_one_gives_its_bound_back() {
+    let (policy, seen) = Recorder::new(u64::MAX);
+    let mut core = EngineCore::<RequestId>::default();
+    core.add_group(0, Box::new(policy));
+    core.add_model(0, 0, 0, 0);
+    core.add_model(1, 0, 0, 40);
+    assert_eq!(seen.lock().unwrap().reserved, [40]);
+    core.close_model(1);
+    assert!(matches!(drain(&mut core)[..], [CoreOutput::Released { model: 1, policy: None }]));
+    assert_eq!(core.max_requests(), 0);
+}
+
+#[test]
 fn a_group_serves_several_models_and_is_released_with_its_last_model() {
     let (policy, seen) = Recorder::new(u64::MAX);
     let mut core = EngineCore::<RequestId>::default();
     core.add_group(7, Box::new(policy));
-    core.add_model(0, 7, 0);
-    core.add_model(3, 7, 0);
+    core.add_model(0, 7, 0, 300);
+    core.add_model(3, 7, 0, 500);
+    // Each model's admission bound reaches the group's policy, and the core's own table is
+    // reserved for them all.
+    assert_eq!(seen.lock().unwrap().reserved, [300, 500]);
+    assert_eq!(core.max_requests(), 800);
+    assert!(core.requests.capacity() >= 2 * 800, "{}", core.requests.capacity());
     assert_eq!(core.workers_of(3).len(), 2, "the workers the group's policy declares");
     assert_eq!(core.workers_of(3)[1], WorkerShape { max_batch: 2, cores: 2 });
     for (model, id) in [(0, 10), (3, 11), (3, 12)] {
@@ -171,7 +194,7 @@ fn a_reject_completes_at_once_and_says_so() {
     let (policy, _) = Recorder::new(20);
     let mut core = EngineCore::<RequestId>::default();
     core.add_group(0, Box::new(policy));
-    core.add_model(0, 0, 0);
+    core.add_model(0, 0, 0, 0);
     core.submit(us(0), submit(0, 20, 0)).unwrap();
     let out = drain(&mut core);
     assert_eq!(out.len(), 1);
@@ -185,7 +208,7 @@ fn input_ready_before_the_policy_sees_a_request_is_given_as_it_arrives() {
     let (policy, seen) = Recorder::new(u64::MAX);
     let mut core = EngineCore::<RequestId>::default();
     core.add_group(0, Box::new(policy));
-    core.add_model(0, 0, 2);
+    core.add_model(0, 0, 2, 0);
     // Request 1 takes both state slots; request 2 waits for them, its input already ready.
     core.submit(us(0), submit(0, 1, 2)).unwrap();
     core.submit(us(0), submit(0, 2, 2)).unwrap();
@@ -206,7 +229,7 @@ fn a_submit_whose_input_is_in_place_is_ready_with_its_arrival() {
     let (policy, seen) = Recorder::new(u64::MAX);
     let mut core = EngineCore::<RequestId>::default();
     core.add_group(0, Box::new(policy));
-    core.add_model(0, 0, 2);
+    core.add_model(0, 0, 2, 0);
     // Fixed-shape (no slots): ready at once, with no input_ready event.
     core.submit(us(0), Submit { input_ready: true, ..submit(0, 1, 0) }).unwrap();
     // Recurrent, waiting for slots behind request 3: told it is ready when it gets them.

@@ -339,7 +339,12 @@ impl Engine {
                 let workers = runner.workers();
                 // Every model is a group of its own, under its own index.
                 self.core.add_group(idx, policy);
-                self.core.add_model(idx, idx, runner.state_slots());
+                // The request tables (and the outbox, which never holds more completions than
+                // there are requests) are reserved for the admission bound now: serving never
+                // grows them later (`Policy::reserve`).
+                let held = admission.bound().min(super::MAX_RESERVED_REQUESTS);
+                self.core.add_model(idx, idx, runner.state_slots(), held);
+                self.outbox.reserve(self.core.max_requests().saturating_sub(self.outbox.len()));
                 self.models[idx] = Some(ModelState {
                     net,
                     io: runner.io_lens(),
@@ -448,8 +453,12 @@ impl Engine {
         let report = TaskReport { task, upload: s.upload, compute: s.compute, download: s.download };
         let net = &*state.net;
         let done = if let Work::Cells(cells) = &io.work {
-            let mut finished =
-                Finished { task: cells, tokens: &io.tokens, outputs: output.chunks_exact(out_len.max(1)) };
+            let mut finished = Finished {
+                task: cells,
+                tokens: &io.tokens,
+                outputs: output.chunks_exact(out_len.max(1)),
+                recycle: state.admission.recycler(),
+            };
             self.core.task_done(now, group, &report, |i, r, node| {
                 let outcome = match &error {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
@@ -477,11 +486,12 @@ impl Engine {
             })
         } else {
             let rows = data.rows;
+            let recycle = state.admission.recycler();
             self.core.task_done(now, group, &report, |row, r, _| {
                 r.data.run.result = Some(match &error {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
                     None => match output.get(row * out_len..(row + 1) * out_len) {
-                        Some(v) => Ok(Output::F32(v.to_vec())),
+                        Some(v) => Ok(Output::F32(recycle.output(v))),
                         None => Err(Error::internal(format!(
                             "task {task} produced {} values for {rows} rows of {out_len}",
                             output.len(),
@@ -673,13 +683,14 @@ impl Engine {
         &mut self,
         model: usize,
         started: Option<Time>,
-        live: Live,
+        mut live: Live,
         result: Result<Output>,
         rejected: bool,
     ) {
         let now = self.now();
         let submitted = self.time(live.submitted);
-        if let Some(Some(s)) = self.models.get_mut(model) {
+        let state = self.models.get_mut(model).and_then(|s| s.as_mut());
+        if let Some(s) = &state {
             s.admission.finished(live.rows);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             if rejected {
@@ -689,6 +700,10 @@ impl Engine {
             }
         }
         live.reply.complete(result, &mut self.outbox);
+        if let Some(s) = state {
+            // The spent record goes back to its model for the next submit (recycle.rs).
+            s.admission.recycler().put_record(live);
+        }
     }
 
     /// The core released a closing model (no request left, every task reported): the poller

@@ -14,6 +14,7 @@ mod engine;
 mod metrics;
 mod poller;
 pub mod queue;
+pub(crate) mod recycle;
 pub mod request;
 mod stats;
 #[cfg(test)]
@@ -43,6 +44,7 @@ use engine::{ControlBudget, Engine, EngineModel, Event, MAX_PENDING_CONTROL, Mod
 pub use metrics::METRICS;
 use metrics::{Metrics, ModelMetrics};
 pub use queue::{Completion, CompletionQueue};
+use recycle::InputRef;
 use request::{Reply, Sink};
 pub use request::{SubmitOptions, Ticket};
 pub use stats::StatsSnapshot;
@@ -50,6 +52,11 @@ pub use stats::StatsSnapshot;
 /// Default admission bound per model: requests accepted whose results the caller has not yet
 /// taken (a ticket waited for, a completion dropped).
 pub const DEFAULT_ADMISSION_BOUND: usize = 4096;
+/// The most requests of one model the runtime reserves its request tables for when the model is
+/// added (its admission bound, up to this). Within it, what the runtime holds per request is
+/// allocated at load and serving never grows a table, so its memory does not depend on the
+/// load's history; a larger bound's tables grow as needed past it.
+pub const MAX_RESERVED_REQUESTS: usize = 16_384;
 /// Largest accepted max batch size (rows of one task).
 pub const MAX_BATCH_LIMIT: usize = 65_536;
 /// Most workers (streams) one model may have.
@@ -540,7 +547,13 @@ impl Runtime {
             slots => Some(Arc::new(InputRing::new(slots, net.dense_lens().0)?)),
         };
         let state_slots = runner.state_slots();
-        let admission = Arc::new(Admission::new(bound, workers));
+        let recycle = recycle::Recycler::new(
+            &net,
+            bound.min(MAX_RESERVED_REQUESTS),
+            runner.io_lens().1,
+            &self.shared.stats,
+        );
+        let admission = Arc::new(Admission::new(bound, workers, recycle));
         let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
         if !*gate {
             return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
@@ -644,6 +657,13 @@ impl Drop for Runtime {
     }
 }
 
+/// A request's input as submit receives it: owned (the Rust API), or borrowed from a C caller
+/// and copied at submit.
+enum InputSource<'a> {
+    Owned(Input),
+    Copy(InputRef<'a>),
+}
+
 impl Model {
     pub fn name(&self) -> &str {
         &self.m.name
@@ -663,7 +683,7 @@ impl Model {
     /// Submit a request; wait on the returned ticket.
     pub fn submit(&self, input: Input, opts: SubmitOptions) -> Result<Ticket> {
         let mut ticket = None;
-        self.enqueue(input, opts, |id| {
+        self.enqueue(InputSource::Owned(input), opts, |id| {
             let (t, slot) = Ticket::new(id);
             ticket = Some(t);
             Sink::Ticket(slot)
@@ -680,7 +700,19 @@ impl Model {
         queue: &CompletionQueue,
         tag: u64,
     ) -> Result<RequestId> {
-        self.enqueue(input, opts, |_| Sink::Queue { queue: queue.shared().clone(), tag })
+        self.enqueue(InputSource::Owned(input), opts, |_| Sink::Queue { queue: queue.shared().clone(), tag })
+    }
+
+    /// [`submit_to`](Self::submit_to) with the input borrowed: it is copied into the buffer of
+    /// a completed request's record where the model has one kept (the C ABI's submits).
+    pub(crate) fn submit_copy_to(
+        &self,
+        input: InputRef<'_>,
+        opts: SubmitOptions,
+        queue: &CompletionQueue,
+        tag: u64,
+    ) -> Result<RequestId> {
+        self.enqueue(InputSource::Copy(input), opts, |_| Sink::Queue { queue: queue.shared().clone(), tag })
     }
 
     /// A hint that no more requests are coming soon (the end of an input): the requests already
@@ -703,7 +735,7 @@ impl Model {
 
     fn enqueue(
         &self,
-        input: Input,
+        input: InputSource<'_>,
         opts: SubmitOptions,
         sink: impl FnOnce(RequestId) -> Sink,
     ) -> Result<RequestId> {
@@ -716,11 +748,25 @@ impl Model {
 
     fn try_enqueue(
         &self,
-        input: Input,
+        source: InputSource<'_>,
         opts: SubmitOptions,
         sink: impl FnOnce(RequestId) -> Sink,
     ) -> Result<RequestId> {
-        let cells = self.m.net.unfold(&input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
+        // A borrowed input is copied into the buffer of a completed request's record, kept by
+        // the model, and the record is overwritten (recycle.rs). An owned input comes with its
+        // own buffer: it gets a new record, as a kept one would have nothing to offer it (and
+        // taking one measured slower: the record's old buffer freed on the caller's thread).
+        let recycle = self.m.admission.recycler();
+        let (input, record) = match source {
+            InputSource::Owned(input) => (input, None),
+            InputSource::Copy(input) => {
+                let mut record = recycle.record();
+                let spare = record.as_mut().map(|r| std::mem::replace(&mut r.input, Input::F32(Vec::new())));
+                (input.copy_into(spare.unwrap_or(Input::F32(Vec::new()))), record)
+            }
+        };
+        let cells =
+            recycle.unfold(&self.m.net, &input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
         // State slots it needs before its policy may see it (0 for a fixed-shape request).
         let slots_needed = cells.as_ref().map_or(0, |g| cells::slots_needed(&self.m.net, g));
         if slots_needed > self.m.state_slots {
@@ -757,7 +803,14 @@ impl Model {
             reply,
             run: Default::default(),
         };
-        if let Err(mpsc::SendError(ev)) = self.m.rt.events.send(Event::Arrive(Box::new(pending))) {
+        let pending = match record {
+            Some(mut r) => {
+                *r = pending;
+                r
+            }
+            None => Box::new(pending),
+        };
+        if let Err(mpsc::SendError(ev)) = self.m.rt.events.send(Event::Arrive(pending)) {
             // The engine is gone (it cannot be while the gate is open, but never lose a request):
             // the reply completes the request `Cancelled` when dropped here.
             // (Its permit goes with it.)

@@ -141,14 +141,21 @@ impl Reply {
         Reply { id, sink: Some(sink), stats, permit: Some(permit) }
     }
 
+    /// A reply already spent: what a kept record (recycle.rs) holds until a submit overwrites
+    /// it. Completing or dropping it does nothing.
+    pub(crate) fn spent(stats: Arc<Stats>) -> Reply {
+        Reply { id: 0, sink: None, stats, permit: None }
+    }
+
     pub(crate) fn id(&self) -> RequestId {
         self.id
     }
 
     /// Complete the request. Queue completions are appended to `outbox` (flushed in batches by
-    /// the caller with [`flush`]); ticket completions are delivered at once.
+    /// the caller with [`flush`]); ticket completions are delivered at once. The reply is spent
+    /// afterwards (a second call, or its drop, does nothing): its record may be reused.
     pub(crate) fn complete(
-        mut self,
+        &mut self,
         result: Result<Output>,
         outbox: &mut Vec<(Arc<QueueShared>, Completion)>,
     ) {

@@ -25,6 +25,9 @@ pub(crate) struct Book<K: Ord + Copy = RequestId> {
     next_task: TaskId,
     /// The model of the requests (policies that serve one model: every arrival's).
     model: ModelId,
+    /// The most requests the drivers may hold at once: the sum of the admission bounds given
+    /// to [`Policy::reserve`](super::Policy::reserve) (0: unknown).
+    bound: usize,
 }
 
 impl<K: Ord + Copy> Default for Book<K> {
@@ -36,11 +39,23 @@ impl<K: Ord + Copy> Default for Book<K> {
             running: 0,
             next_task: 0,
             model: 0,
+            bound: 0,
         }
     }
 }
 
 impl<K: Ord + Copy> Book<K> {
+    /// `requests` more may be held at once (a model joined with that admission bound): reserve
+    /// the deadline heap for the new bound, and return it, for the policy to reserve its own
+    /// tables (see [`Policy::reserve`](super::Policy::reserve)). A deadline entry lives until
+    /// its request ends or it reaches the top, so the heap holds at most one per held request
+    /// plus the stale ones not yet at the top.
+    pub fn reserve(&mut self, requests: usize) -> usize {
+        self.bound = self.bound.saturating_add(requests);
+        self.deadlines.reserve(self.bound.saturating_sub(self.deadlines.len()));
+        self.bound
+    }
+
     /// A request of `model` arrived: it is queued, and its deadline (if any) watched under
     /// `key`.
     pub fn arrive(&mut self, model: ModelId, deadline: Option<Time>, key: K) {

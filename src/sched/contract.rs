@@ -504,6 +504,10 @@ fn run(name: &'static str, make: Make, seed: u64, n_req: u64) {
     let p = policy.as_mut();
     let workers = p.workers();
     let model = rng.random_range(0..4);
+    // Sometimes reserved for a bound (which the run may exceed: tables then grow as needed).
+    if rng.random_bool(0.5) {
+        p.reserve(rng.random_range(1..=n_req as usize));
+    }
     let mut c = Checker {
         name,
         seed,

@@ -99,12 +99,37 @@ pub type RequestId = u64;
 /// A map keyed by request or task ids, hashed with one multiplication (see [`IdHasher`]).
 pub(crate) type IdMap<V> = HashMap<RequestId, V, BuildHasherDefault<IdHasher>>;
 
-/// Hashes integer ids with one multiplication by an odd constant. The ids are counters the
-/// runtime assigns (never chosen by a caller), and for consecutive ids the product's low bits,
-/// which pick the bucket, are all distinct: no collisions among the ids in flight. SipHash cost
-/// as much as the rest of an arrival on the scheduling path.
+/// Reserve `map` so that it holds up to `held` entries at once without ever allocating again.
+///
+/// A hash table under churn (inserts and removals forever, as request tables see) grows by
+/// hashbrown's rule: when its removed entries use up the free room, it rehashes in place if the
+/// live entries are at most half its capacity, and doubles otherwise. So a table whose live count
+/// stays under a bound still doubles, late and unpredictably, whenever that count happens to be
+/// above half its capacity at such a moment — under an overload an hour into a run. Reserved at
+/// twice the bound (plus one for the insert in hand), it only ever rehashes in place: the
+/// memory it holds is fixed when the bound is known (a model added with its admission bound)
+/// instead of depending on the load's history.
+pub(crate) fn reserve_ids<V>(map: &mut IdMap<V>, held: usize) {
+    let want = held.saturating_mul(2).saturating_add(2);
+    if map.capacity() < want {
+        map.reserve(want - map.len());
+    }
+}
+
+/// Hashes integer ids for hashbrown's tables: the low bits, which pick the bucket, are the id's
+/// own; the top 7, hashbrown's tag, come from one multiplication by an odd constant. The ids are
+/// counters the runtime assigns (never chosen by a caller), and those in flight are a window of
+/// nearly consecutive ones: they sit in consecutive buckets, so there are no collisions among
+/// them, and the entries in use stay together however large the table (a table reserved for
+/// the admission bound while a few hundred requests are in flight: a hash spreading them over
+/// all its buckets measured a quarter slower round trips, every lookup a cache miss). The tags
+/// still differ, so a probe compares few keys. SipHash cost as much as the rest of an arrival on
+/// the scheduling path.
 #[derive(Default, Clone, Copy)]
 pub(crate) struct IdHasher(u64);
+
+/// hashbrown's tag: the hash's top 7 bits.
+const TAG_BITS: u64 = 0xFE00_0000_0000_0000;
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -116,7 +141,8 @@ impl Hasher for IdHasher {
         }
     }
     fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let x = self.0 ^ v;
+        self.0 = (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) & TAG_BITS) | (x & !TAG_BITS);
     }
 }
 /// Identifies a batched task; unique per policy instance.
@@ -335,6 +361,13 @@ pub trait Policy: Send {
     /// Tasks a worker may have launched and unfinished at once (BatchMaker's
     /// `MaxTasksToSubmit`; 1 for a policy that waits for each task).
     fn lookahead(&self) -> usize;
+    /// Make room for `requests` more requests held at once: a model joined the policy's group
+    /// with that admission bound (the drivers never hold more of its requests). A policy
+    /// reserves whatever it keeps per request (tables keyed by request: see [`reserve_ids`]), so
+    /// that serving within the bounds never allocates a larger table later and the memory it
+    /// holds does not depend on the load's history. 0: no bound known (the simulator's open
+    /// loop); the tables grow as needed.
+    fn reserve(&mut self, requests: usize);
     /// A request was admitted at `now`.
     fn arrive(&mut self, now: Time, req: Arrival);
     /// The request's input has landed in device memory (drivers that copy inputs at arrival
@@ -388,4 +421,61 @@ pub trait Policy: Send {
     /// Requests started and not complete (a recurrent request counts as running from its first
     /// cell to its completion, also between its tasks).
     fn running(&self) -> usize;
+}
+
+#[cfg(test)]
+mod reserve_tests {
+    use super::*;
+
+    /// Churn as a request table sees it: ids ever increasing, requests ending in any order (a
+    /// short request overtakes a long one), the live count kept between `low` and `held`.
+    /// Returns every capacity the map had.
+    fn churn(map: &mut IdMap<[u64; 4]>, held: usize, low: usize, rounds: usize) -> Vec<usize> {
+        let mut caps = vec![map.capacity()];
+        let (mut next, mut live, mut rng) = (0u64, Vec::new(), 0x9E37_79B9_7F4A_7C15u64);
+        for r in 0..rounds {
+            // Up to `held` (the first round: a fill to the bound), then down to `low`; later
+            // rounds peak anywhere in between.
+            let peak = if r == 0 { held } else { low + (r * 7919) % (held - low + 1) };
+            while live.len() < peak {
+                map.insert(next, [next; 4]);
+                live.push(next);
+                next += 1;
+            }
+            while live.len() > low {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let id = live.swap_remove((rng % live.len() as u64) as usize);
+                map.remove(&id);
+            }
+            caps.push(map.capacity());
+        }
+        caps
+    }
+
+    #[test]
+    fn a_reserved_table_never_grows_under_churn_within_its_bound() {
+        let held = 1000;
+        let mut reserved = IdMap::default();
+        reserve_ids(&mut reserved, held);
+        let before = reserved.capacity();
+        assert!(before >= 2 * held + 2, "{before}");
+        // (`capacity` is what fits before the table must grow: it dips as removed entries
+        // leave tombstones, until a rehash in place clears them; a table that grew would hold
+        // more than it did when reserved.)
+        let caps = churn(&mut reserved, held, held * 9 / 10, 2000);
+        assert!(caps.iter().all(|&c| c <= before), "a reserved table grew: {caps:?}");
+        // Reserving again for the same bound (or a smaller one) allocates nothing.
+        reserve_ids(&mut reserved, held);
+        reserve_ids(&mut reserved, 10);
+        assert!(reserved.capacity() <= before);
+
+        // Without it, the same churn doubles the table after the first fill to the bound has
+        // sized it for every live entry: the growth a soak saw long after its baseline.
+        let mut grown = IdMap::default();
+        let caps = churn(&mut grown, held, held * 9 / 10, 2000);
+        let (first, most) = (caps[1], caps.iter().copied().max().unwrap());
+        assert!(first >= held && most >= 2 * first, "{caps:?}");
+    }
 }

@@ -37,6 +37,7 @@ use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
     Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerShape,
+    reserve_ids,
 };
 
 pub use model::{Formula, Linear, StageFit, Stages, Streams};
@@ -277,6 +278,11 @@ impl Policy for AdaptivePolicy {
 
     fn lookahead(&self) -> usize {
         self.lookahead_tasks()
+    }
+
+    fn reserve(&mut self, requests: usize) {
+        let held = self.book.reserve(requests);
+        reserve_ids(&mut self.requests, held);
     }
 
     fn arrive(&mut self, now: Time, req: Arrival) {

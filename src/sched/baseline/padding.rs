@@ -25,7 +25,7 @@ use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
     Arrival, CellGraph, CellType, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
-    WorkerId, WorkerShape,
+    WorkerId, WorkerShape, reserve_ids,
 };
 
 /// Which non-empty bucket an idle worker takes its batch from.
@@ -404,6 +404,11 @@ impl Policy for PaddingPolicy {
 
     fn lookahead(&self) -> usize {
         self.cfg.max_tasks_to_submit
+    }
+
+    fn reserve(&mut self, requests: usize) {
+        let held = self.book.reserve(requests);
+        reserve_ids(&mut self.reqs, held);
     }
 
     fn arrive(&mut self, now: Time, a: Arrival) {

@@ -21,6 +21,7 @@ use crate::error::Code;
 use crate::sched::book::Book;
 use crate::sched::{
     Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
+    reserve_ids,
 };
 
 /// Configuration of [`TimeoutPolicy`].
@@ -171,6 +172,11 @@ impl Policy for TimeoutPolicy {
 
     fn lookahead(&self) -> usize {
         1
+    }
+
+    fn reserve(&mut self, requests: usize) {
+        let held = self.book.reserve(requests);
+        reserve_ids(&mut self.requests, held);
     }
 
     fn arrive(&mut self, now: Time, req: Arrival) {

@@ -71,7 +71,7 @@ use crate::error::{Code, Result};
 use crate::sched::book::Book;
 use crate::sched::{
     Arrival, CellGraph, CellType, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
-    WorkerId, WorkerShape,
+    WorkerId, WorkerShape, reserve_ids,
 };
 
 pub use config::{CellTypeConfig, CellularConfig, DEFAULT_MAX_TASKS_TO_SUBMIT};
@@ -647,6 +647,18 @@ impl Policy for CellularPolicy {
 
     fn lookahead(&self) -> usize {
         self.cfg.max_tasks_to_submit
+    }
+
+    fn reserve(&mut self, requests: usize) {
+        // A request holds one slot of each slab from arrival to its end.
+        let held = self.book.reserve(requests);
+        let more = held.saturating_sub(self.reqs.len());
+        self.reqs.reserve(more);
+        self.trees.reserve(more);
+        self.generations.reserve(more);
+        self.alive.reserve(more);
+        self.free.reserve(held.saturating_sub(self.free.len()));
+        reserve_ids(&mut self.by_id, held);
     }
 
     fn arrive(&mut self, now: Time, a: Arrival) {

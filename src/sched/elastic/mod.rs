@@ -37,6 +37,7 @@ use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
     Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
+    reserve_ids,
 };
 
 pub mod confs;
@@ -397,6 +398,11 @@ impl Policy for ElasticPolicy {
 
     fn lookahead(&self) -> usize {
         1
+    }
+
+    fn reserve(&mut self, requests: usize) {
+        let held = self.book.reserve(requests);
+        reserve_ids(&mut self.requests, held);
     }
 
     fn arrive(&mut self, now: Time, req: Arrival) {

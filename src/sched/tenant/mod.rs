@@ -69,7 +69,7 @@ use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
     Arrival, Exec, IdMap, Launch, ModelId, Policy, RequestId, TaskReport, TaskShape, Time, WorkerId,
-    WorkerShape,
+    WorkerShape, reserve_ids,
 };
 pub use blocks::CapRule;
 pub use profile::{LayerProfile, TenantModel, Versions};
@@ -513,6 +513,11 @@ impl Policy for TenantPolicy {
 
     fn lookahead(&self) -> usize {
         1
+    }
+
+    fn reserve(&mut self, requests: usize) {
+        let held = self.book.reserve(requests);
+        reserve_ids(&mut self.queries, held);
     }
 
     fn arrive(&mut self, now: Time, req: Arrival) {

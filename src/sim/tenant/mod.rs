@@ -277,7 +277,7 @@ pub fn simulate(setup: &Setup, run: &Run) -> Result<TenantOutcome> {
     let mut core: EngineCore<(ModelId, Time)> = EngineCore::default();
     core.add_group(0, Box::new(TenantPolicy::new(cfg)?));
     for i in 0..setup.profiles.len() {
-        core.add_model(i, 0, 0);
+        core.add_model(i, 0, 0, 0);
     }
     // Arrivals: one Poisson stream at the total rate, each query's model drawn by share.
     let mut rng = StdRng::seed_from_u64(run.seed);

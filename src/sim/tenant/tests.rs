@@ -89,8 +89,8 @@ fn a_tenant_removed_while_its_blocks_run_finishes_them_and_the_others_go_on() {
         0,
         Box::new(TenantPolicy::new(TenantConfig::new(16, Scheme::Veltair, s.profiles.clone())).unwrap()),
     );
-    core.add_model(0, 0, 0);
-    core.add_model(1, 0, 0);
+    core.add_model(0, 0, 0, 0);
+    core.add_model(1, 0, 0, 0);
     let sub = |model, id| Submit {
         model,
         id,
