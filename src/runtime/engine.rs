@@ -67,6 +67,17 @@ pub(crate) struct Run {
     ring_slot: Option<usize>,
 }
 
+impl Run {
+    /// The f32 output a request still holds when its record is kept for reuse (it was cancelled
+    /// or expired after its task ran), for its buffer to be kept too (recycle.rs).
+    pub(crate) fn into_f32_output(self) -> Option<Vec<f32>> {
+        match self.result {
+            Some(Ok(Output::F32(v))) => Some(v),
+            _ => None,
+        }
+    }
+}
+
 /// A model as the engine sees it.
 pub(crate) struct EngineModel {
     pub net: Arc<Network>,
@@ -342,7 +353,7 @@ impl Engine {
                 // The request tables (and the outbox, which never holds more completions than
                 // there are requests) are reserved for the admission bound now: serving never
                 // grows them later (`Policy::reserve`).
-                let held = admission.bound().min(super::MAX_RESERVED_REQUESTS);
+                let held = super::reserved_requests(admission.bound());
                 self.core.add_model(idx, idx, runner.state_slots(), held);
                 self.outbox.reserve(self.core.max_requests().saturating_sub(self.outbox.len()));
                 self.models[idx] = Some(ModelState {

@@ -57,6 +57,12 @@ pub const DEFAULT_ADMISSION_BOUND: usize = 4096;
 /// allocated at load and serving never grows a table, so its memory does not depend on the
 /// load's history; a larger bound's tables grow as needed past it.
 pub const MAX_RESERVED_REQUESTS: usize = 16_384;
+
+/// The requests a model with admission bound `bound` has its tables and kept records reserved
+/// for at load ([`MAX_RESERVED_REQUESTS`]).
+pub(crate) fn reserved_requests(bound: usize) -> usize {
+    bound.min(MAX_RESERVED_REQUESTS)
+}
 /// Largest accepted max batch size (rows of one task).
 pub const MAX_BATCH_LIMIT: usize = 65_536;
 /// Most workers (streams) one model may have.
@@ -547,12 +553,8 @@ impl Runtime {
             slots => Some(Arc::new(InputRing::new(slots, net.dense_lens().0)?)),
         };
         let state_slots = runner.state_slots();
-        let recycle = recycle::Recycler::new(
-            &net,
-            bound.min(MAX_RESERVED_REQUESTS),
-            runner.io_lens().1,
-            &self.shared.stats,
-        );
+        let recycle =
+            recycle::Recycler::new(&net, reserved_requests(bound), runner.io_lens().1, &self.shared.stats);
         let admission = Arc::new(Admission::new(bound, workers, recycle));
         let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
         if !*gate {
@@ -753,9 +755,10 @@ impl Model {
         sink: impl FnOnce(RequestId) -> Sink,
     ) -> Result<RequestId> {
         // A borrowed input is copied into the buffer of a completed request's record, kept by
-        // the model, and the record is overwritten (recycle.rs). An owned input comes with its
-        // own buffer: it gets a new record, as a kept one would have nothing to offer it (and
-        // taking one measured slower: the record's old buffer freed on the caller's thread).
+        // the model, and the record is overwritten (recycle.rs); a refused request hands it
+        // back. An owned input comes with its own buffer: it gets a new record, as a kept one
+        // would have nothing to offer it (and taking one measured slower: the record's old
+        // buffer freed on the caller's thread).
         let recycle = self.m.admission.recycler();
         let (input, record) = match source {
             InputSource::Owned(input) => (input, None),
@@ -765,29 +768,18 @@ impl Model {
                 (input.copy_into(spare.unwrap_or(Input::F32(Vec::new()))), record)
             }
         };
-        let cells =
-            recycle.unfold(&self.m.net, &input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
-        // State slots it needs before its policy may see it (0 for a fixed-shape request).
-        let slots_needed = cells.as_ref().map_or(0, |g| cells::slots_needed(&self.m.net, g));
-        if slots_needed > self.m.state_slots {
-            return Err(Error::invalid(format!(
-                "model `{}`: the request needs {slots_needed} state slots; the model has {}",
-                self.m.name, self.m.state_slots
-            )));
-        }
-        let now = Instant::now();
-        if let Some(d) = opts.deadline
-            && d <= now
-        {
-            return Err(Error::new(Code::DeadlineExceeded, "the deadline had already passed at submit"));
-        }
         let gate = self.m.rt.gate.read().unwrap_or_else(|p| p.into_inner());
-        if !*gate {
-            return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
-        }
-        // Rows of work: one for a fixed-shape request, one per cell of a recurrent one.
-        let rows = cells.as_ref().map_or(1, |g| g.len() as u64);
-        let permit = self.m.admission.admit(&self.m.name, rows, opts.deadline, now)?;
+        let accepted = match self.accept(&input, &opts, *gate) {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                if let Some(mut r) = record {
+                    r.input = input;
+                    recycle.put_record(r);
+                }
+                return Err(e);
+            }
+        };
+        let Accepted { cells, slots_needed, rows, permit, now } = accepted;
         let id = self.m.rt.next_id.fetch_add(1, Ordering::AcqRel);
         self.m.rt.stats.record_submit();
         let reply = Reply::new(id, sink(id), self.m.rt.stats.clone(), permit);
@@ -820,4 +812,43 @@ impl Model {
         drop(gate);
         Ok(id)
     }
+
+    /// Every check of `try_enqueue` up to admission, in order (ARCHITECTURE §3.1): the input
+    /// against the model (and its cell graph), its state slots, its deadline, the shutdown
+    /// gate (`open`: read under the gate's lock, held until the arrival is sent), admission.
+    fn accept(&self, input: &Input, opts: &SubmitOptions, open: bool) -> Result<Accepted> {
+        let recycle = self.m.admission.recycler();
+        let cells =
+            recycle.unfold(&self.m.net, input).map_err(|e| e.context(format!("model `{}`", self.m.name)))?;
+        // State slots it needs before its policy may see it (0 for a fixed-shape request).
+        let slots_needed = cells.as_ref().map_or(0, |g| cells::slots_needed(&self.m.net, g));
+        if slots_needed > self.m.state_slots {
+            return Err(Error::invalid(format!(
+                "model `{}`: the request needs {slots_needed} state slots; the model has {}",
+                self.m.name, self.m.state_slots
+            )));
+        }
+        let now = Instant::now();
+        if let Some(d) = opts.deadline
+            && d <= now
+        {
+            return Err(Error::new(Code::DeadlineExceeded, "the deadline had already passed at submit"));
+        }
+        if !open {
+            return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
+        }
+        // Rows of work: one for a fixed-shape request, one per cell of a recurrent one.
+        let rows = cells.as_ref().map_or(1, |g| g.len() as u64);
+        let permit = self.m.admission.admit(&self.m.name, rows, opts.deadline, now)?;
+        Ok(Accepted { cells, slots_needed, rows, permit, now })
+    }
+}
+
+/// A request that passed [`Model::accept`]: what its record is made of.
+struct Accepted {
+    cells: Option<Arc<crate::sched::CellGraph>>,
+    slots_needed: usize,
+    rows: u64,
+    permit: admission::Permit,
+    now: Instant,
 }

@@ -14,11 +14,13 @@
 //!
 //! Allocated at load, like the request tables (ARCHITECTURE §3.1): `keep` records (the model's
 //! admission bound, up to `MAX_RESERVED_REQUESTS`), each with an input buffer of the model's
-//! input length (a token model's: up to [`SPARE_TOKENS`]), and `keep` output buffers of its
-//! output length. Serving within the bound then allocates none of them, so the memory the
-//! model holds does not depend on the load's history (a lazily filled pool grows whenever a
-//! stall puts more requests in the engine at once than ever before). A buffer is kept only up
-//! to [`MAX_KEPT_ELEMENTS`] elements: a rare long input is freed, not held for ever.
+//! input length (a token model's: [`SPARE_TOKENS`]; none over [`MAX_KEPT_ELEMENTS`]), and
+//! `keep` output buffers of its output length (none over it). Serving within the bound then
+//! allocates none of them, so the memory the model holds does not depend on the load's history
+//! (a lazily filled pool grows whenever a stall puts more requests in the engine at once than
+//! ever before). A buffer that had to grow for a longer input is freed when its record comes
+//! back, not kept: so each kept buffer stays at its size at load. A request whose input does not
+//! fit its buffer, or a model's with inputs or outputs over the limit, allocates as before.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -31,17 +33,19 @@ use super::engine::Pending;
 use super::request::Reply;
 use super::stats::Stats;
 
-/// Largest capacity (elements) of a kept input or output buffer.
+/// Largest input or output (elements) whose buffers are kept.
 pub(crate) const MAX_KEPT_ELEMENTS: usize = 1024;
 /// Longest chain request whose cell graph is shared (longer ones are unfolded per request).
 const MAX_SHARED_CHAIN: usize = 1024;
 /// Capacity of a kept record's input buffer for a model of variable-length input (tokens,
-/// trees), allocated at load; a longer input grows it (up to [`MAX_KEPT_ELEMENTS`]).
+/// trees), allocated at load.
 pub(crate) const SPARE_TOKENS: usize = 64;
 
 pub(crate) struct Recycler {
     /// The most records, and the most outputs, kept.
     keep: usize,
+    /// Elements of a kept input buffer (each of a tree's two): a larger one is not kept.
+    spare: usize,
     /// Records of completed requests: spent replies, no cell graph, their input buffers kept.
     /// Stacks, so the one reused is the one last handed back, still in cache (a queue cycling
     /// through thousands of them measured 15–30% slower round trips than malloc's reuse).
@@ -62,17 +66,20 @@ impl Recycler {
             Network::Lstm(_) | Network::Seq2Seq(_) => net.max_input_len().min(MAX_SHARED_CHAIN) + 1,
             _ => 0,
         };
-        let input = |n: usize| n.min(MAX_KEPT_ELEMENTS);
+        let spare = match net {
+            Network::Mlp(_) | Network::ResNet(_) | Network::Custom(_) => net.max_input_len(),
+            _ => net.max_input_len().min(SPARE_TOKENS),
+        };
+        let spare = if spare > MAX_KEPT_ELEMENTS { 0 } else { spare };
         let spare_input = || match net {
             Network::Mlp(_) | Network::ResNet(_) | Network::Custom(_) => {
-                Input::F32(Vec::with_capacity(input(net.max_input_len())))
+                Input::F32(Vec::with_capacity(spare))
             }
             Network::Lstm(_) | Network::Seq2Seq(_) | Network::Bert(_) => {
-                Input::Tokens(Vec::with_capacity(input(net.max_input_len().min(SPARE_TOKENS))))
+                Input::Tokens(Vec::with_capacity(spare))
             }
             Network::TreeLstm(_) => {
-                let n = input(net.max_input_len().min(SPARE_TOKENS));
-                Input::Tree { tokens: Vec::with_capacity(n), parents: Vec::with_capacity(n) }
+                Input::Tree { tokens: Vec::with_capacity(spare), parents: Vec::with_capacity(spare) }
             }
         };
         let mut records = Vec::with_capacity(keep);
@@ -100,6 +107,7 @@ impl Recycler {
         kept_outputs.extend((0..outputs).map(|_| Vec::with_capacity(out_len)));
         Recycler {
             keep,
+            spare,
             records: Mutex::new(records),
             outputs: Mutex::new(kept_outputs),
             chains: (0..chains).map(|_| OnceLock::new()).collect(),
@@ -109,7 +117,13 @@ impl Recycler {
     /// A recycler that keeps nothing (tests of admission alone).
     #[cfg(test)]
     pub(crate) fn none() -> Recycler {
-        Recycler { keep: 0, records: Mutex::default(), outputs: Mutex::default(), chains: Box::new([]) }
+        Recycler {
+            keep: 0,
+            spare: 0,
+            records: Mutex::default(),
+            outputs: Mutex::default(),
+            chains: Box::new([]),
+        }
     }
 
     /// A kept record, if any, to overwrite with a new request.
@@ -117,12 +131,16 @@ impl Recycler {
         lock(&self.records).pop()
     }
 
-    /// Keep a completed request's record (its reply already spent). Its cell graph goes now, its
-    /// input buffer stays for the next request if small enough.
+    /// Keep a completed (or refused) request's record, its reply spent. Its cell graph goes now;
+    /// a result it still holds (a request cancelled or expired after its task ran) gives its
+    /// buffer back; its input buffer stays for the next request unless it grew past its size
+    /// at load.
     pub(crate) fn put_record(&self, mut r: Box<Pending>) {
         r.cells = None;
-        r.run = Default::default();
-        if input_capacity(&r.input) > MAX_KEPT_ELEMENTS {
+        if let Some(v) = std::mem::take(&mut r.run).into_f32_output() {
+            self.put_output(v);
+        }
+        if input_capacity(&r.input) > self.spare {
             r.input = Input::F32(Vec::new());
         }
         // Beyond the bound (a record made while the kept ones were all in use) it is freed.
@@ -293,6 +311,55 @@ mod tests {
         assert_eq!(lock(&r.outputs).len(), 3);
         let s2s = Network::Seq2Seq(crate::model::Seq2Seq::random(8, 2, 2, 1, 1, 2, 4, 1));
         assert!(lock(&Recycler::new(&s2s, 3, 2, &Default::default()).outputs).is_empty());
+    }
+
+    /// Through a runtime: a borrowed input lands in a kept record whatever that record held
+    /// before (longer, shorter, a buffer dropped for having grown), with the result an owned
+    /// input gets; a refused submit hands its record back.
+    #[test]
+    fn c_style_submits_reuse_kept_records_and_refusals_hand_them_back() {
+        use std::time::Duration;
+
+        use crate::runtime::{CompletionQueue, ModelOptions, Runtime, SubmitOptions};
+        use crate::{BackendChoice, Code};
+
+        let rt = Runtime::builder().backend(BackendChoice::Cpu).cpu_threads(1).build().unwrap();
+        let net = Arc::new(Network::Lstm(Lstm::random(50, 4, 8, 1, 3)));
+        let opts = ModelOptions { admission_bound: Some(2), ..Default::default() };
+        let m = rt.add_network(net, "lstm".into(), opts).unwrap();
+        let kept = || lock(&m.m.admission.recycler().records).len();
+        assert_eq!(kept(), 2, "the bound's records, allocated at load");
+        let q = CompletionQueue::new().unwrap();
+        let next = || q.next(1, Duration::from_secs(20)).unwrap().pop().expect("a completion");
+        let long = vec![7u32; SPARE_TOKENS + 6];
+        for tokens in [&[1u32, 2, 3][..], &long, &[5], &[6, 7], &long[..SPARE_TOKENS]] {
+            let owned = m.submit(Input::Tokens(tokens.to_vec()), SubmitOptions::default()).unwrap();
+            let want = owned.wait().unwrap();
+            m.submit_copy_to(InputRef::Tokens(tokens), SubmitOptions::default(), &q, 0).unwrap();
+            let got = next().result.unwrap();
+            assert_eq!(got, want, "{} tokens", tokens.len());
+        }
+        // Settle: every record back (the engine hands it back as the request completes).
+        let give_up = std::time::Instant::now() + Duration::from_secs(20);
+        while kept() < 2 {
+            assert!(std::time::Instant::now() < give_up, "records not handed back");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Refusals: an invalid token, then BUSY with both places held by undrained completions.
+        let bad = m.submit_copy_to(InputRef::Tokens(&[1, 50]), SubmitOptions::default(), &q, 0).unwrap_err();
+        assert_eq!(bad.code(), Code::InvalidArgument, "{bad}");
+        assert_eq!(kept(), 2, "an invalid input hands its record back");
+        let held: Vec<_> = (0..2)
+            .map(|_| {
+                m.submit_copy_to(InputRef::Tokens(&[1, 2]), SubmitOptions::default(), &q, 0).unwrap();
+                next()
+            })
+            .collect();
+        let before = kept();
+        let busy = m.submit_copy_to(InputRef::Tokens(&[3]), SubmitOptions::default(), &q, 0).unwrap_err();
+        assert_eq!(busy.code(), Code::Busy, "{busy}");
+        assert_eq!(kept(), before, "a refused submit hands its record back");
+        drop(held);
     }
 
     #[test]

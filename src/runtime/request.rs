@@ -125,9 +125,9 @@ pub(crate) enum Sink {
     Queue { queue: Arc<QueueShared>, tag: u64 },
 }
 
-/// The one-shot reply of a request. Completing it consumes it; dropping it uncompleted (which only
-/// a runtime being torn down does) completes the request `Cancelled`, so every submitted request
-/// completes exactly once whatever path it takes.
+/// The one-shot reply of a request. Completing it spends it (a second completion does nothing);
+/// dropping it uncompleted (which only a runtime being torn down does) completes the request
+/// `Cancelled`, so every submitted request completes exactly once whatever path it takes.
 pub(crate) struct Reply {
     id: RequestId,
     sink: Option<Sink>,

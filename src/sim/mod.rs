@@ -200,7 +200,7 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
     };
     let mut core = EngineCore::default();
     core.add_group(MODEL, policy);
-    core.add_model(MODEL, MODEL, slots, spec.admission_bound.min(crate::runtime::MAX_RESERVED_REQUESTS));
+    core.add_model(MODEL, MODEL, slots, crate::runtime::reserved_requests(spec.admission_bound));
     let workers = core.workers_of(MODEL).len();
     let cell_names = if spec.net.is_recurrent() {
         spec.net.cell_types().iter().map(|t| t.name).collect()
