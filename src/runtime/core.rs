@@ -180,8 +180,10 @@ pub(crate) struct EngineCore<R, T = ()> {
     /// Completions the core decided itself (cancel or expiry while waiting for slots).
     ready: VecDeque<CoreOutput<R>>,
     closing: usize,
-    /// The sum of the admission bounds of the models served: what `requests` is reserved for.
+    /// The sum of the admission bounds of the models served, and the largest it has been: what
+    /// `requests` is reserved for (reserved again only when the sum passes it: `reserve_ids`).
     max_requests: usize,
+    reserved_for: usize,
 }
 
 impl<R, T> Default for EngineCore<R, T> {
@@ -196,6 +198,7 @@ impl<R, T> Default for EngineCore<R, T> {
             ready: VecDeque::new(),
             closing: 0,
             max_requests: 0,
+            reserved_for: 0,
         }
     }
 }
@@ -262,7 +265,10 @@ impl<R, T: Default> EngineCore<R, T> {
             return;
         }
         self.max_requests = self.max_requests.saturating_add(max_requests);
-        reserve_ids(&mut self.requests, self.max_requests);
+        if self.max_requests > self.reserved_for {
+            self.reserved_for = self.max_requests;
+            reserve_ids(&mut self.requests, self.max_requests);
+        }
         let waiting = if state_slots > 0 { max_requests } else { 0 };
         let m = CoreModel {
             group,
