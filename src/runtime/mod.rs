@@ -764,8 +764,10 @@ impl Model {
             InputSource::Owned(input) => (input, None),
             InputSource::Copy(input) => {
                 let mut record = recycle.record();
-                let spare = record.as_mut().map(|r| std::mem::replace(&mut r.input, Input::F32(Vec::new())));
-                (input.copy_into(spare.unwrap_or(Input::F32(Vec::new()))), record)
+                let spare = record.as_mut().map_or(Input::F32(Vec::new()), |r| {
+                    std::mem::replace(&mut r.input, Input::F32(Vec::new()))
+                });
+                (input.copy_into(spare), record)
             }
         };
         let gate = self.m.rt.gate.read().unwrap_or_else(|p| p.into_inner());
