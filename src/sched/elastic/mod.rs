@@ -23,7 +23,13 @@
 //!   largest TotalBS ≤ MemState (below the smallest: the bs-1 and bs-2 workers alone). When the
 //!   level changes, `CurConf` is that level's configuration and `Q` = idle ∩ CurConf; busy
 //!   workers outside it finish their task and stay parked. Workers of batch size 1 and 2 are
-//!   always in `Q`, so any remainder runs (otherwise `{8, 8, 16}` with R = 5 would stall).
+//!   always in `Q`, so any remainder runs (otherwise `{8, 8, 16}` with R = 5 would stall), but
+//!   outside CurConf they take only a *remainder*: slots fewer than CurConf's smallest batch
+//!   size (counting the ready run up to the ring's end). Without that rule they starve CurConf
+//!   under load: at level 32 with `{32}`, a bs-1 and a bs-2 task overlapping keep CurInf above
+//!   0, so R stays below 32 and the bs-32 worker never launches (seen on an H200: E-Ebird's
+//!   mean batch 1.5 at overload, a fifth of N-Ebird's throughput). With it, a CurConf worker
+//!   that cannot launch waits at most for the tasks in flight to end (one service time).
 //!
 //! Cancel and deadlines: a request not yet launched completes at once (`Cancelled`,
 //! `DeadlineExceeded`), its slot stays in the ring as a dead slot: passed over when it is at
@@ -211,8 +217,12 @@ pub struct ElasticPolicy {
     /// Q: idle workers in CurConf, largest batch first.
     idle: BTreeSet<(Reverse<usize>, WorkerId)>,
     busy: Vec<bool>,
-    /// In CurConf (every worker under N-Ebird).
+    /// In CurConf (every worker under N-Ebird), or a bs-1/bs-2 remainder worker.
     active: Vec<bool>,
+    /// E-Ebird: active only as a remainder worker (bs ≤ 2, not in CurConf's sizes).
+    remainder: Vec<bool>,
+    /// E-Ebird: CurConf's smallest batch size; remainder workers run only fewer slots than it.
+    conf_min: usize,
     /// E-Ebird's current level (TotalBS; 0 below the smallest), `None` before the first.
     level: Option<usize>,
     reconfigurations: u64,
@@ -234,6 +244,8 @@ impl ElasticPolicy {
             idle: BTreeSet::new(),
             busy: vec![false; m],
             active: vec![cfg.engine_confs.is_empty(); m],
+            remainder: vec![false; m],
+            conf_min: 1,
             level: None,
             reconfigurations: 0,
             tasks: IdMap::default(),
@@ -296,9 +308,13 @@ impl ElasticPolicy {
         for &bs in self.cfg.engine_confs.get(&level).into_iter().flatten() {
             *want.entry(bs).or_default() += 1;
         }
+        // Below the smallest level CurConf is {1, 2} itself: nothing is a remainder there.
+        self.conf_min = want.keys().copied().min().unwrap_or(1);
+        let has_conf = !want.is_empty();
         for (w, &bs) in self.cfg.workers.iter().enumerate() {
             let take = want.get_mut(&bs).filter(|c| **c > 0);
             self.active[w] = bs <= 2 || take.is_some();
+            self.remainder[w] = bs <= 2 && take.is_none() && has_conf;
             if let Some(c) = take {
                 *c -= 1;
             }
@@ -356,13 +372,20 @@ impl ElasticPolicy {
         self.reconfigure(n + self.cur_inf);
         loop {
             let to_end = self.cfg.ring_slots - (self.dev_ptr % self.cfg.ring_slots as u64) as usize;
-            let r = n.min(self.cfg.max_inflight - self.cur_inf).min(to_end);
+            let avail = n.min(to_end);
+            let r = avail.min(self.cfg.max_inflight - self.cur_inf);
             if r == 0 {
                 break;
             }
             // The largest idle worker with bs ≤ R: Q is ordered by Reverse(bs), so the first at
-            // or after (Reverse(R), 0).
-            let Some(&(Reverse(bs), w)) = self.idle.range((Reverse(r), 0)..).next() else { break };
+            // or after (Reverse(R), 0); E-Ebird's remainder workers only for a remainder (at most
+            // two of them are passed over).
+            let remainder_ok = avail < self.conf_min;
+            let Some(&(Reverse(bs), w)) =
+                self.idle.range((Reverse(r), 0)..).find(|&&(_, w)| remainder_ok || !self.remainder[w])
+            else {
+                break;
+            };
             self.idle.remove(&(Reverse(bs), w));
             self.launch(w, bs);
             n -= bs + self.advance();

@@ -232,12 +232,35 @@ fn e_ebird_reconfigures_once_per_level_crossing() {
     assert_eq!((p.queued(), p.reconfigurations()), (1, 2));
 }
 
-/// E2 over a long random run (virtual time, random arrival bursts, input delays and service
-/// times): Σ running bs ≤ MaxInf; every launch full and contiguous in slot order; FIFO; and
-/// after every event no idle worker of CurConf has bs ≤ min(N, MaxInf − CurInf, slots to the
-/// ring's end) (work conserving). Every request completes exactly once.
+/// E2 over a long random run: N-Ebird is work conserving, no idle worker has
+/// bs ≤ min(N, MaxInf − CurInf, slots to the ring's end) after any event.
 #[test]
 fn n_ebird_invariants_over_a_long_random_run() {
+    random_run(n_ebird(), 7, |p, r| {
+        // Work conserving: no idle worker fits R.
+        let idle_fits = (0..p.cfg.workers.len()).any(|w| !p.busy[w] && p.cfg.workers[w] <= r && r > 0);
+        assert!(!idle_fits, "an idle worker fits R = {r} after an event");
+    });
+}
+
+/// The same long random run under E-Ebird (the paper's Table 4 configurations): the same
+/// invariants, and never a ready request with nothing running (a remainder worker is held back
+/// only while a task is in flight whose end will dispatch again).
+#[test]
+fn e_ebird_invariants_over_a_long_random_run() {
+    let confs: BTreeMap<usize, Vec<usize>> =
+        [(4, vec![4]), (8, vec![8]), (16, vec![4, 4, 8]), (32, vec![8, 8, 16])].into();
+    let p = ElasticPolicy::new(ElasticConfig::e_ebird(confs, 32)).unwrap();
+    random_run(p, 11, |p, r| {
+        assert!(p.in_flight() > 0 || r == 0, "{r} ready slots and nothing running");
+    });
+}
+
+/// `events` random events (virtual time, arrival bursts, input delays, service times) on `p`:
+/// Σ running bs ≤ MaxInf; every launch full and contiguous in slot order; FIFO; `idle_check`
+/// after every event with R = min(N, MaxInf − CurInf, slots to the ring's end); every request
+/// completes exactly once.
+fn random_run(mut p: ElasticPolicy, seed: u64, idle_check: impl Fn(&ElasticPolicy, usize)) {
     let events = if cfg!(miri) {
         2_000
     } else if cfg!(debug_assertions) {
@@ -245,8 +268,7 @@ fn n_ebird_invariants_over_a_long_random_run() {
     } else {
         1_000_000
     };
-    let mut rng = StdRng::seed_from_u64(7);
-    let mut p = n_ebird();
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut now = 0u64;
     let mut next_id: RequestId = 0;
     let mut not_ready: Vec<RequestId> = Vec::new();
@@ -308,11 +330,12 @@ fn n_ebird_invariants_over_a_long_random_run() {
         let in_flight: usize = running.iter().map(|&(_, w)| p.cfg.workers[w]).sum();
         assert_eq!(in_flight, p.in_flight());
         assert!(in_flight <= p.cfg.max_inflight, "Σ running bs {in_flight} > MaxInf");
+        for (w, busy) in p.busy.iter().enumerate() {
+            assert_eq!(*busy, running.iter().any(|&(_, b)| b == w), "worker {w}'s busy flag");
+        }
         let to_end = p.cfg.ring_slots - (p.dev_ptr % p.cfg.ring_slots as u64) as usize;
         let r = p.ready_run().min(p.cfg.max_inflight - in_flight).min(to_end);
-        let idle_fits = (0..p.cfg.workers.len())
-            .any(|w| running.iter().all(|&(_, b)| b != w) && p.cfg.workers[w] <= r && r > 0);
-        assert!(!idle_fits, "an idle worker fits R = {r} after an event");
+        idle_check(&p, r);
     }
     // Drain: every input lands, every task ends.
     for id in not_ready.drain(..) {
@@ -334,4 +357,39 @@ fn n_ebird_invariants_over_a_long_random_run() {
     }
     assert_eq!(completed, arrived, "every request completes exactly once");
     assert_eq!((p.queued(), p.running(), p.in_flight()), (0, 0, 0));
+}
+
+/// E-Ebird under load: the bs-1 and bs-2 workers outside CurConf take only a remainder. At level
+/// 32 with CurConf `{32}`, a backlog arriving while a bs-1 task runs must wait for it (one
+/// service time) and then go to the bs-32 worker, not to the bs-2 worker: otherwise the bs-1 and
+/// bs-2 tasks overlap for ever, CurInf never reaches 0 and the bs-32 worker never launches
+/// (E-Ebird on an H200 ran at a mean batch of 1.5 at overload before this rule).
+#[test]
+fn e_ebird_remainder_workers_do_not_starve_curconf() {
+    let confs: BTreeMap<usize, Vec<usize>> =
+        [(4, vec![4]), (8, vec![8]), (16, vec![16]), (32, vec![32])].into();
+    let mut p = ElasticPolicy::new(ElasticConfig::e_ebird(confs, 32)).unwrap();
+    let sizes = |d: &[Decision]| launches(d).iter().map(|l| l.batch).collect::<Vec<_>>();
+    // Low load: one request, below the smallest level: the bs-1 worker takes it.
+    assert_eq!(sizes(&arrive_ready_together(&mut p, us(0), 0, 1)), [1]);
+    let first = *p.tasks.keys().next().unwrap();
+    // A backlog of 40: level 32, CurConf {32}; R = 31 fits no CurConf worker, and 40 ready
+    // slots are no remainder: nothing launches.
+    assert!(sizes(&arrive_ready_together(&mut p, us(1), 1, 40)).is_empty());
+    assert_eq!(p.in_flight(), 1);
+    // The bs-1 task ends: the bs-32 worker takes 32.
+    p.task_done(us(2), &TaskReport::of(first));
+    assert_eq!(sizes(&drain(&mut p)), [32]);
+    // 8 left: fewer than CurConf's smallest (32), a remainder, but MaxInf is taken: they wait
+    // for the bs-32 task (one service time), then run on level 8's worker.
+    assert_eq!(p.queued(), 8);
+    let big = *p.tasks.keys().next().unwrap();
+    p.task_done(us(3), &TaskReport::of(big));
+    assert_eq!(sizes(&drain(&mut p)), [8]);
+    // A remainder under a level: 5 ready at level 4 ({4}): the bs-4 worker takes 4, the bs-1
+    // remainder worker the fifth.
+    let eight = *p.tasks.keys().next().unwrap();
+    p.task_done(us(4), &TaskReport::of(eight));
+    assert!(sizes(&drain(&mut p)).is_empty());
+    assert_eq!(sizes(&arrive_ready_together(&mut p, us(5), 100, 5)), [4, 1]);
 }
