@@ -373,6 +373,25 @@ func TestBusyWhenAdmissionBoundIsFull(t *testing.T) {
 	checkExactlyOnce(t, rt)
 }
 
+// A caller that has its result has its admission place back: with a bound of one, submits one
+// after another are never refused BUSY. (The poller frees the completions, which hold the
+// places, before it hands any result over; the other way round a caller's next submit could
+// race the free, which is how an HTTP test once got 503.)
+func TestResultReturnsTheAdmissionPlace(t *testing.T) {
+	f := loadFixture(t)
+	rt := newRuntime(t, nil)
+	m := loadModel(t, rt, &ModelOptions{MaxBatch: 1, AdmissionBound: 1})
+	for i := range 3000 {
+		if _, err := m.Submit(context.Background(), f.Inputs[i%len(f.Inputs)]); err != nil {
+			t.Fatalf("submit %d after the last one's result: %v", i, err)
+		}
+	}
+	if s := stats(t, rt); s.Rejected != 0 {
+		t.Errorf("stats %+v: nothing should be refused", s)
+	}
+	checkExactlyOnce(t, rt)
+}
+
 func TestShutdownCancelsPendingRequests(t *testing.T) {
 	f := loadFixture(t)
 	rt := newRuntime(t, nil)

@@ -279,6 +279,8 @@ func (s *runtimeState) poll() {
 	defer C.free(unsafe.Pointer(evs))
 	events := unsafe.Slice(evs, pollBatch)
 
+	// Results routed to their callers, sent only once the completions are freed.
+	ready := make([]delivery, 0, pollBatch)
 	stopping := false
 	var giveUpAt time.Time
 	for {
@@ -289,9 +291,18 @@ func (s *runtimeState) poll() {
 			panic(fmt.Sprintf("libserve: serve_queue_next failed: %v", err))
 		}
 		for i := range int(n) {
-			s.deliver(&events[i])
+			if d, ok := s.route(&events[i]); ok {
+				ready = append(ready, d)
+			}
 		}
+		// Free the completions first: each holds its request's admission place, so a caller
+		// handed its result before the free could submit again and be refused BUSY.
 		C.lsgo_release(comps, n)
+		for i := range ready {
+			ready[i].ch <- ready[i].res // buffered (1) and written once: never blocks
+			ready[i] = delivery{}
+		}
+		ready = ready[:0]
 		if n > 0 {
 			// Let a woken Submit run on this thread now, before the next wait in C holds it:
 			// otherwise it waits for another thread to be woken to run it. (A Submit still
@@ -329,7 +340,15 @@ func (s *runtimeState) poll() {
 }
 
 // deliver copies one completion out of C memory and routes it.
-func (s *runtimeState) deliver(ev *C.lsgo_event) {
+// A result and the channel of the caller waiting for it.
+type delivery struct {
+	ch  chan<- result
+	res result
+}
+
+// route copies a completion's result into Go memory and finds its caller; false when no
+// caller waits for its tag (counted as unrouted).
+func (s *runtimeState) route(ev *C.lsgo_event) (delivery, bool) {
 	var res result
 	switch code := Code(ev.code); {
 	case code != CodeOK:
@@ -354,10 +373,10 @@ func (s *runtimeState) deliver(ev *C.lsgo_event) {
 	s.pendingMu.Unlock()
 	if !ok {
 		s.unrouted.Add(1)
-		return
+		return delivery{}, false
 	}
 	s.routed.Add(1)
-	ch <- res // buffered (1) and written once: never blocks
+	return delivery{ch: ch, res: res}, true
 }
 
 func (s *runtimeState) register(tag uint64, ch chan<- result) {
