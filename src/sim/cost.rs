@@ -25,6 +25,15 @@
 //! when its stream was idle before it, as `[idle_us, factor]` points (factor 1 at 0, linear
 //! between points, the last factor beyond): a stream that waited for work starts cold (its
 //! thread, its pool's threads, its caches), as `serve profile` measures.
+//!
+//! A cell may also have `issue` points, `[rows, microseconds]` like `points` (optional; none:
+//! nothing): the engine thread's own time to issue one task. One thread issues every worker's
+//! tasks, so this time is a resource shared by all workers, not a delay: a CUDA launch's host
+//! calls (the staging copy, a handful of kernel launches, the signal) take tens of
+//! microseconds, and at small batches tasks of several workers queue for the engine thread
+//! while their streams wait. The stream starts a task `launch_us` after its issue starts (a
+//! GPU runs the first kernels while the host launches the rest) and the task ends no sooner
+//! than its issue. `serve profile` measures it as the time spent in the runner's launch calls.
 
 use std::path::Path;
 use std::time::Duration;
@@ -38,7 +47,15 @@ pub trait CostModel {
     /// The time a task of `rows` rows (padding included) of cell type `cell` (by name) holds
     /// its worker; `None` if the model has no figure for the cell type.
     fn task_time(&self, cell: &str, rows: usize) -> Option<Duration>;
-    /// From a launch decision to the worker taking the task up.
+    /// The engine thread's time to issue a task of `rows` rows of `cell` (its launch calls):
+    /// tasks are issued one after another, whatever worker they go to; a task reaches its
+    /// worker the [`launch_delay`](Self::launch_delay) after its issue starts and ends no
+    /// sooner than its issue.
+    fn issue_time(&self, cell: &str, rows: usize) -> Duration {
+        let _ = (cell, rows);
+        Duration::ZERO
+    }
+    /// From a launch decision (its issue's start) to the worker taking the task up.
     fn launch_delay(&self) -> Duration;
     /// From a task's end on its worker to the engine's `task_done`.
     fn report_delay(&self) -> Duration;
@@ -81,6 +98,10 @@ pub struct CellCost {
     pub cell: String,
     /// `[rows, microseconds]`, rows strictly ascending.
     pub points: Vec<(usize, f64)>,
+    /// The engine thread's time to issue a task, `[rows, microseconds]` (see the module docs);
+    /// empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub issue: Vec<(usize, f64)>,
 }
 
 /// A cost table (see the module docs).
@@ -222,6 +243,23 @@ impl CostFile {
                     ));
                 }
             }
+            if c.issue.len() > MAX_POINTS {
+                return bad(format!(
+                    "cell `{}` has {} issue points; at most {MAX_POINTS}",
+                    c.cell,
+                    c.issue.len()
+                ));
+            }
+            for (i, &(rows, us)) in c.issue.iter().enumerate() {
+                let ascending = i == 0 || rows > c.issue[i - 1].0;
+                if rows == 0 || !us.is_finite() || us < 0.0 || !ascending {
+                    return bad(format!(
+                        "cell `{}`: issue point [{rows}, {us}]; rows ≥ 1 strictly ascending and a finite \
+                         time ≥ 0 expected",
+                        c.cell
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -231,16 +269,35 @@ impl CostFile {
     /// never below the smallest measured time's share of one row.
     pub fn micros(&self, cell: &str, rows: usize) -> Option<f64> {
         let pts = &self.cells.iter().find(|c| c.cell == cell)?.points;
-        let x = rows as f64;
         let floor = pts[0].1 / pts[0].0 as f64;
         if pts.len() == 1 {
-            return Some(pts[0].1 * x / pts[0].0 as f64);
+            return Some(pts[0].1 * rows as f64 / pts[0].0 as f64);
         }
-        let i = pts.partition_point(|p| p.0 < rows).clamp(1, pts.len() - 1);
-        let ((x0, y0), (x1, y1)) = (pts[i - 1], pts[i]);
-        let (x0, x1) = (x0 as f64, x1 as f64);
-        Some((y0 + (y1 - y0) * (x - x0) / (x1 - x0)).max(floor))
+        Some(along(pts, rows).max(floor))
     }
+
+    /// Microseconds the engine thread spends issuing a task of `rows` rows of `cell`: linear
+    /// between the `issue` points and flat beyond them (an issue is mostly fixed calls); 0
+    /// without points.
+    pub fn issue_micros(&self, cell: &str, rows: usize) -> f64 {
+        let Some(pts) = self.cells.iter().find(|c| c.cell == cell).map(|c| &c.issue) else { return 0.0 };
+        match pts[..] {
+            [] => 0.0,
+            [(_, us)] => us,
+            _ if rows <= pts[0].0 => pts[0].1,
+            _ if rows >= pts[pts.len() - 1].0 => pts[pts.len() - 1].1,
+            _ => along(pts, rows).max(0.0),
+        }
+    }
+}
+
+/// The value at `rows` on the line through the two points around it (the nearest segment
+/// beyond the ends); `pts` has at least two points, rows strictly ascending.
+fn along(pts: &[(usize, f64)], rows: usize) -> f64 {
+    let i = pts.partition_point(|p| p.0 < rows).clamp(1, pts.len() - 1);
+    let ((x0, y0), (x1, y1)) = (pts[i - 1], pts[i]);
+    let (x, x0, x1) = (rows as f64, x0 as f64, x1 as f64);
+    y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 }
 
 fn micros(us: f64) -> Duration {
@@ -250,6 +307,9 @@ fn micros(us: f64) -> Duration {
 impl CostModel for CostFile {
     fn task_time(&self, cell: &str, rows: usize) -> Option<Duration> {
         self.micros(cell, rows).map(micros)
+    }
+    fn issue_time(&self, cell: &str, rows: usize) -> Duration {
+        micros(self.issue_micros(cell, rows))
     }
     fn shared_device(&self) -> bool {
         self.shared_device
@@ -322,6 +382,31 @@ mod tests {
         let c = CostFile::parse(r#"{"name":"x","cells":[{"cell":"a","points":[[10,100.0]]}]}"#).unwrap();
         assert_eq!(c.micros("a", 20), Some(200.0));
         assert_eq!(c.task_time("a", 1), Some(Duration::from_micros(10)));
+    }
+
+    #[test]
+    fn issue_points_interpolate_inside_and_stay_flat_beyond() {
+        let c = CostFile::parse(
+            r#"{"name":"x","cells":[{"cell":"a","points":[[1,10.0]],"issue":[[2,40.0],[10,60.0]]},
+                                     {"cell":"b","points":[[1,10.0]]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.issue_micros("a", 1), 40.0);
+        assert_eq!(c.issue_micros("a", 6), 50.0);
+        assert_eq!(c.issue_micros("a", 500), 60.0);
+        assert_eq!(c.issue_time("a", 6), Duration::from_micros(50));
+        assert_eq!(c.issue_micros("b", 6), 0.0, "no issue points: no issue time");
+        assert_eq!(c.issue_micros("zz", 6), 0.0);
+        for bad in [r#"[[2,1.0],[2,3.0]]"#, r#"[[0,1.0]]"#, r#"[[1,-1.0]]"#] {
+            let text =
+                format!(r#"{{"name":"x","cells":[{{"cell":"a","points":[[1,10.0]],"issue":{bad}}}]}}"#);
+            let e = CostFile::parse(&text).unwrap_err();
+            assert_eq!(e.code(), crate::Code::Format, "{bad}");
+            assert!(e.message().contains("issue point"), "{bad}: {e}");
+        }
+        // Written only when there are points: older readers see the files they know.
+        let plain = CostFile::builtin("batchmaker-v100").unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("issue"));
     }
 
     #[test]

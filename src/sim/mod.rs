@@ -4,8 +4,12 @@
 //! It is the engine's second driver. The threaded engine reads the wall clock, launches tasks on
 //! a backend's streams and learns of their ends from the poller; the simulator keeps an event
 //! heap (arrivals, task ends, policy wakeups) and a clock that jumps from one event to the next.
-//! Each worker is one in-order stream: a task starts when its launch has reached the stream
-//! ([`CostModel::launch_delay`] after the decision) and the stream's previous task has ended,
+//! Each worker is one in-order stream: a task is issued by the engine thread
+//! ([`CostModel::issue_time`]; one engine thread issues every worker's tasks one after another,
+//! so a launch decided while it is still issuing an earlier task waits for it), reaches its
+//! stream [`CostModel::launch_delay`] after its issue starts (a GPU runs a task's first kernels
+//! while the host is still launching the rest) and starts when the stream's previous task has
+//! ended; it cannot end before its issue has (its last launch is the completion signal),
 //! runs for [`CostModel::task_time`] of its cell type and rows (padding included; longer by
 //! [`CostModel::idle_factor`] when the stream was idle before it), and is
 //! reported to the core [`CostModel::report_delay`] after its end. A request reaches the core
@@ -172,6 +176,8 @@ struct Sim<'a> {
     seq: u64,
     /// When each worker's stream finishes the last task launched on it.
     stream_free: Vec<Time>,
+    /// When the engine thread has issued the last task decided (tasks are issued in turn).
+    engine_free: Time,
     /// The shared device, when the cost model has one (then `stream_free` is not used).
     device: Option<Device>,
     /// The wakeup already on the heap, if any.
@@ -214,6 +220,7 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
         heap: BinaryHeap::new(),
         seq: 0,
         stream_free: vec![Time::ZERO; workers],
+        engine_free: Time::ZERO,
         device: spec.cost.shared_device().then(|| Device::new(workers)),
         wake: None,
         out: SimOutcome::default(),
@@ -338,16 +345,21 @@ impl Sim<'_> {
                     let (worker, rows, batch, steps) = (t.worker, t.requests.len(), t.batch, t.shape.steps());
                     self.out.tasks += 1;
                     self.out.task_rows += rows as u64;
+                    // The engine thread issues it once it has issued the tasks decided before.
+                    let issuing = self.engine_free.max(now);
+                    self.engine_free = issuing + self.spec.cost.issue_time(cell, batch);
+                    let issued = self.engine_free;
+                    let reaches = issuing + self.spec.cost.launch_delay();
                     if let Some(d) = self.device.as_mut() {
                         // Its time depends on what runs beside it: known when it ends.
                         d.launch(task, worker, batch, steps, cell);
-                        self.push(now + self.spec.cost.launch_delay(), Ev::Reach(task));
+                        self.push(reaches, Ev::Reach(task));
                     } else {
                         let free = &mut self.stream_free[worker];
-                        let start = (now + self.spec.cost.launch_delay()).max(*free);
+                        let start = reaches.max(*free);
                         // A stream that waited for this task starts it cold.
                         let run = run.mul_f64(self.spec.cost.idle_factor(start.since(*free)));
-                        *free = start + run;
+                        *free = (start + run).max(issued);
                         let report = *free + self.spec.cost.report_delay();
                         self.push(report, Ev::Done(task, run));
                         self.out.task_time += run;

@@ -46,6 +46,45 @@ fn one_request_takes_its_cells_back_to_back_plus_the_engine_delays() {
     assert_eq!(out.mean_batch(), 1.0);
 }
 
+/// The engine thread issues tasks one after another: with an issue of 20 µs per task and
+/// 10 µs of stream time, five steps decided at once are issued 20 µs apart; each starts on the
+/// stream 3 µs after its issue starts and ends no sooner than its issue, and a step decided
+/// while earlier ones are being issued waits for the engine thread, not for the stream.
+#[test]
+fn tasks_queue_for_the_engine_thread_that_issues_them() {
+    let net = lstm();
+    let c = CostFile::parse(
+        r#"{"name":"t","cells":[{"cell":"step","points":[[1,10.0],[2,12.0]],"issue":[[1,20.0]]}],
+            "launch_us":3.0,"report_us":2.0}"#,
+    )
+    .unwrap();
+    let policy = cellular(8);
+    let reqs = requests(&net, Lengths::Fixed(7), 1, 0).unwrap();
+    let out =
+        simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(vec![Duration::from_micros(100)])).unwrap();
+    // Steps 1–5 (decided at 100) are issued over 100–200 and end at 120, 140, …, 200 (their
+    // issues' ends; 10 µs on the stream from 103, 123, …). Step 1's report at 122 decides step
+    // 6, issued over 200–220 (after step 5's), ending at 220; step 2's at 142 decides step 7,
+    // issued over 220–240, ending at 240, reported at 242.
+    assert_eq!(out.tasks, 7);
+    assert_eq!(out.latencies[0], Duration::from_micros(242 - 100));
+    let launches: Vec<Time> = out
+        .trace
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Launch { at, .. } => Some(*at),
+            _ => None,
+        })
+        .collect();
+    let at = |us: u64| Time::ZERO + Duration::from_micros(us);
+    assert_eq!(launches, [at(100), at(100), at(100), at(100), at(100), at(122), at(142)]);
+    // Without issue points the same run is the stream's alone: 3 + 7 × 10 + 2.
+    let plain = cost(r#"{"cell":"step","points":[[1,10.0],[2,12.0]]}"#, 3.0, 2.0);
+    let out =
+        simulate(&spec(&net, &policy, &plain), &reqs, &Load::Open(vec![Duration::from_micros(100)])).unwrap();
+    assert_eq!(out.latencies[0], Duration::from_micros(3 + 7 * 10 + 2));
+}
+
 /// A request pays its arrival and delivery once: the latency runs from submit to the caller
 /// holding the completion, and a closed loop's next request follows that delivery.
 #[test]

@@ -4,14 +4,17 @@
 //! * Per cell type and batch size: the time one task holds its worker's stream, measured by
 //!   launching a round of tasks at once on a prepared runner (a backlogged worker's stream is
 //!   always fed: the engine launches ahead of it) and dividing the round's time by their number. Rows use distinct state slots; tree internal
-//!   rows read two children each.
+//!   rows read two children each. The time spent inside the runner's launch calls is the
+//!   task's `issue` (the engine thread's own work, a resource all workers share in the
+//!   simulator); when it is most of the round (a CUDA task at small batches: the stream waits
+//!   for the host between tasks) the stream's time is the backend's own timing of the tasks.
 //! * Cold starts (`idle`): tasks of the first cell type (1, 4 and 16 rows) one at a time with the
 //!   stream idle for 0.1, 0.3, 1 or 3 ms before each, their compute as the stream times it; the
 //!   median factor over no pause, per pause (never decreasing with the pause).
 //! * The engine's delays: requests of 1 and of 24 cell steps sent one at a time through a real
 //!   runtime, each step waiting for the one before. With the tasks each ran and the compute the
 //!   stream measured of them (the runtime's stats), the round trips separate the hand-off each
-//!   task pays (`launch_us` + `report_us`, split evenly) from what each request pays once
+//!   task pays (`launch_us` + `report_us`, split evenly, beyond a one-row task's issue) from what each request pays once
 //!   (`arrival_us` + `delivery_us`: the submit reaching the engine, the completion reaching the
 //!   caller, split evenly).
 
@@ -110,6 +113,44 @@ const IDLE_TASKS: usize = 60;
 /// Cell steps of the long requests that separate per-task from per-request delays.
 const LONG_STEPS: usize = 24;
 
+/// Launching took at least this share of a round: the stream waited for the launch calls
+/// between tasks, so the round's time per task is the issuing thread's, not the stream's.
+const ISSUE_BOUND: f64 = 0.9;
+
+/// One timed round of back-to-back tasks.
+struct Round {
+    /// The round's time over its tasks.
+    per_task_us: f64,
+    /// Time per task inside the runner's launch calls (the engine thread's issue).
+    issue_us: f64,
+    /// The backend's own timing of each task's work (CUDA events, the CPU stream's clock),
+    /// averaged, when it timed every task.
+    compute_us: Option<f64>,
+}
+
+impl Round {
+    fn of(per_task_us: f64, issued: Duration, tasks: &[Arc<TaskData>], count: usize) -> Round {
+        let timed: Vec<f64> = tasks
+            .iter()
+            .filter_map(|t| t.io.lock().ok()?.stages.compute)
+            .map(|d| d.as_secs_f64() * 1e6)
+            .collect();
+        let compute_us = (!timed.is_empty() && timed.len() == tasks.len())
+            .then(|| timed.iter().sum::<f64>() / timed.len() as f64);
+        Round { per_task_us, issue_us: issued.as_secs_f64() * 1e6 / count.max(1) as f64, compute_us }
+    }
+
+    /// The time a task holds its stream: the round's time per task, unless the round was bound
+    /// by its launch calls and the backend timed the tasks' work; then that work (the simulator
+    /// charges the issue to the engine thread, so counting it on the stream too would be twice).
+    fn stream_us(&self) -> f64 {
+        match self.compute_us {
+            Some(c) if self.issue_us >= ISSUE_BOUND * self.per_task_us => c.min(self.per_task_us),
+            _ => self.per_task_us,
+        }
+    }
+}
+
 /// Requests timed one at a time: the mean round trip, tasks per request, compute per task.
 struct RoundTrip {
     micros: f64,
@@ -203,6 +244,7 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
     for (c, info) in net.cell_types().iter().enumerate() {
         let cell = c as u8;
         let mut points = Vec::new();
+        let mut issue = Vec::new();
         for &b in &batches {
             let mut base = 0usize;
             let mut task = |first: bool| {
@@ -244,26 +286,36 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             // The second round (not kept either) runs that many once, so the runner's per-task
             // buffers (a CUDA task's pinned staging) have grown to a round's worth before any
             // round is timed; the count then stays fixed.
-            let mut rounds = Vec::with_capacity(ROUNDS);
+            let mut rounds: Vec<Round> = Vec::with_capacity(ROUNDS);
             let mut count = MIN_TASKS;
             for round in 0..ROUNDS + 2 {
                 let tasks: Vec<_> = (0..count).map(|_| task(false)).collect();
-                let start = Instant::now();
-                run_round(&*runner, &tasks)?;
-                let per_task = start.elapsed().as_secs_f64() * 1e6 / count as f64;
+                let (took, issued) = run_round_issued(&*runner, &tasks)?;
+                let per_task = took.as_secs_f64() * 1e6 / count as f64;
                 if round == 0 {
                     count = ((MIN_TIME.as_secs_f64() * 1e6 / per_task.max(1.0)) as usize)
                         .clamp(MIN_TASKS, MAX_TASKS);
                 } else if round > 1 {
-                    rounds.push(per_task);
+                    rounds.push(Round::of(per_task, issued, &tasks, count));
                 }
             }
-            rounds.sort_by(f64::total_cmp);
-            let us = rounds[ROUNDS / 2];
-            println!("{:<10} batch {b:>5}: {us:>10.1} us per task", info.name);
+            rounds.sort_by(|x, y| x.per_task_us.total_cmp(&y.per_task_us));
+            let r = &rounds[ROUNDS / 2];
+            let us = r.stream_us();
+            println!(
+                "{:<10} batch {b:>5}: {us:>10.1} us per task{} ({:.1} us issuing)",
+                info.name,
+                if us < r.per_task_us {
+                    format!(" on the stream, {:.1} us issue-bound", r.per_task_us)
+                } else {
+                    String::new()
+                },
+                r.issue_us
+            );
             points.push((b, us));
+            issue.push((b, r.issue_us));
         }
-        cells.push(CellCost { cell: info.name.to_string(), points });
+        cells.push(CellCost { cell: info.name.to_string(), points, issue });
     }
     // Cold starts: tasks of the first cell type one at a time, the stream idle for a pause
     // before each, their compute as the stream times it; the factor over no pause, the median
@@ -380,21 +432,26 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         0.0
     };
     let entry_exit = (own(&short) - short.tasks * hand_off).max(0.0);
+    // A lone task ends when both its issue and its work have (the simulator's reading), so
+    // the part of a one-row issue beyond the task's compute is in the hand-off measured here,
+    // and the simulator adds it from the `issue` points: the delays are the rest.
+    let issue_one = file.cells.first().map_or(0.0, |c| file.issue_micros(&c.cell, 1));
+    let beyond = (hand_off - (issue_one - short.compute_us).max(0.0)).max(0.0);
     println!(
         "# engine: round trip {:.1} us for {:.1} task(s) of {:.1} us compute, {:.1} us for {:.1} of {:.1} us: \
-         {hand_off:.1} us hand-off per task (launch_us = report_us = {:.1}), {entry_exit:.1} us per request \
-         (arrival_us = delivery_us = {:.1})",
+         {hand_off:.1} us hand-off per task (a one-row issue {issue_one:.1}; launch_us = report_us = {:.1}), \
+         {entry_exit:.1} us per request (arrival_us = delivery_us = {:.1})",
         short.micros,
         short.tasks,
         short.compute_us,
         long.micros,
         long.tasks,
         long.compute_us,
-        hand_off / 2.0,
+        beyond / 2.0,
         entry_exit / 2.0,
     );
-    file.launch_us = hand_off / 2.0;
-    file.report_us = hand_off / 2.0;
+    file.launch_us = beyond / 2.0;
+    file.report_us = beyond / 2.0;
     file.arrival_us = entry_exit / 2.0;
     file.delivery_us = entry_exit / 2.0;
     file.source = format!("serve profile {source} ({} s)", t0.elapsed().as_secs());
@@ -436,10 +493,22 @@ pub(crate) fn layer_batch(net: &Network, rows: usize) -> Vec<f32> {
 /// keeps its pinned staging, and every later launch would allocate new, about a millisecond
 /// each). A task that failed fails the round, naming the error.
 pub(crate) fn run_round(runner: &dyn serve::backend::Runner, tasks: &[Arc<TaskData>]) -> CliResult<Duration> {
+    run_round_issued(runner, tasks).map(|(took, _)| took)
+}
+
+/// [`run_round`], and the time this thread spent inside the runner's launch calls (what the
+/// engine thread pays to issue the tasks: the simulator's `issue` points).
+pub(crate) fn run_round_issued(
+    runner: &dyn serve::backend::Runner,
+    tasks: &[Arc<TaskData>],
+) -> CliResult<(Duration, Duration)> {
     let start = Instant::now();
     let mut target = 0;
+    let mut issued = Duration::ZERO;
     for t in tasks {
+        let call = Instant::now();
         target = runner.launch(0, t.clone())?;
+        issued += call.elapsed();
     }
     // A CPU stream unparks this thread after each task; a CUDA stream does not notify, so the
     // sleep is short (no spinning, which would take a core from the stream on a small machine).
@@ -455,5 +524,5 @@ pub(crate) fn run_round(runner: &dyn serve::backend::Runner, tasks: &[Arc<TaskDa
     if let Some(e) = tasks.iter().find_map(|t| t.io.lock().unwrap_or_else(|p| p.into_inner()).error.clone()) {
         return Err(fatal(format!("a benchmarked task failed: {e}")));
     }
-    Ok(took)
+    Ok((took, issued))
 }
