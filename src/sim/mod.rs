@@ -9,7 +9,8 @@
 //! so a launch decided while it is still issuing an earlier task waits for it), reaches its
 //! stream [`CostModel::launch_delay`] after its issue starts (a GPU runs a task's first kernels
 //! while the host is still launching the rest) and starts when the stream's previous task has
-//! ended; it cannot end before its issue has (its last launch is the completion signal),
+//! ended; it cannot end before its issue has (its last launch is the completion signal; on a
+//! shared device, below, a task's end comes from the running set and this bound is not applied),
 //! runs for [`CostModel::task_time`] of its cell type and rows (padding included; longer by
 //! [`CostModel::idle_factor`] when the stream was idle before it), and is
 //! reported to the core [`CostModel::report_delay`] after its end. A request reaches the core
