@@ -1,9 +1,11 @@
 //! The engine thread: drives each model's sans-IO policy with the wall clock and carries out its
 //! decisions (launch a task on a worker's stream, complete a request).
 //!
-//! Every event (arrival, cancel, task done, model added or freed, shutdown) arrives through one
-//! channel; the engine owns all request and task state, so nothing here is shared or locked (but
-//! the pool of model indices, which submitters' threads take from when they add a model).
+//! Arrivals come through their model's ring, every other event (cancel, task done, model added
+//! or freed, shutdown) through one channel (inbox.rs: how they wake the engine, and why a cancel
+//! never overtakes its arrival); the engine owns all request and task state, so nothing here is
+//! shared or locked (but the pool of model indices, which submitters' threads take from when
+//! they add a model).
 //!
 //! # Freeing a model
 //!
@@ -17,7 +19,7 @@
 //! thread, which drops them (joining its stream threads, which by then have nothing left to run,
 //! and freeing its arena and buffers) while the engine goes on.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +30,7 @@ use crate::model::{Input, Network, Output};
 use crate::runtime::admission::Admission;
 use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_path_row, push_row};
 use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
+use crate::runtime::inbox::ArrivalRing;
 use crate::runtime::metrics::ModelMetrics;
 use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
@@ -89,6 +92,8 @@ pub(crate) struct EngineModel {
     /// The policy's input ring ([`Policy::input_ring_slots`]), allocated when the model was
     /// added.
     pub ring: Option<Arc<InputRing>>,
+    /// Where its submits write their arrivals (inbox.rs).
+    pub arrivals: Arc<ArrivalRing>,
 }
 
 /// The most cancels and flushes callers may have in the event channel at once.
@@ -155,6 +160,15 @@ pub(crate) enum Event {
     },
 }
 
+impl Event {
+    /// Whether the arrivals already written into the rings are taken before this event is
+    /// handled: a caller's cancel, flush, model drop or shutdown follows its submits (inbox.rs).
+    /// The poller's reports concern tasks, which arrivals do not change.
+    fn follows_arrivals(&self) -> bool {
+        !matches!(self, Event::TaskDone { .. } | Event::WorkerStalled { .. } | Event::WorkerRecovered { .. })
+    }
+}
+
 /// Events handled back to back before timers are checked and completions delivered.
 const MAX_EVENTS_PER_TURN: usize = 256;
 
@@ -175,6 +189,8 @@ struct ModelState {
     /// for good once a task reading it was given up on (it may still be reading, and its
     /// slots are free again); later launches gather instead.
     ring: Option<Arc<InputRing>>,
+    /// Its arrivals on their way (inbox.rs).
+    arrivals: Arc<ArrivalRing>,
 }
 
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine
@@ -220,6 +236,8 @@ pub(crate) struct Engine {
     clock: Option<Time>,
     /// Given back as each cancel and flush is handled.
     control: Arc<ControlBudget>,
+    /// The model whose ring is looked at first in the next turn (they take turns).
+    next_ring: usize,
 }
 
 impl Engine {
@@ -245,6 +263,7 @@ impl Engine {
             reaper,
             clock: None,
             control,
+            next_ring: 0,
         }
     }
 
@@ -269,25 +288,19 @@ impl Engine {
     /// The engine loop; returns when shut down and every request has completed.
     pub(crate) fn run(mut self, events: Receiver<Event>) {
         loop {
-            let wake = self.next_wakeup();
-            let ev = match wake {
-                None => events.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                Some(at) => events.recv_timeout(at.saturating_duration_since(Instant::now())),
-            };
-            match ev {
-                Ok(ev) => {
-                    self.handle(ev);
-                    // Take what else is already waiting before looking at timers, but never so much
-                    // that timers and deliveries starve under a steady stream of arrivals.
-                    for _ in 0..MAX_EVENTS_PER_TURN {
-                        match events.try_recv() {
-                            Ok(ev) => self.handle(ev),
-                            Err(_) => break,
+            // Nothing waiting: park until the next timer, or until someone hands the engine
+            // something (inbox.rs: an unpark before the park makes it return at once).
+            if self.take_waiting(&events) == 0 {
+                match self.next_wakeup() {
+                    None => std::thread::park(),
+                    Some(at) => {
+                        let d = at.saturating_duration_since(Instant::now());
+                        if !d.is_zero() {
+                            std::thread::park_timeout(d);
                         }
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => self.drain_until = Some(Instant::now()),
+                self.take_waiting(&events);
             }
             self.clock = None;
             let now = self.now();
@@ -304,13 +317,67 @@ impl Engine {
                 }
             }
         }
-        // Requests still in the channel (none, with the submit gate closed first) are dropped with
-        // it; their replies complete them `Cancelled`.
+        // Requests still in the channel or a ring (none, with the submit gate closed first) are
+        // dropped with it; their replies complete them `Cancelled`.
         let _ = self.poller.send(PollerCmd::Stop);
         // Policies and runners go now: streams finish the task in hand and their threads end.
         self.core = EngineCore::default();
         self.models.clear();
         self.publish();
+    }
+
+    /// Handle what is waiting — events from the channel, arrivals from the rings — but never so
+    /// much that timers and deliveries starve under a steady stream: at most
+    /// [`MAX_EVENTS_PER_TURN`] of each. Returns how many were handled. A closed channel (every
+    /// sender gone) stops the engine at once.
+    fn take_waiting(&mut self, events: &Receiver<Event>) -> usize {
+        let mut taken = 0;
+        while taken < MAX_EVENTS_PER_TURN {
+            match events.try_recv() {
+                Ok(ev) => {
+                    if ev.follows_arrivals() {
+                        self.take_all_arrivals();
+                    }
+                    self.handle(ev);
+                    taken += 1;
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.drain_until = Some(Instant::now());
+                    break;
+                }
+            }
+        }
+        taken + self.take_arrivals(MAX_EVENTS_PER_TURN)
+    }
+
+    /// Take up to `budget` arrivals, the models' rings taking turns at going first.
+    fn take_arrivals(&mut self, budget: usize) -> usize {
+        let n = self.models.len();
+        let mut taken = 0;
+        for k in 0..n {
+            let idx = (self.next_ring + k) % n;
+            while taken < budget {
+                let Some(ring) = self.models[idx].as_ref().map(|s| &s.arrivals) else { break };
+                let Some(p) = ring.pop() else { break };
+                self.handle(Event::Arrive(p));
+                taken += 1;
+            }
+        }
+        self.next_ring = (self.next_ring + 1) % n.max(1);
+        taken
+    }
+
+    /// Take every arrival written before this call (what each ring held when looked at; later
+    /// ones may be taken too).
+    fn take_all_arrivals(&mut self) {
+        for idx in 0..self.models.len() {
+            let waiting = self.models[idx].as_ref().map_or(0, |s| s.arrivals.len());
+            for _ in 0..waiting {
+                let Some(p) = self.models[idx].as_ref().and_then(|s| s.arrivals.pop()) else { break };
+                self.handle(Event::Arrive(p));
+            }
+        }
     }
 
     /// Update the gauges, then deliver: a caller that has seen its completion never reads a
@@ -346,7 +413,7 @@ impl Engine {
                     self.models.resize_with(idx + 1, || None);
                 }
                 debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
-                let EngineModel { net, policy, runner, metrics, admission, ring } = *m;
+                let EngineModel { net, policy, runner, metrics, admission, ring, arrivals } = *m;
                 let workers = runner.workers();
                 // Every model is a group of its own, under its own index.
                 self.core.add_group(idx, policy);
@@ -364,6 +431,7 @@ impl Engine {
                     admission,
                     stalled: vec![false; workers],
                     ring,
+                    arrivals,
                 });
             }
             // Sent once, by the last handle's drop; the index is not reused before release.

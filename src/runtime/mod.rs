@@ -11,6 +11,7 @@ pub(crate) mod cells;
 pub mod coldstart;
 pub(crate) mod core;
 mod engine;
+mod inbox;
 mod metrics;
 mod poller;
 pub mod queue;
@@ -22,7 +23,7 @@ mod tests;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -41,6 +42,7 @@ use crate::sched::{Policy, RequestId};
 
 use admission::Admission;
 use engine::{ControlBudget, Engine, EngineModel, Event, MAX_PENDING_CONTROL, ModelIndices, Pending};
+use inbox::{ArrivalRing, EventSender};
 pub use metrics::METRICS;
 use metrics::{Metrics, ModelMetrics};
 pub use queue::{Completion, CompletionQueue};
@@ -374,6 +376,8 @@ struct ModelShared {
     /// State slots of a recurrent model (0 otherwise).
     state_slots: usize,
     metrics: Arc<ModelMetrics>,
+    /// Where submits write their arrivals for the engine (inbox.rs).
+    arrivals: Arc<ArrivalRing>,
     rt: Arc<Shared>,
 }
 
@@ -389,7 +393,7 @@ impl Drop for ModelShared {
 struct Shared {
     epoch: Instant,
     backend: Arc<dyn Backend>,
-    events: Sender<Event>,
+    events: EventSender,
     /// `true` while submits are accepted. Submits hold it shared while they enqueue, so once
     /// shutdown has flipped it no arrival can follow the shutdown event.
     gate: RwLock<bool>,
@@ -435,6 +439,7 @@ impl Runtime {
         let spawn_err = |e: std::io::Error| Error::internal(format!("cannot spawn a runtime thread: {e}"));
         let stats = Arc::new(stats::Stats::default());
         let (ev_tx, ev_rx) = mpsc::channel();
+        let ev_tx = EventSender::new(ev_tx);
         let (poll_tx, poll_rx) = mpsc::channel();
         let poller_events = ev_tx.clone();
         let poller = std::thread::Builder::new()
@@ -464,6 +469,8 @@ impl Runtime {
             .name("serve-engine".into())
             .spawn(move || engine.run(ev_rx))
             .map_err(spawn_err)?;
+        // Before anything can be sent to it (inbox.rs).
+        ev_tx.set_engine(engine_thread.thread().clone());
         let shared = Arc::new(Shared {
             epoch,
             backend,
@@ -556,6 +563,7 @@ impl Runtime {
         let recycle =
             recycle::Recycler::new(&net, reserved_requests(bound), runner.io_lens().1, &self.shared.stats);
         let admission = Arc::new(Admission::new(bound, workers, recycle));
+        let arrivals = Arc::new(ArrivalRing::new(reserved_requests(bound)));
         let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
         if !*gate {
             return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
@@ -569,6 +577,7 @@ impl Runtime {
             runner: Arc::from(runner),
             metrics: metrics.clone(),
             admission: admission.clone(),
+            arrivals: arrivals.clone(),
         };
         self.shared
             .events
@@ -583,6 +592,7 @@ impl Runtime {
                 admission,
                 state_slots,
                 metrics,
+                arrivals,
                 rt: self.shared.clone(),
             }),
         })
@@ -804,7 +814,16 @@ impl Model {
             }
             None => Box::new(pending),
         };
-        if let Err(mpsc::SendError(ev)) = self.m.rt.events.send(Event::Arrive(pending)) {
+        // Into the model's ring (inbox.rs); through the channel only past the places reserved
+        // for a bound larger than `MAX_RESERVED_REQUESTS`.
+        let sent = match self.m.arrivals.push(pending) {
+            Ok(()) => {
+                self.m.rt.events.wake();
+                Ok(())
+            }
+            Err(pending) => self.m.rt.events.send(Event::Arrive(pending)),
+        };
+        if let Err(mpsc::SendError(ev)) = sent {
             // The engine is gone (it cannot be while the gate is open, but never lose a request):
             // the reply completes the request `Cancelled` when dropped here.
             // (Its permit goes with it.)

@@ -26,12 +26,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use crate::backend::CompletionSignal;
 use crate::error::{Code, Error};
 use crate::runtime::engine::Event;
+use crate::runtime::inbox::EventSender;
 use crate::sched::TaskId;
 
 pub(crate) enum PollerCmd {
@@ -94,14 +95,14 @@ fn wait_after(idle: u32, quiet: usize) -> Wait {
 }
 
 /// Run the poller; `stall_timeout` is the watchdog's limit (`None`: no watchdog).
-pub(crate) fn run(cmds: Receiver<PollerCmd>, engine: Sender<Event>, stall_timeout: Option<Duration>) {
+pub(crate) fn run(cmds: Receiver<PollerCmd>, engine: EventSender, stall_timeout: Option<Duration>) {
     run_with(cmds, engine, stall_timeout, std::thread::park_timeout)
 }
 
 /// [`run`], parking with `park` (tests count the parks).
 fn run_with(
     cmds: Receiver<PollerCmd>,
-    engine: Sender<Event>,
+    engine: EventSender,
     stall_timeout: Option<Duration>,
     mut park: impl FnMut(Duration),
 ) {
@@ -221,7 +222,7 @@ fn run_with(
 
 /// One health pass over the streams (see the module docs).
 struct Health<'a> {
-    engine: &'a Sender<Event>,
+    engine: &'a EventSender,
     stall_timeout: Option<Duration>,
     now: Instant,
 }
@@ -311,7 +312,7 @@ mod tests {
     }
 
     struct Poller {
-        cmds: Sender<PollerCmd>,
+        cmds: mpsc::Sender<PollerCmd>,
         events: Receiver<Event>,
         parks: Arc<AtomicUsize>,
         thread: Option<std::thread::JoinHandle<()>>,
@@ -328,7 +329,7 @@ mod tests {
             let parks = Arc::new(AtomicUsize::new(0));
             let p = parks.clone();
             let thread = std::thread::spawn(move || {
-                run_with(cmd_rx, ev_tx, stall_timeout, |d| {
+                run_with(cmd_rx, EventSender::new(ev_tx), stall_timeout, |d| {
                     p.fetch_add(1, Ordering::SeqCst);
                     std::thread::park_timeout(d);
                 })

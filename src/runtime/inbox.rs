@@ -1,0 +1,238 @@
+//! The engine's inbox: how events and arrivals reach the engine thread (ARCHITECTURE.md §3.2).
+//!
+//! * **Arrivals** travel through their model's [`ArrivalRing`]: a bounded ring allocated when the
+//!   model is added, with a place for every request its admission bound lets be in flight (up
+//!   to `MAX_RESERVED_REQUESTS`). A submit writes one pointer into it; nothing is allocated per
+//!   arrival, on any thread. (Through std's list channel, which arrivals used before, the
+//!   submitting thread allocated a block per 31 events and the engine freed it; under an
+//!   overload the blocks alive grew with the backlog, and the allocator's arenas with them:
+//!   the 30-minute soak's RSS crept by the pages those blocks first touched, §9.)
+//! * **Every other event** (cancels, flushes, models added and removed, shutdown, the poller's
+//!   reports) goes through the event channel, as does an arrival that finds its ring full (a
+//!   model whose bound is larger than the reserved places).
+//!
+//! The engine never blocks in the channel: it takes what is waiting, and with nothing waiting
+//! it parks until its next timer. Everyone who hands it something unparks it afterwards
+//! ([`EventSender::wake`]); `unpark` before `park` makes that `park` return at once, so no
+//! wake-up is lost between the engine's last look and its park, and an unpark of a running
+//! engine costs one atomic swap.
+//!
+//! **Order.** A request's arrival is in its ring before `submit` returns its id, so a cancel of
+//! that id, or a flush or shutdown the caller sends after submitting, is sent after it. The
+//! engine takes every arrival already in the rings before it handles such an event
+//! ([`Event::follows_arrivals`](super::engine::Event)), so a cancel never overtakes its own
+//! arrival. Arrivals of one model are taken in the order they were written.
+
+use std::sync::mpsc::{SendError, Sender};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+
+use crossbeam_queue::ArrayQueue;
+
+use super::engine::{Event, Pending};
+
+/// The arrivals of one model, from the submitting threads to the engine: a ring of boxed
+/// records, allocated whole when the model is added. Many writers, one reader (the engine).
+pub(crate) struct ArrivalRing {
+    ring: ArrayQueue<Box<Pending>>,
+}
+
+impl ArrivalRing {
+    /// Places for `places` arrivals in flight (at least one).
+    pub(crate) fn new(places: usize) -> ArrivalRing {
+        ArrivalRing { ring: ArrayQueue::new(places.max(1)) }
+    }
+
+    /// Write an arrival; the arrival back when every place is taken.
+    pub(crate) fn push(&self, p: Box<Pending>) -> Result<(), Box<Pending>> {
+        self.ring.push(p)
+    }
+
+    /// The oldest arrival not yet taken.
+    pub(crate) fn pop(&self) -> Option<Box<Pending>> {
+        self.ring.pop()
+    }
+
+    /// Arrivals waiting. Every arrival whose write happened before this call is counted (more
+    /// may follow).
+    pub(crate) fn len(&self) -> usize {
+        self.ring.len()
+    }
+}
+
+/// The sending side of the engine's event channel, which wakes the engine after every send.
+/// Cloned for every thread that talks to the engine; dropping a clone wakes it too, so an engine
+/// parked without a timer sees its channel close.
+pub(crate) struct EventSender {
+    /// `None` only inside `drop`, which closes it before the wake-up.
+    tx: Option<Sender<Event>>,
+    /// The engine's thread, known once it is spawned ([`set_engine`](Self::set_engine)).
+    engine: Arc<OnceLock<Thread>>,
+}
+
+impl EventSender {
+    pub(crate) fn new(tx: Sender<Event>) -> EventSender {
+        EventSender { tx: Some(tx), engine: Arc::new(OnceLock::new()) }
+    }
+
+    /// Name the engine's thread, for every clone. Called right after it is spawned, before
+    /// anything can be handed to it: the runtime's handle does not exist yet, and the poller
+    /// only reports tasks the engine launched after this.
+    pub(crate) fn set_engine(&self, engine: Thread) {
+        let _ = self.engine.set(engine);
+    }
+
+    /// Send `ev` and wake the engine.
+    pub(crate) fn send(&self, ev: Event) -> Result<(), SendError<Event>> {
+        let sent = match &self.tx {
+            Some(tx) => tx.send(ev),
+            None => Err(SendError(ev)),
+        };
+        self.wake();
+        sent
+    }
+
+    /// Wake the engine: it has something new to take (an arrival written into a ring).
+    pub(crate) fn wake(&self) {
+        if let Some(t) = self.engine.get() {
+            t.unpark();
+        }
+    }
+}
+
+impl Clone for EventSender {
+    fn clone(&self) -> EventSender {
+        EventSender { tx: self.tx.clone(), engine: self.engine.clone() }
+    }
+}
+
+impl Drop for EventSender {
+    /// Close this sender, then wake the engine: woken first, it could look at the channel
+    /// while this sender still held it open, and park again for good.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        self.wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::{self, TryRecvError};
+    use std::time::{Duration, Instant};
+
+    use crate::model::Input;
+    use crate::runtime::request::Reply;
+    use crate::runtime::stats::Stats;
+
+    /// An arrival of `model`, told apart by `id` (carried as its rows).
+    fn pending(model: usize, id: u64) -> Box<Pending> {
+        let stats = Arc::new(Stats::default());
+        Box::new(Pending {
+            model,
+            submitted: Instant::now(),
+            rows: id,
+            input: Input::F32(vec![1.0]),
+            cells: None,
+            slots_needed: 0,
+            deadline: None,
+            priority: 0,
+            reply: Reply::spent(stats),
+            run: Default::default(),
+        })
+    }
+
+    #[test]
+    fn a_full_ring_hands_the_arrival_back_and_keeps_its_order() {
+        let ring = ArrivalRing::new(3);
+        for id in 0..3 {
+            assert!(ring.push(pending(0, id)).is_ok());
+        }
+        let back = ring.push(pending(0, 3)).expect_err("three places");
+        assert_eq!(back.rows, 3);
+        assert_eq!(ring.len(), 3);
+        let ids: Vec<u64> = std::iter::from_fn(|| ring.pop()).map(|p| p.rows).collect();
+        assert_eq!(ids, [0, 1, 2]);
+        assert!(ring.push(pending(0, 4)).is_ok(), "a place taken is free again");
+        assert_eq!(ArrivalRing::new(0).ring.capacity(), 1, "never zero places");
+    }
+
+    /// The engine's side of the protocol, as the engine loop runs it: take what is waiting,
+    /// park when nothing is. Several writers write into the ring and send events; every one of
+    /// them is taken, in each writer's order, and the engine never sleeps out a park with work
+    /// waiting (its park has no timer, so a lost wake-up hangs the test).
+    #[test]
+    fn no_arrival_or_event_waits_for_a_wake_up_that_was_lost() {
+        const WRITERS: u64 = 4;
+        const EACH: u64 = 2_000;
+        let ring = Arc::new(ArrivalRing::new(64));
+        let (tx, rx) = mpsc::channel();
+        let events = EventSender::new(tx);
+        let (seen_tx, seen_rx) = mpsc::channel();
+        let taker = ring.clone();
+        let engine = std::thread::spawn(move || {
+            let (mut arrivals, mut flushes) = (Vec::new(), 0);
+            let mut closed = false;
+            while !closed {
+                let mut took = false;
+                loop {
+                    match rx.try_recv() {
+                        Ok(Event::Flush(_)) => flushes += 1,
+                        Ok(_) => unreachable!("only flushes are sent"),
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            closed = true;
+                            break;
+                        }
+                    }
+                    took = true;
+                }
+                while let Some(p) = taker.pop() {
+                    arrivals.push((p.model, p.rows));
+                    took = true;
+                }
+                if !took && !closed {
+                    std::thread::park();
+                }
+            }
+            seen_tx.send((arrivals, flushes)).unwrap();
+        });
+        events.set_engine(engine.thread().clone());
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let (ring, events) = (ring.clone(), events.clone());
+                std::thread::spawn(move || {
+                    for id in 0..EACH {
+                        let mut p = pending(w as usize, id);
+                        // A full ring is the caller's admission bound reached: wait for room.
+                        while let Err(back) = ring.push(p) {
+                            p = back;
+                            events.wake();
+                            std::thread::yield_now();
+                        }
+                        events.wake();
+                        if id % 100 == 0 {
+                            events.send(Event::Flush(0)).unwrap();
+                        }
+                        if id % 500 == 0 {
+                            // Let the engine run dry and park between bursts.
+                            std::thread::sleep(Duration::from_micros(300));
+                        }
+                    }
+                })
+            })
+            .collect();
+        writers.into_iter().for_each(|w| w.join().unwrap());
+        drop(events);
+        let (arrivals, flushes) = seen_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the engine took everything and saw the close");
+        engine.join().unwrap();
+        assert_eq!(flushes, WRITERS * EACH / 100);
+        assert_eq!(arrivals.len() as u64, WRITERS * EACH);
+        for w in 0..WRITERS as usize {
+            let ids: Vec<u64> = arrivals.iter().filter(|a| a.0 == w).map(|a| a.1).collect();
+            assert_eq!(ids, (0..EACH).collect::<Vec<_>>(), "writer {w}'s arrivals in its order");
+        }
+    }
+}
