@@ -224,6 +224,31 @@ fn cancel_of_a_queued_request_completes_it_cancelled() {
     assert!(q.next(1, Duration::from_millis(50)).unwrap().is_empty());
 }
 
+/// A cancel sent right after its submit is never overtaken by it: the arrival is in its model's
+/// ring before the id is returned, and the engine takes the rings' arrivals before a cancel
+/// (inbox.rs). Every request waits 30 s for a fuller batch, so one the cancel missed would
+/// complete OK, late.
+#[test]
+fn a_cancel_right_after_its_submit_always_finds_the_request() {
+    let (dir, _) = mlp_dir("cancel_race", &[4, 2], 7);
+    let rt = runtime();
+    let model = rt.load_model(&dir, timeout_opts(1024, Duration::from_secs(30), 1)).unwrap();
+    let q = CompletionQueue::new().unwrap();
+    let n = 500;
+    for tag in 0..n {
+        let id = model.submit_to(Input::F32(vec![0.0; 4]), SubmitOptions::default(), &q, tag).unwrap();
+        rt.cancel(id).unwrap();
+    }
+    let (mut seen, give_up) = (0, std::time::Instant::now() + Duration::from_secs(10));
+    while seen < n {
+        assert!(std::time::Instant::now() < give_up, "{seen} of {n} cancels completed in 10 s");
+        for c in q.next(64, Duration::from_millis(100)).unwrap() {
+            assert_eq!(c.result.unwrap_err().code(), Code::Cancelled, "request {}", c.id);
+            seen += 1;
+        }
+    }
+}
+
 #[test]
 fn shutdown_drains_then_refuses() {
     let (dir, mlp) = mlp_dir("drain", &[4, 2], 8);

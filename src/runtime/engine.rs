@@ -98,13 +98,14 @@ pub(crate) struct EngineModel {
 
 /// The most cancels and flushes callers may have in the event channel at once.
 ///
-/// Every other event's count is bounded by construction — arrivals by the models' admission
-/// bounds, task reports by the tasks in flight (the policies' lookahead × workers), model adds
+/// Every other event's count is bounded by construction — arrivals (which mostly come through
+/// their model's ring, inbox.rs) by the models' admission bounds, task reports by the tasks in flight (the policies' lookahead × workers), model adds
 /// and removes by the model slots — but a caller may cancel or flush in a loop faster than the
 /// engine drains them. Each such message takes a place of this budget when sent and gives it
 /// back when handled, so the channel's depth is bounded (DESIGN principle 4) while cancels keep
-/// their order with the arrivals before them (a mailbox of pending cancels would lose a cancel
-/// that overtook its own arrival).
+/// their order with the arrivals before them (the engine takes the rings' arrivals before it
+/// handles a cancel, inbox.rs; a mailbox of pending cancels would lose a cancel that overtook
+/// its own arrival).
 pub(crate) const MAX_PENDING_CONTROL: usize = 1 << 16;
 
 /// Places for cancel and flush messages in the event channel ([`MAX_PENDING_CONTROL`]).
@@ -171,6 +172,18 @@ impl Event {
 
 /// Events handled back to back before timers are checked and completions delivered.
 const MAX_EVENTS_PER_TURN: usize = 256;
+
+/// Write every element of `v`'s spare capacity, so that the memory reserved for it is resident
+/// from now on. The outbox is filled from its start every turn, so left untouched its pages
+/// became resident one by one, whenever a turn completed more requests than any turn before:
+/// memory that grew with the load's history (the one-arena 30-minute soak found +124 KiB of
+/// the outbox's 580 KiB touched after warm-up, ARCHITECTURE.md §9). Tables that requests cycle
+/// through (the rings, the request tables) are all touched within the first turns of ids.
+fn touch_spare<T>(v: &mut Vec<T>) {
+    v.spare_capacity_mut().iter_mut().for_each(|slot| *slot = std::mem::MaybeUninit::zeroed());
+    // The writes are never read: keep the optimiser from dropping them.
+    std::hint::black_box(v.spare_capacity_mut().as_mut_ptr());
+}
 
 /// The engine's own data of a request, as the core carries it.
 type Live = Box<Pending>;
@@ -423,6 +436,7 @@ impl Engine {
                 let held = super::reserved_requests(admission.bound());
                 self.core.add_model(idx, idx, runner.state_slots(), held);
                 self.outbox.reserve(self.core.max_requests().saturating_sub(self.outbox.len()));
+                touch_spare(&mut self.outbox);
                 self.models[idx] = Some(ModelState {
                     net,
                     io: runner.io_lens(),
@@ -834,5 +848,40 @@ mod control_tests {
         b.give_back();
         assert!(b.take());
         assert!(!b.take());
+    }
+}
+
+#[cfg(all(test, target_os = "linux", not(miri)))]
+mod touch_tests {
+    use super::touch_spare;
+
+    /// Of the pages spanned by `len` bytes from `ptr`: how many are resident (`mincore`), and
+    /// how many there are.
+    fn resident_pages(ptr: *const u8, len: usize) -> (usize, usize) {
+        // SAFETY: sysconf has no memory preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let start = ptr as usize & !(page - 1);
+        let pages = (ptr as usize + len - start).div_ceil(page);
+        let mut flags = vec![0u8; pages];
+        // SAFETY: [start, start + pages·page) is page-aligned and lies within one live
+        // allocation's mapping (a Vec of many pages, mmapped by the allocator, owned by the
+        // caller for the call), and `flags` has one byte per page, as mincore writes.
+        let rc = unsafe { libc::mincore(start as *mut libc::c_void, pages * page, flags.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        (flags.iter().filter(|f| **f & 1 == 1).count(), pages)
+    }
+
+    #[test]
+    fn touching_the_spare_capacity_makes_it_resident() {
+        // 8 MiB: the allocator maps it fresh, so nothing of it is resident before it is written.
+        let mut v: Vec<[u64; 9]> = Vec::with_capacity((8 << 20) / 72);
+        v.push([1; 9]);
+        let bytes = v.capacity() * 72;
+        let (before, pages) = resident_pages(v.as_ptr().cast(), bytes);
+        touch_spare(&mut v);
+        let (after, _) = resident_pages(v.as_ptr().cast(), bytes);
+        assert!(before < 16, "{before} of {pages} pages resident before any write");
+        assert_eq!(after, pages, "resident after touching");
+        assert_eq!(v, [[1; 9]], "the elements are untouched");
     }
 }
