@@ -99,9 +99,9 @@ pub(crate) struct EngineModel {
 /// The most cancels and flushes callers may have in the event channel at once.
 ///
 /// Every other event's count is bounded by construction — arrivals (which mostly come through
-/// their model's ring, inbox.rs) by the models' admission bounds, task reports by the tasks in flight (the policies' lookahead × workers), model adds
-/// and removes by the model slots — but a caller may cancel or flush in a loop faster than the
-/// engine drains them. Each such message takes a place of this budget when sent and gives it
+/// their model's ring, inbox.rs) by the models' admission bounds, task reports by the tasks in
+/// flight (the policies' lookahead × workers), model adds and removes by the model slots — but a
+/// caller may cancel or flush in a loop faster than the engine drains them. Each such message takes a place of this budget when sent and gives it
 /// back when handled, so the channel's depth is bounded (DESIGN principle 4) while cancels keep
 /// their order with the arrivals before them (the engine takes the rings' arrivals before it
 /// handles a cancel, inbox.rs; a mailbox of pending cancels would lose a cancel that overtook
@@ -204,6 +204,14 @@ struct ModelState {
     ring: Option<Arc<InputRing>>,
     /// Its arrivals on their way (inbox.rs).
     arrivals: Arc<ArrivalRing>,
+}
+
+impl Drop for ModelState {
+    /// The engine lets the model go (released, or the engine stopped, even by a panic): an
+    /// arrival left in its ring, or written into it after, completes `Cancelled` (inbox.rs).
+    fn drop(&mut self) {
+        self.arrivals.close();
+    }
 }
 
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine

@@ -23,6 +23,7 @@
 //! ([`Event::follows_arrivals`](super::engine::Event)), so a cancel never overtakes its own
 //! arrival. Arrivals of one model are taken in the order they were written.
 
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::sync::mpsc::{SendError, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
@@ -33,19 +34,45 @@ use super::engine::{Event, Pending};
 
 /// The arrivals of one model, from the submitting threads to the engine: a ring of boxed
 /// records, allocated whole when the model is added. Many writers, one reader (the engine).
+///
+/// **Closed** once the engine has let the model go (released, or the engine stopped — even by a
+/// panic): whatever is in it then, or written into it after, is dropped at once, and a dropped
+/// arrival's reply completes its request `Cancelled` (request.rs). So no arrival waits in a
+/// ring nobody reads (with the shutdown gate, none is written after a clean stop anyway).
 pub(crate) struct ArrivalRing {
     ring: ArrayQueue<Box<Pending>>,
+    closed: AtomicBool,
 }
 
 impl ArrivalRing {
     /// Places for `places` arrivals in flight (at least one).
     pub(crate) fn new(places: usize) -> ArrivalRing {
-        ArrivalRing { ring: ArrayQueue::new(places.max(1)) }
+        ArrivalRing { ring: ArrayQueue::new(places.max(1)), closed: AtomicBool::new(false) }
     }
 
     /// Write an arrival; the arrival back when every place is taken.
     pub(crate) fn push(&self, p: Box<Pending>) -> Result<(), Box<Pending>> {
-        self.ring.push(p)
+        self.ring.push(p)?;
+        // Either this load sees the close, or the close's drain sees the arrival: both sides
+        // write, fence, then read (the store-buffer pattern needs the SeqCst fences).
+        fence(Ordering::SeqCst);
+        if self.closed.load(Ordering::Relaxed) {
+            self.drop_all();
+        }
+        Ok(())
+    }
+
+    /// Nobody takes arrivals from this ring any more (see the type's docs).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        self.drop_all();
+    }
+
+    fn drop_all(&self) {
+        while let Some(p) = self.ring.pop() {
+            drop(p);
+        }
     }
 
     /// The oldest arrival not yet taken.
@@ -155,6 +182,35 @@ mod tests {
         assert_eq!(ids, [0, 1, 2]);
         assert!(ring.push(pending(0, 4)).is_ok(), "a place taken is free again");
         assert_eq!(ArrivalRing::new(0).ring.capacity(), 1, "never zero places");
+    }
+
+    /// A request whose reply completes into a ticket, for watching what a ring does with it.
+    fn ticketed(id: u64) -> (Box<Pending>, crate::runtime::Ticket) {
+        let stats = Arc::new(Stats::default());
+        let (ticket, slot) = crate::runtime::Ticket::new(id);
+        let admission = Arc::new(crate::runtime::admission::Admission::new(
+            4,
+            1,
+            crate::runtime::recycle::Recycler::none(),
+        ));
+        let permit = admission.admit("m", 1, None, Instant::now()).unwrap();
+        let mut p = pending(0, id);
+        p.reply = Reply::new(id, crate::runtime::request::Sink::Ticket(slot), stats, permit);
+        (p, ticket)
+    }
+
+    #[test]
+    fn a_closed_ring_cancels_what_it_holds_and_what_is_written_after() {
+        let ring = ArrivalRing::new(4);
+        let (held, held_ticket) = ticketed(1);
+        assert!(ring.push(held).is_ok());
+        ring.close();
+        assert_eq!(ring.len(), 0);
+        assert_eq!(held_ticket.wait().unwrap_err().code(), crate::Code::Cancelled);
+        let (late, late_ticket) = ticketed(2);
+        assert!(ring.push(late).is_ok(), "taken, then dropped");
+        assert_eq!(ring.len(), 0);
+        assert_eq!(late_ticket.wait().unwrap_err().code(), crate::Code::Cancelled);
     }
 
     /// The engine's side of the protocol, as the engine loop runs it: take what is waiting,
