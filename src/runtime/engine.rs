@@ -377,13 +377,7 @@ impl Engine {
         let n = self.models.len();
         let mut taken = 0;
         for k in 0..n {
-            let idx = (self.next_ring + k) % n;
-            while taken < budget {
-                let Some(ring) = self.models[idx].as_ref().map(|s| &s.arrivals) else { break };
-                let Some(p) = ring.pop() else { break };
-                self.handle(Event::Arrive(p));
-                taken += 1;
-            }
+            taken += self.take_from((self.next_ring + k) % n, budget - taken);
         }
         self.next_ring = (self.next_ring + 1) % n.max(1);
         taken
@@ -394,11 +388,19 @@ impl Engine {
     fn take_all_arrivals(&mut self) {
         for idx in 0..self.models.len() {
             let waiting = self.models[idx].as_ref().map_or(0, |s| s.arrivals.len());
-            for _ in 0..waiting {
-                let Some(p) = self.models[idx].as_ref().and_then(|s| s.arrivals.pop()) else { break };
-                self.handle(Event::Arrive(p));
-            }
+            self.take_from(idx, waiting);
         }
+    }
+
+    /// Handle up to `most` arrivals from model `idx`'s ring; returns how many.
+    fn take_from(&mut self, idx: usize, most: usize) -> usize {
+        let mut taken = 0;
+        while taken < most {
+            let Some(p) = self.models[idx].as_ref().and_then(|s| s.arrivals.pop()) else { break };
+            self.handle(Event::Arrive(p));
+            taken += 1;
+        }
+        taken
     }
 
     /// Update the gauges, then deliver: a caller that has seen its completion never reads a
@@ -882,9 +884,9 @@ mod touch_tests {
     #[test]
     fn touching_the_spare_capacity_makes_it_resident() {
         // 8 MiB: the allocator maps it fresh, so nothing of it is resident before it is written.
-        let mut v: Vec<[u64; 9]> = Vec::with_capacity((8 << 20) / 72);
+        let mut v: Vec<[u64; 9]> = Vec::with_capacity((8 << 20) / size_of::<[u64; 9]>());
         v.push([1; 9]);
-        let bytes = v.capacity() * 72;
+        let bytes = v.capacity() * size_of::<[u64; 9]>();
         let (before, pages) = resident_pages(v.as_ptr().cast(), bytes);
         touch_spare(&mut v);
         let (after, _) = resident_pages(v.as_ptr().cast(), bytes);
