@@ -580,6 +580,12 @@ uint64_t serve_stats_ring_copies(const serve_stats *stats);
 // `SERVE_POLICY_ELASTIC`, which gathers only a run holding a cancelled request's slot).
 uint64_t serve_stats_gather_copies(const serve_stats *stats);
 
+// Nanoseconds the engine thread spent working (handling events, deciding, launching tasks —
+// on the CUDA backend the launch calls themselves — and delivering completions); it is parked
+// the rest of the time. Its growth over an interval of wall-clock time is the thread's
+// utilization: near 1, the engine thread is the runtime's bottleneck.
+uint64_t serve_stats_engine_busy_ns(const serve_stats *stats);
+
 // Create submit options: no deadline, priority 0.
 serve_error *serve_submit_options_new(serve_submit_options **out);
 

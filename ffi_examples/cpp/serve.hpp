@@ -509,6 +509,9 @@ class Stats {
   std::uint64_t ring_copies() const noexcept { return serve_stats_ring_copies(h_.get()); }
   /// Rows copied into a batch's input at launch (every fixed-shape policy but elastic).
   std::uint64_t gather_copies() const noexcept { return serve_stats_gather_copies(h_.get()); }
+  /// Nanoseconds the engine thread spent working (parked the rest of the time): its growth over
+  /// a wall-clock interval is the thread's utilization.
+  std::uint64_t engine_busy_ns() const noexcept { return serve_stats_engine_busy_ns(h_.get()); }
   /// The C handle (still owned by *this).
   const serve_stats* get() const noexcept { return h_.get(); }
 

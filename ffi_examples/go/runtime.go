@@ -444,6 +444,9 @@ type Stats struct {
 	// GatherCopies counts rows copied into a batch's input at launch (every fixed-shape policy
 	// but PolicyElastic).
 	GatherCopies uint64
+	// EngineBusyNs counts nanoseconds the engine thread spent working (it is parked the rest of
+	// the time); its growth over a wall-clock interval is the thread's utilization.
+	EngineBusyNs uint64
 }
 
 // Stats takes a snapshot of the runtime's counters. It fails with CodeShutdown once the runtime
@@ -472,6 +475,7 @@ func (r *Runtime) Stats() (Stats, error) {
 		BatchedRequests: uint64(C.serve_stats_batched_requests(cs)),
 		RingCopies:      uint64(C.serve_stats_ring_copies(cs)),
 		GatherCopies:    uint64(C.serve_stats_gather_copies(cs)),
+		EngineBusyNs:    uint64(C.serve_stats_engine_busy_ns(cs)),
 	}
 	for c := CodeOK; c <= CodeInternal; c++ {
 		if n := uint64(C.serve_stats_completed(cs, C.uint32_t(c))); n > 0 {

@@ -295,3 +295,12 @@ pub extern "C" fn serve_stats_ring_copies(stats: *const serve_stats) -> u64 {
 pub extern "C" fn serve_stats_gather_copies(stats: *const serve_stats) -> u64 {
     ffi_boundary! { stat(stats, |s| s.gather_copies) }
 }
+
+/// Nanoseconds the engine thread spent working (handling events, deciding, launching tasks —
+/// on the CUDA backend the launch calls themselves — and delivering completions); it is parked
+/// the rest of the time. Its growth over an interval of wall-clock time is the thread's
+/// utilization: near 1, the engine thread is the runtime's bottleneck.
+#[unsafe(no_mangle)]
+pub extern "C" fn serve_stats_engine_busy_ns(stats: *const serve_stats) -> u64 {
+    ffi_boundary! { stat(stats, |s| s.engine_busy_ns) }
+}

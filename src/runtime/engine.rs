@@ -7,6 +7,16 @@
 //! shared or locked (but the pool of model indices, which submitters' threads take from when
 //! they add a model).
 //!
+//! # One decision per turn
+//!
+//! Each turn handles everything waiting (up to a budget), and only then lets the policies decide
+//! and carries their decisions out. The events that came in while the engine was busy — above
+//! all while it was issuing a task, which on the CUDA backend is the engine thread's own launch
+//! calls, longer than a small task's run — are seen together, so the requests they make ready
+//! share one task. Deciding after each event instead launched one task per event: when issuing
+//! is the bottleneck, the batches then stay as small as the events are many, the thread falls
+//! further behind, and latency grows at a small fraction of peak load (ARCHITECTURE.md §3.2).
+//!
 //! # Freeing a model
 //!
 //! When the last handle of a model is dropped, [`Event::RemoveModel`] marks it *closing*. No
@@ -309,18 +319,20 @@ impl Engine {
     /// The engine loop; returns when shut down and every request has completed.
     pub(crate) fn run(mut self, events: Receiver<Event>) {
         loop {
+            let mut turn = Instant::now();
             // Nothing waiting: park until the next timer, or until someone hands the engine
             // something (inbox.rs: an unpark before the park makes it return at once).
             if self.take_waiting(&events) == 0 {
                 match self.next_wakeup() {
                     None => std::thread::park(),
                     Some(at) => {
-                        let d = at.saturating_duration_since(Instant::now());
+                        let d = at.saturating_duration_since(turn);
                         if !d.is_zero() {
                             std::thread::park_timeout(d);
                         }
                     }
                 }
+                turn = Instant::now();
                 self.take_waiting(&events);
             }
             self.clock = None;
@@ -328,6 +340,7 @@ impl Engine {
             self.core.tick(now);
             self.carry_out();
             self.publish();
+            self.stats.record_turn(turn.elapsed());
             if let Some(until) = self.drain_until {
                 if self.core.is_empty() {
                     break;
@@ -423,10 +436,11 @@ impl Engine {
         core.into_iter().chain(self.drain_until).min()
     }
 
+    /// Handle one event. What it leads policies to decide is carried out once everything waiting
+    /// has been handled (the loop in [`run`](Self::run)), not after each event.
     fn handle(&mut self, ev: Event) {
         self.clock = None;
         self.handle_event(ev);
-        self.carry_out();
     }
 
     fn handle_event(&mut self, ev: Event) {

@@ -155,7 +155,11 @@ struct Live {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
+    /// Request `i` reaches the engine (its submit plus the arrival delay).
     Arrive(usize),
+    /// Request `i`, which reached the engine at the given time while the engine thread was
+    /// issuing, is handled now.
+    Submit(usize, Time),
     /// A task is reported done, with the compute time its cost model gave it.
     Done(TaskId, Duration),
     Wake,
@@ -247,25 +251,21 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
         Load::Open(_) => requests.len(),
     };
     while let Some(Reverse((now, _, ev))) = sim.heap.pop() {
-        sim.out.events += 1;
         let completed_before = sim.out.completed() + sim.out.error_count();
-        match ev {
-            Ev::Arrive(i) => {
-                if let Load::Open(at) = load
-                    && let Some(&next) = at.get(i + 1)
-                {
-                    sim.push(Time::ZERO + next + entry, Ev::Arrive(i + 1));
-                }
-                sim.arrive(now, &requests[i])?
+        // As the engine's turn: every event due at this instant is handled, then the policy
+        // decides once (engine.rs, "One decision per turn").
+        let mut next = Some(ev);
+        while let Some(ev) = next.take() {
+            sim.out.events += 1;
+            sim.handle(now, ev, requests, load)?;
+            if sim.heap.peek().is_some_and(|Reverse((t, ..))| *t == now) {
+                next = sim.heap.pop().map(|Reverse((_, _, ev))| ev);
             }
-            Ev::Done(task, compute) => sim.done(now, task, compute),
-            Ev::Reach(task) => sim.reach(now, task)?,
-            Ev::ShareEnd(generation) => sim.share_end(now, generation)?,
-            Ev::Wake => {
-                if sim.wake == Some(now) {
-                    sim.wake = None;
-                }
-            }
+        }
+        // Still issuing: the engine decides nothing before it is done (what it must see was put
+        // off until then, `handle`).
+        if now < sim.engine_free {
+            continue;
         }
         if sim.core.next_wakeup().is_some_and(|w| w <= now) {
             sim.core.tick(now);
@@ -293,7 +293,48 @@ impl Sim<'_> {
         self.heap.push(Reverse((at, self.seq, ev)));
     }
 
-    fn arrive(&mut self, now: Time, r: &SimRequest) -> Result<()> {
+    /// Handle one event. What the engine thread sees (an arrival, a task's report, a timer)
+    /// while it is still issuing a task waits until the issue is over: the real engine makes
+    /// its launch calls on its own thread and reads what came in afterwards, all together.
+    fn handle(&mut self, now: Time, ev: Ev, requests: &[SimRequest], load: &Load) -> Result<()> {
+        let busy = now < self.engine_free;
+        match ev {
+            Ev::Arrive(i) => {
+                // The schedule goes on whatever the engine does.
+                if let Load::Open(at) = load
+                    && let Some(&next) = at.get(i + 1)
+                {
+                    self.push(Time::ZERO + next + self.spec.cost.arrival_delay(), Ev::Arrive(i + 1));
+                }
+                if busy {
+                    self.push(self.engine_free, Ev::Submit(i, now));
+                } else {
+                    self.arrive(now, now, &requests[i])?
+                }
+            }
+            Ev::Submit(i, reached) => self.arrive(now, reached, &requests[i])?,
+            Ev::Done(..) if busy => self.push(self.engine_free, ev),
+            Ev::Wake if busy => {
+                if self.wake == Some(now) {
+                    self.wake = Some(self.engine_free);
+                }
+                self.push(self.engine_free, ev)
+            }
+            Ev::Done(task, compute) => self.done(now, task, compute),
+            Ev::Reach(task) => self.reach(now, task)?,
+            Ev::ShareEnd(generation) => self.share_end(now, generation)?,
+            Ev::Wake => {
+                if self.wake == Some(now) {
+                    self.wake = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Request `r` is handled by the core at `now`; it reached the engine at `reached` (its
+    /// submit plus the arrival delay; earlier than `now` if the engine was issuing).
+    fn arrive(&mut self, now: Time, reached: Time, r: &SimRequest) -> Result<()> {
         let id = self.next_id;
         self.next_id += 1;
         if self.core.requests_of(MODEL) >= self.spec.admission_bound {
@@ -317,7 +358,7 @@ impl Sim<'_> {
             input_ready: true,
             // Submitted by its caller the arrival delay earlier.
             data: Live {
-                arrived: Time(now.0.saturating_sub(self.spec.cost.arrival_delay().as_nanos() as u64)),
+                arrived: Time(reached.0.saturating_sub(self.spec.cost.arrival_delay().as_nanos() as u64)),
                 ends_at: r.ends_at,
             },
         };

@@ -63,9 +63,9 @@ fn tasks_queue_for_the_engine_thread_that_issues_them() {
     let out =
         simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(vec![Duration::from_micros(100)])).unwrap();
     // Steps 1–5 (decided at 100) are issued over 100–200 and end at 120, 140, …, 200 (their
-    // issues' ends; 10 µs on the stream from 103, 123, …). Step 1's report at 122 decides step
-    // 6, issued over 200–220 (after step 5's), ending at 220; step 2's at 142 decides step 7,
-    // issued over 220–240, ending at 240, reported at 242.
+    // issues' ends; 10 µs on the stream from 103, 123, …). Steps 1 and 2 are reported at 122
+    // and 142, while the engine thread is still issuing: it reads both at 200 and decides steps
+    // 6 and 7 then, issued over 200–220 and 220–240; step 7 ends at 240, reported at 242.
     assert_eq!(out.tasks, 7);
     assert_eq!(out.latencies[0], Duration::from_micros(242 - 100));
     let launches: Vec<Time> = out
@@ -77,7 +77,7 @@ fn tasks_queue_for_the_engine_thread_that_issues_them() {
         })
         .collect();
     let at = |us: u64| Time::ZERO + Duration::from_micros(us);
-    assert_eq!(launches, [at(100), at(100), at(100), at(100), at(100), at(122), at(142)]);
+    assert_eq!(launches, [at(100), at(100), at(100), at(100), at(100), at(200), at(200)]);
     // Without issue points the same run is the stream's alone: 3 + 7 × 10 + 2.
     let plain = cost(r#"{"cell":"step","points":[[1,10.0],[2,12.0]]}"#, 3.0, 2.0);
     let out =

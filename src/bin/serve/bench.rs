@@ -121,6 +121,9 @@ pub(crate) struct RunResult {
     pub(crate) goodput_rps: Option<f64>,
     pub(crate) error_codes: BTreeMap<&'static str, u64>,
     pub(crate) sender_lag_p99_ms: f64,
+    /// The engine thread's utilization over the run (`StatsSnapshot::engine_busy_ns` over the
+    /// run's wall time), for a run of the real runtime.
+    pub(crate) engine_busy: Option<f64>,
     /// Mean length of token outputs (seq2seq decodes), when the outputs were tokens.
     pub(crate) mean_output_tokens: Option<f64>,
     /// Fields added to this result's JSON object (e.g. `peak_rps`).
@@ -148,6 +151,9 @@ impl RunResult {
             }
             if let Some(g) = self.goodput_rps {
                 obj.insert("goodput_rps".into(), json!(g));
+            }
+            if let Some(b) = self.engine_busy {
+                obj.insert("engine_busy".into(), json!(b));
             }
             if let Some(t) = self.mean_output_tokens {
                 obj.insert("mean_output_tokens".into(), json!(t));
@@ -294,10 +300,11 @@ pub(crate) fn fmt_ratio(r: Option<f64>) -> String {
     }
 }
 
-/// The results table's header; `qos` adds goodput, `tokens` the mean output length.
+/// The results table's header; `qos` adds goodput, `tokens` the mean output length. The last
+/// column, the engine thread's utilization, is `-` where not measured (the simulator, a peer).
 pub(crate) fn print_header(qos: bool, tokens: bool) {
     println!(
-        "{:<w$} {:>11} {:>14} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7}{}{}",
+        "{:<w$} {:>11} {:>14} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7}{}{}  engine",
         "policy",
         "offered_rps",
         "throughput_rps",
@@ -316,8 +323,9 @@ pub(crate) fn print_header(qos: bool, tokens: bool) {
 pub(crate) fn print_row(r: &RunResult) {
     let goodput = r.goodput_rps.map_or(String::new(), |g| format!("  {g:>11.1}"));
     let tokens = r.mean_output_tokens.map_or(String::new(), |t| format!("  {t:>10.2}"));
+    let engine = r.engine_busy.map_or("-".to_string(), |b| format!("{:.0}%", b * 100.0));
     println!(
-        "{:<w$} {:>11.1} {:>14.1} {:>8.3} {:>8.3} {:>8.3} {:>10.2} {:>9} {:>7}{goodput}{tokens}",
+        "{:<w$} {:>11.1} {:>14.1} {:>8.3} {:>8.3} {:>8.3} {:>10.2} {:>9} {:>7}{goodput}{tokens}  {engine:>6}",
         r.policy,
         r.offered_rps,
         r.throughput_rps,
@@ -627,6 +635,7 @@ pub(crate) fn run_arrivals(
     let mut hist = new_hist()?;
     let lag_hist = new_hist()?;
     let before = rt.stats();
+    let run_start = Instant::now();
     let span = offsets.last().copied().unwrap_or_default();
     // After the last arrival, wait this long for the backlog before cancelling what is left.
     let drain_limit = span.max(Duration::from_secs(1));
@@ -722,6 +731,7 @@ pub(crate) fn run_arrivals(
     })?;
     pb.finish_and_clear();
     let after = rt.stats();
+    let run_wall = run_start.elapsed();
     drop(model);
     drop(rt);
 
@@ -753,6 +763,11 @@ pub(crate) fn run_arrivals(
         goodput_rps: work.qos.map(|_| per_s(good)),
         error_codes: codes,
         sender_lag_p99_ms: ms(lag_hist.value_at_quantile(0.99)),
+        engine_busy: {
+            let ns = after.engine_busy_ns.saturating_sub(before.engine_busy_ns);
+            let wall = run_wall.as_nanos() as f64;
+            (wall > 0.0).then(|| ns as f64 / wall)
+        },
         mean_output_tokens: (token_outputs > 0).then(|| tokens_out as f64 / token_outputs as f64),
         extra: serde_json::Map::new(),
     };

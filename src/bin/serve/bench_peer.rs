@@ -525,6 +525,7 @@ fn parse_row(v: &Value) -> Result<RunResult, String> {
         goodput_rps: None,
         error_codes,
         sender_lag_p99_ms: 0.0,
+        engine_busy: None,
         mean_output_tokens: None,
         extra,
     })

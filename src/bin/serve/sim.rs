@@ -71,6 +71,7 @@ pub(crate) fn run_result(label: &str, offered: f64, out: &SimOutcome) -> CliResu
         goodput_rps: None,
         error_codes,
         sender_lag_p99_ms: 0.0,
+        engine_busy: None,
         mean_output_tokens: None,
         extra: serde_json::Map::new(),
     })
