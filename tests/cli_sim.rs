@@ -108,6 +108,34 @@ fn a_profiled_cost_file_drives_the_simulator_and_the_comparison() {
     }
 }
 
+/// The simulator against the real runtime it was checked on: the H200 profile it ships
+/// (`h200-lstm-h1024`, `serve profile --random lstm --hidden 1024 --backend cuda`) replaying the
+/// real runtime's cellular run on that GPU (`costs/h200-bench-lstm-cellular.json`, 1,000 to
+/// 6,930 req/s, where the engine thread's launch calls bound the task rate). Measured when
+/// shipped: throughput within 0.3%, p50 0.79–0.87×, p90 0.88–0.91× of the real run's. Without
+/// the engine thread's issue model (the cost file's `issue` points) the p50 fell to ~0.7×.
+#[test]
+fn the_simulator_tracks_the_h200_runtime_it_was_checked_against() {
+    let bench = concat!(env!("CARGO_MANIFEST_DIR"), "/costs/h200-bench-lstm-cellular.json");
+    let out = ok(&serve(&["sim", "lstm", "--cost", "h200-lstm-h1024", "--compare", bench]));
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("cellular(b=512,k=5)")).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    // `… throughput r|s … p50 s/r X p90 s/r Y ok|MISS`
+    let ratio = |row: &str, what: &str| -> f64 {
+        let at = row.find(what).unwrap_or_else(|| panic!("no `{what}` in {row}")) + what.len();
+        row[at..].split_whitespace().next().unwrap().parse().unwrap()
+    };
+    for row in rows {
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        let (real, sim) = fields[2].split_once('|').unwrap();
+        let (real, sim): (f64, f64) = (real.parse().unwrap(), sim.parse().unwrap());
+        assert!((sim / real - 1.0).abs() < 0.02, "throughput: {row}");
+        let (p50, p90) = (ratio(row, "p50 s/r "), ratio(row, "p90 s/r "));
+        assert!((0.75..=1.25).contains(&p50), "p50: {row}");
+        assert!((0.8..=1.2).contains(&p90), "p90: {row}");
+    }
+}
+
 #[test]
 fn the_shipped_v100_costs_reproduce_the_fixed_length_ideal() {
     let out = ok(&serve(&[

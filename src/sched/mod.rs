@@ -417,7 +417,10 @@ pub trait Policy: Send {
     fn flush(&mut self, now: Time) {
         let _ = now;
     }
-    /// The next decision, if any. Drain until `None` after every event.
+    /// The next decision, if any. Drain until `None` after every event, or after a run of
+    /// events (a driver that handles everything waiting before it decides). A policy may form
+    /// its decisions here rather than in the event handlers: then the events of one run are
+    /// decided on together (the cellular policy does, so the rows they make ready share tasks).
     fn poll(&mut self) -> Option<Decision>;
     /// When the policy next needs a `tick` if no other event arrives first.
     fn next_wakeup(&self) -> Option<Time>;

@@ -147,6 +147,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("e2bird-titanrtx-resnet50", include_str!("../../costs/e2bird-titanrtx-resnet50.json")),
     ("e2bird-titanrtx-resnet101", include_str!("../../costs/e2bird-titanrtx-resnet101.json")),
     ("e2bird-titanrtx-resnet152", include_str!("../../costs/e2bird-titanrtx-resnet152.json")),
+    ("h200-lstm-h1024", include_str!("../../costs/h200-lstm-h1024.json")),
 ];
 
 impl CostFile {

@@ -16,7 +16,10 @@
 //! reported to the core [`CostModel::report_delay`] after its end. A request reaches the core
 //! [`CostModel::arrival_delay`] after its submit, and its caller holds the completion
 //! [`CostModel::delivery_delay`] after the core completes it; latencies run from submit to
-//! delivery, as `serve bench` measures them. Everything between — which
+//! delivery, as `serve bench` measures them. While the engine thread is issuing, what it would
+//! read (an arrival, a task's report, a timer) waits until the issue is over, and everything
+//! due at one instant is handled before the policy is polled: the threaded engine's turn
+//! (engine.rs, "One decision per turn"). Everything between — which
 //! requests wait, which rows form a task, when a request completes — is decided by the same
 //! code as in the runtime, so a simulated run differs from a real one only by the cost model's
 //! error (measured by `serve sim --check`, see the README).
@@ -389,7 +392,7 @@ impl Sim<'_> {
                     self.out.task_rows += rows as u64;
                     // The engine thread issues it once it has issued the tasks decided before.
                     let issuing = self.engine_free.max(now);
-                    self.engine_free = issuing + self.spec.cost.issue_time(cell, batch);
+                    self.engine_free = issuing + self.spec.cost.issue_time(cell, batch) * steps;
                     let issued = self.engine_free;
                     let reaches = issuing + self.spec.cost.launch_delay();
                     if let Some(d) = self.device.as_mut() {

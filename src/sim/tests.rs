@@ -85,6 +85,44 @@ fn tasks_queue_for_the_engine_thread_that_issues_them() {
     assert_eq!(out.latencies[0], Duration::from_micros(3 + 7 * 10 + 2));
 }
 
+/// The engine thread reads what came while it was issuing only once the issue is over, and
+/// decides once for all of it: two requests arriving during one 20 µs issue share the next task
+/// (the threaded engine's "one decision per turn"), where deciding at each arrival would have
+/// launched each alone.
+#[test]
+fn arrivals_during_an_issue_share_the_next_task() {
+    let net = lstm();
+    let c = CostFile::parse(
+        r#"{"name":"t","cells":[{"cell":"step","points":[[1,10.0],[2,12.0]],"issue":[[1,20.0]]}],
+            "launch_us":3.0,"report_us":2.0}"#,
+    )
+    .unwrap();
+    let policy = cellular(8);
+    let reqs = requests(&net, Lengths::Fixed(1), 3, 0).unwrap();
+    let at = [100, 105, 110].map(Duration::from_micros).to_vec();
+    let out = simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(at)).unwrap();
+    assert_eq!(out.completed(), 3);
+    assert_eq!(out.tasks, 2);
+    assert_eq!(out.task_rows, 3);
+    let launches: Vec<(Time, usize)> = out
+        .trace
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Launch { at, rows, .. } => Some((*at, *rows)),
+            _ => None,
+        })
+        .collect();
+    let t = |us: u64| Time::ZERO + Duration::from_micros(us);
+    assert_eq!(launches, [(t(100), 1), (t(120), 2)]);
+    // The first: issued 100–120 and ended with its issue; reported at 122, while the engine
+    // issues the second task (120–140), so read at 140. The others count from their arrivals,
+    // not from when the engine read them: issued 120–140, on the stream 123–135, ended with
+    // the issue at 140, reported at 142.
+    let mut lat = out.latencies.clone();
+    lat.sort();
+    assert_eq!(lat, [32, 37, 40].map(Duration::from_micros));
+}
+
 /// A request pays its arrival and delivery once: the latency runs from submit to the caller
 /// holding the completion, and a closed loop's next request follows that delivery.
 #[test]

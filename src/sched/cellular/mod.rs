@@ -216,6 +216,10 @@ pub struct CellularPolicy {
     /// Numbers each task formation and completion, so per-task counters count a request or a
     /// subgraph once per task however many of its nodes the task holds.
     stamp: u64,
+    /// An event may have made work ready since the last schedule: `poll` schedules first. So
+    /// the events a driver hands over before it polls (those that came while its engine thread
+    /// was busy) are scheduled together, and the nodes they made ready share tasks.
+    unscheduled: bool,
 }
 
 /// Keep a recycled buffer unless enough are kept already.
@@ -258,6 +262,7 @@ impl CellularPolicy {
             spare_ids: Vec::new(),
             spare_nodes: Vec::new(),
             idle_slots: Vec::new(),
+            unscheduled: false,
             unpinned_trees: Vec::new(),
             ready_after: Vec::new(),
             stamp: 0,
@@ -710,7 +715,7 @@ impl Policy for CellularPolicy {
             }
         }
         self.expire(now);
-        self.schedule();
+        self.unscheduled = true;
     }
 
     fn cancel(&mut self, now: Time, id: RequestId) {
@@ -718,7 +723,7 @@ impl Policy for CellularPolicy {
             self.doom(slot, Code::Cancelled);
             // Like every event that may launch: requests past their deadline stop first.
             self.expire(now);
-            self.schedule();
+            self.unscheduled = true;
         }
     }
 
@@ -764,12 +769,12 @@ impl Policy for CellularPolicy {
         recycle(&mut self.spare_rows, rec.trees);
         recycle(&mut self.spare_slots, rec.releases);
         self.tidy_deadlines();
-        self.schedule();
+        self.unscheduled = true;
     }
 
     fn tick(&mut self, now: Time) {
         self.expire(now);
-        self.schedule();
+        self.unscheduled = true;
     }
 
     fn recycle(&mut self, requests: Vec<RequestId>, shape: TaskShape) {
@@ -783,6 +788,10 @@ impl Policy for CellularPolicy {
     }
 
     fn poll(&mut self) -> Option<Decision> {
+        // Algorithm 1 runs at the first poll after events, over everything they made ready.
+        if std::mem::take(&mut self.unscheduled) {
+            self.schedule();
+        }
         self.book.poll()
     }
 

@@ -260,13 +260,37 @@ fn cancel_queued_completes_at_once_and_running_at_the_next_boundary() {
     assert_eq!((p.queued(), p.running()), (0, 0));
 }
 
+/// Algorithm 1 runs when the driver polls, over everything the events since the last poll
+/// made ready: arrivals handed over together share a task, where scheduling at each event
+/// would have launched the first alone.
+#[test]
+fn events_before_a_poll_are_scheduled_together() {
+    let mut p = lstm_policy(8, 1, 5);
+    for id in 1..=3 {
+        arrive(&mut p, us(0), id, chain(1));
+    }
+    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(1, 0), (2, 0), (3, 0)])]);
+    // Polled after each arrival, the same requests go out one task each.
+    let mut q = lstm_policy(8, 1, 5);
+    let mut each = Vec::new();
+    for id in 1..=3 {
+        arrive(&mut q, us(0), id, chain(1));
+        each.extend(drain(&mut q));
+    }
+    assert_eq!(
+        each,
+        vec![launch(0, 0, 0, &[(1, 0)]), launch(1, 0, 0, &[(2, 0)]), launch(2, 0, 0, &[(3, 0)])]
+    );
+}
+
 #[test]
 fn deadlines_expire_in_the_queue_and_at_a_cell_boundary() {
     let mut p = lstm_policy(8, 1, 1);
     p.arrive(us(0), Arrival { model: 0, id: 9, deadline: None, priority: 0, cells: Some(chain(1)) });
+    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(9, 0)])]);
     p.arrive(us(0), Arrival { model: 0, id: 1, deadline: Some(us(50)), priority: 0, cells: Some(chain(4)) });
     p.arrive(us(0), Arrival { model: 0, id: 2, deadline: Some(us(500)), priority: 0, cells: Some(chain(1)) });
-    assert_eq!(drain(&mut p), vec![launch(0, 0, 0, &[(9, 0)])]);
+    assert_eq!(drain(&mut p), vec![], "MaxTasksToSubmit 1: they wait for task 0");
     p.task_done(us(0), &TaskReport::of(0));
     assert_eq!(drain(&mut p), vec![done(9, Code::Ok), launch(1, 0, 0, &[(1, 0), (2, 0)])]);
     p.arrive(us(1), Arrival { model: 0, id: 3, deadline: Some(us(20)), priority: 0, cells: Some(chain(1)) });
