@@ -30,6 +30,26 @@ fn spec<'a>(net: &'a Network, policy: &'a PolicyConfig, cost: &'a dyn CostModel)
     SimSpec { net, policy, cost, admission_bound: 4096, trace: true }
 }
 
+/// A step of 10 µs at one row (12 at two) whose issue takes the engine thread 20 µs.
+fn issuing() -> CostFile {
+    CostFile::parse(
+        r#"{"name":"t","cells":[{"cell":"step","points":[[1,10.0],[2,12.0]],"issue":[[1,20.0]]}],
+            "launch_us":3.0,"report_us":2.0}"#,
+    )
+    .unwrap()
+}
+
+/// The traced launches: when each was decided and its rows.
+fn launches(out: &SimOutcome) -> Vec<(Time, usize)> {
+    out.trace
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Launch { at, rows, .. } => Some((*at, *rows)),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn one_request_takes_its_cells_back_to_back_plus_the_engine_delays() {
     let net = lstm();
@@ -53,11 +73,7 @@ fn one_request_takes_its_cells_back_to_back_plus_the_engine_delays() {
 #[test]
 fn tasks_queue_for_the_engine_thread_that_issues_them() {
     let net = lstm();
-    let c = CostFile::parse(
-        r#"{"name":"t","cells":[{"cell":"step","points":[[1,10.0],[2,12.0]],"issue":[[1,20.0]]}],
-            "launch_us":3.0,"report_us":2.0}"#,
-    )
-    .unwrap();
+    let c = issuing();
     let policy = cellular(8);
     let reqs = requests(&net, Lengths::Fixed(7), 1, 0).unwrap();
     let out =
@@ -68,16 +84,8 @@ fn tasks_queue_for_the_engine_thread_that_issues_them() {
     // 6 and 7 then, issued over 200–220 and 220–240; step 7 ends at 240, reported at 242.
     assert_eq!(out.tasks, 7);
     assert_eq!(out.latencies[0], Duration::from_micros(242 - 100));
-    let launches: Vec<Time> = out
-        .trace
-        .iter()
-        .filter_map(|e| match e {
-            TraceEvent::Launch { at, .. } => Some(*at),
-            _ => None,
-        })
-        .collect();
-    let at = |us: u64| Time::ZERO + Duration::from_micros(us);
-    assert_eq!(launches, [at(100), at(100), at(100), at(100), at(100), at(200), at(200)]);
+    let at = |us: u64| (Time::ZERO + Duration::from_micros(us), 1);
+    assert_eq!(launches(&out), [at(100), at(100), at(100), at(100), at(100), at(200), at(200)]);
     // Without issue points the same run is the stream's alone: 3 + 7 × 10 + 2.
     let plain = cost(r#"{"cell":"step","points":[[1,10.0],[2,12.0]]}"#, 3.0, 2.0);
     let out =
@@ -92,11 +100,7 @@ fn tasks_queue_for_the_engine_thread_that_issues_them() {
 #[test]
 fn arrivals_during_an_issue_share_the_next_task() {
     let net = lstm();
-    let c = CostFile::parse(
-        r#"{"name":"t","cells":[{"cell":"step","points":[[1,10.0],[2,12.0]],"issue":[[1,20.0]]}],
-            "launch_us":3.0,"report_us":2.0}"#,
-    )
-    .unwrap();
+    let c = issuing();
     let policy = cellular(8);
     let reqs = requests(&net, Lengths::Fixed(1), 3, 0).unwrap();
     let at = [100, 105, 110].map(Duration::from_micros).to_vec();
@@ -104,16 +108,8 @@ fn arrivals_during_an_issue_share_the_next_task() {
     assert_eq!(out.completed(), 3);
     assert_eq!(out.tasks, 2);
     assert_eq!(out.task_rows, 3);
-    let launches: Vec<(Time, usize)> = out
-        .trace
-        .iter()
-        .filter_map(|e| match e {
-            TraceEvent::Launch { at, rows, .. } => Some((*at, *rows)),
-            _ => None,
-        })
-        .collect();
     let t = |us: u64| Time::ZERO + Duration::from_micros(us);
-    assert_eq!(launches, [(t(100), 1), (t(120), 2)]);
+    assert_eq!(launches(&out), [(t(100), 1), (t(120), 2)]);
     // The first: issued 100–120 and ended with its issue; reported at 122, while the engine
     // issues the second task (120–140), so read at 140. The others count from their arrivals,
     // not from when the engine read them: issued 120–140, on the stream 123–135, ended with
