@@ -34,6 +34,8 @@
 //! while their streams wait. The stream starts a task `launch_us` after its issue starts (a
 //! GPU runs the first kernels while the host launches the rest) and the task ends no sooner
 //! than its issue. `serve profile` measures it as the time spent in the runner's launch calls.
+//! A task of several steps is one issue: a CPU stream takes the whole task in one launch, and
+//! the CUDA runner runs one step per task (`max_task_steps` 1).
 
 use std::path::Path;
 use std::time::Duration;

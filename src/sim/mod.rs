@@ -392,7 +392,7 @@ impl Sim<'_> {
                     self.out.task_rows += rows as u64;
                     // The engine thread issues it once it has issued the tasks decided before.
                     let issuing = self.engine_free.max(now);
-                    self.engine_free = issuing + self.spec.cost.issue_time(cell, batch) * steps;
+                    self.engine_free = issuing + self.spec.cost.issue_time(cell, batch);
                     let issued = self.engine_free;
                     let reaches = issuing + self.spec.cost.launch_delay();
                     if let Some(d) = self.device.as_mut() {

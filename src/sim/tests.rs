@@ -93,6 +93,26 @@ fn tasks_queue_for_the_engine_thread_that_issues_them() {
     assert_eq!(out.latencies[0], Duration::from_micros(3 + 7 * 10 + 2));
 }
 
+/// A task of several steps is issued once: a CPU stream gets the whole task in one launch (the
+/// CUDA runner runs one step per task), so the engine thread's time does not grow with steps.
+#[test]
+fn a_task_of_several_steps_is_one_issue() {
+    let net = lstm();
+    let c = CostFile::parse(
+        r#"{"name":"t","cells":[{"cell":"step","points":[[1,10.0]],"issue":[[1,20.0]]}],
+            "launch_us":3.0,"report_us":2.0,"max_task_steps":7}"#,
+    )
+    .unwrap();
+    let policy = PolicyConfig::Padding(PaddingConfig { max_batch: 1, ..PaddingConfig::default() });
+    let reqs = requests(&net, Lengths::Fixed(7), 1, 0).unwrap();
+    let out =
+        simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(vec![Duration::from_micros(100)])).unwrap();
+    // One task of 7 steps: on the stream from 103 for 70 µs (its 20 µs issue long over), reported
+    // 2 µs after.
+    assert_eq!(out.tasks, 1);
+    assert_eq!(out.latencies, [Duration::from_micros(3 + 7 * 10 + 2)]);
+}
+
 /// The engine thread reads what came while it was issuing only once the issue is over, and
 /// decides once for all of it: two requests arriving during one 20 µs issue share the next task
 /// (the threaded engine's "one decision per turn"), where deciding at each arrival would have
