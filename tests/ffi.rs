@@ -153,6 +153,8 @@ fn submit_errors_are_counted_and_produce_no_completion() {
     assert_eq!(serve_stats_completed(stats, Code::Ok as u32), 1);
     assert_eq!(serve_stats_completed(stats, 999), 0);
     assert_eq!(serve_stats_in_flight(stats), 0);
+    assert!(serve_stats_engine_busy_ns(stats) > 0, "the engine thread handled the request");
+    assert_eq!(serve_stats_engine_busy_ns(null()), 0, "a NULL handle reads 0");
     serve_stats_free(stats);
 
     // The same counts in the metrics, labelled with the model's name (its directory's) and code.

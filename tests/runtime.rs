@@ -35,6 +35,7 @@ fn f32_out(r: serve::Result<Output>) -> Vec<f32> {
 #[test]
 fn mlp_outputs_match_reference_under_batching() {
     let (dir, mlp) = mlp_dir("e2e", &[16, 64, 32, 8], 1);
+    let started = Instant::now();
     let rt = runtime();
     for pad in [false, true] {
         let mut opts = timeout_opts(8, Duration::from_micros(200), 2);
@@ -54,6 +55,17 @@ fn mlp_outputs_match_reference_under_batching() {
     assert_eq!(s.completed(Code::Ok), 200);
     assert!(s.tasks_launched < 200, "requests were batched: {} tasks", s.tasks_launched);
     assert_eq!(s.batched_requests, 200);
+    // The engine thread worked (it handled 200 arrivals), never longer than the runtime has
+    // existed, and is not counted busy while parked: after 80 ms with nothing to do, the turn
+    // that serves one more request adds its own time, not the park's.
+    let busy = Duration::from_nanos(s.engine_busy_ns);
+    assert!(!busy.is_zero() && busy <= started.elapsed(), "engine busy {busy:?}");
+    let model = rt.load_model(&dir, timeout_opts(8, Duration::ZERO, 1)).unwrap();
+    let before = rt.stats().engine_busy_ns;
+    std::thread::sleep(Duration::from_millis(80));
+    model.submit(Input::F32(input(16, 0)), SubmitOptions::default()).unwrap().wait().unwrap();
+    let grew = Duration::from_nanos(rt.stats().engine_busy_ns - before);
+    assert!(grew < Duration::from_millis(40), "busy {grew:?} for one request after 80 ms parked");
 }
 
 #[test]

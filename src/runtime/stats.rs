@@ -18,7 +18,6 @@ pub(crate) struct Stats {
     ring_copies: AtomicU64,
     gather_copies: AtomicU64,
     engine_busy_ns: AtomicU64,
-    engine_turns: AtomicU64,
 }
 
 /// A snapshot of a runtime's counters.
@@ -52,11 +51,10 @@ pub struct StatsSnapshot {
     pub gather_copies: u64,
     /// Time the engine thread spent working (handling events, deciding, launching — on the CUDA
     /// backend a launch is the thread's own launch calls — and delivering completions), in
-    /// nanoseconds, over `engine_turns` turns; the rest of the time it was parked. Its growth
-    /// over a wall-clock interval is the thread's utilization: near 1, the engine thread is
-    /// the bottleneck (ARCHITECTURE.md §3.3).
+    /// nanoseconds; the rest of the time it was parked. Its growth over a wall-clock interval
+    /// is the thread's utilization: near 1, the engine thread is the bottleneck
+    /// (ARCHITECTURE.md §3.3).
     pub engine_busy_ns: u64,
-    pub engine_turns: u64,
 }
 
 impl StatsSnapshot {
@@ -107,7 +105,6 @@ impl Stats {
     }
     pub(crate) fn record_turn(&self, busy: std::time::Duration) {
         self.engine_busy_ns.fetch_add(u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX), Relaxed);
-        self.engine_turns.fetch_add(1, Relaxed);
     }
     pub(crate) fn set_gauges(&self, queued: usize, running: usize) {
         self.queued.store(queued as u64, Relaxed);
@@ -127,7 +124,6 @@ impl Stats {
             ring_copies: self.ring_copies.load(Relaxed),
             gather_copies: self.gather_copies.load(Relaxed),
             engine_busy_ns: self.engine_busy_ns.load(Relaxed),
-            engine_turns: self.engine_turns.load(Relaxed),
         }
     }
 }
