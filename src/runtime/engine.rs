@@ -41,7 +41,7 @@ use crate::model::{Input, Network, Output};
 use crate::runtime::admission::Admission;
 use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_path_row, push_row};
 use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
-use crate::runtime::inbox::ArrivalRing;
+use crate::runtime::inbox::{ArrivalRing, ControlBudget, Event};
 use crate::runtime::metrics::ModelMetrics;
 use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
@@ -109,78 +109,6 @@ pub(crate) struct EngineModel {
 
 /// The most cancels and flushes callers may have in the event channel at once.
 ///
-/// Every other event's count is bounded by construction — arrivals (which mostly come through
-/// their model's ring, inbox.rs) by the models' admission bounds, task reports by the tasks in
-/// flight (the policies' lookahead × workers), model adds and removes by the model slots — but a
-/// caller may cancel or flush in a loop faster than the engine drains them. Each such message takes a place of this budget when sent and gives it
-/// back when handled, so the channel's depth is bounded (DESIGN principle 4) while cancels keep
-/// their order with the arrivals before them (the engine takes the rings' arrivals before it
-/// handles a cancel, inbox.rs; a mailbox of pending cancels would lose a cancel that overtook
-/// its own arrival).
-pub(crate) const MAX_PENDING_CONTROL: usize = 1 << 16;
-
-/// Places for cancel and flush messages in the event channel ([`MAX_PENDING_CONTROL`]).
-#[derive(Debug, Default)]
-pub(crate) struct ControlBudget(std::sync::atomic::AtomicUsize);
-
-impl ControlBudget {
-    /// Take a place for one message; `false` when every place is taken.
-    pub(crate) fn take(&self) -> bool {
-        use std::sync::atomic::Ordering::AcqRel;
-        if self.0.fetch_add(1, AcqRel) >= MAX_PENDING_CONTROL {
-            self.0.fetch_sub(1, AcqRel);
-            return false;
-        }
-        true
-    }
-
-    /// A message was handled (or never sent): its place is free.
-    pub(crate) fn give_back(&self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
-}
-
-pub(crate) enum Event {
-    AddModel(usize, Box<EngineModel>),
-    /// The model's last handle was dropped: release it once its requests have completed.
-    RemoveModel(usize),
-    Arrive(Box<Pending>),
-    Cancel(RequestId),
-    /// A launched task is over: its count was seen, or (with `failure`) the poller gave up on
-    /// it — its stream failed or stalled — and its requests complete with that error.
-    TaskDone {
-        model: usize,
-        task: TaskId,
-        failure: Option<Error>,
-    },
-    /// The stall watchdog gave up on the worker's stream (poller.rs): launch nothing more on it
-    /// until it recovers; its tasks complete `BACKEND` at once.
-    WorkerStalled {
-        model: usize,
-        worker: usize,
-    },
-    /// A stalled worker's stream completed its abandoned tasks after all: usable again.
-    WorkerRecovered {
-        model: usize,
-        worker: usize,
-    },
-    /// The model's caller expects no more requests soon ([`Policy::flush`]).
-    Flush(usize),
-    /// Stop accepting; finish what is pending until `drain_until`, then cancel the rest and exit.
-    Shutdown {
-        drain_until: Instant,
-    },
-}
-
-impl Event {
-    /// Whether the arrivals already written into the rings are taken before this event is
-    /// handled: a caller's cancel, flush, model drop or shutdown follows its submits (inbox.rs).
-    /// The poller's reports concern tasks, which arrivals do not change.
-    fn follows_arrivals(&self) -> bool {
-        !matches!(self, Event::TaskDone { .. } | Event::WorkerStalled { .. } | Event::WorkerRecovered { .. })
-    }
-}
-
 /// Events handled back to back before timers are checked and completions delivered.
 const MAX_EVENTS_PER_TURN: usize = 256;
 
@@ -874,22 +802,6 @@ impl Drop for Engine {
     /// complete `Cancelled` as their replies drop with the core.
     fn drop(&mut self) {
         flush(&mut self.outbox);
-    }
-}
-
-#[cfg(test)]
-mod control_tests {
-    use super::*;
-
-    #[test]
-    fn the_control_budget_refuses_past_its_bound_and_frees_places_as_they_are_handled() {
-        let b = ControlBudget::default();
-        assert!((0..MAX_PENDING_CONTROL).all(|_| b.take()));
-        assert!(!b.take(), "every place is taken");
-        assert!(!b.take(), "a refused take holds no place");
-        b.give_back();
-        assert!(b.take());
-        assert!(!b.take());
     }
 }
 

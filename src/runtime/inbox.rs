@@ -20,17 +20,92 @@
 //! **Order.** A request's arrival is in its ring before `submit` returns its id, so a cancel of
 //! that id, or a flush or shutdown the caller sends after submitting, is sent after it. The
 //! engine takes every arrival already in the rings before it handles such an event
-//! ([`Event::follows_arrivals`](super::engine::Event)), so a cancel never overtakes its own
+//! ([`Event::follows_arrivals`]), so a cancel never overtakes its own
 //! arrival. Arrivals of one model are taken in the order they were written.
 
 use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::sync::mpsc::{SendError, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
+use std::time::Instant;
 
 use crossbeam_queue::ArrayQueue;
 
-use super::engine::{Event, Pending};
+use super::engine::{EngineModel, Pending};
+use crate::error::Error;
+use crate::sched::{RequestId, TaskId};
+
+/// Every other event's count is bounded by construction — arrivals (which mostly come through
+/// their model's ring, below) by the models' admission bounds, task reports by the tasks in
+/// flight (the policies' lookahead × workers), model adds and removes by the model slots — but a
+/// caller may cancel or flush in a loop faster than the engine drains them. Each such message takes a place of this budget when sent and gives it
+/// back when handled, so the channel's depth is bounded (DESIGN principle 4) while cancels keep
+/// their order with the arrivals before them (the engine takes the rings' arrivals before it
+/// handles a cancel, **Order** above; a mailbox of pending cancels would lose a cancel that overtook
+/// its own arrival).
+pub(crate) const MAX_PENDING_CONTROL: usize = 1 << 16;
+
+/// Places for cancel and flush messages in the event channel ([`MAX_PENDING_CONTROL`]).
+#[derive(Debug, Default)]
+pub(crate) struct ControlBudget(std::sync::atomic::AtomicUsize);
+
+impl ControlBudget {
+    /// Take a place for one message; `false` when every place is taken.
+    pub(crate) fn take(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        if self.0.fetch_add(1, AcqRel) >= MAX_PENDING_CONTROL {
+            self.0.fetch_sub(1, AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// A message was handled (or never sent): its place is free.
+    pub(crate) fn give_back(&self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+pub(crate) enum Event {
+    AddModel(usize, Box<EngineModel>),
+    /// The model's last handle was dropped: release it once its requests have completed.
+    RemoveModel(usize),
+    Arrive(Box<Pending>),
+    Cancel(RequestId),
+    /// A launched task is over: its count was seen, or (with `failure`) the poller gave up on
+    /// it — its stream failed or stalled — and its requests complete with that error.
+    TaskDone {
+        model: usize,
+        task: TaskId,
+        failure: Option<Error>,
+    },
+    /// The stall watchdog gave up on the worker's stream (poller.rs): launch nothing more on it
+    /// until it recovers; its tasks complete `BACKEND` at once.
+    WorkerStalled {
+        model: usize,
+        worker: usize,
+    },
+    /// A stalled worker's stream completed its abandoned tasks after all: usable again.
+    WorkerRecovered {
+        model: usize,
+        worker: usize,
+    },
+    /// The model's caller expects no more requests soon ([`Policy::flush`]).
+    Flush(usize),
+    /// Stop accepting; finish what is pending until `drain_until`, then cancel the rest and exit.
+    Shutdown {
+        drain_until: Instant,
+    },
+}
+
+impl Event {
+    /// Whether the arrivals already written into the rings are taken before this event is
+    /// handled: a caller's cancel, flush, model drop or shutdown follows its submits (inbox.rs).
+    /// The poller's reports concern tasks, which arrivals do not change.
+    pub(crate) fn follows_arrivals(&self) -> bool {
+        !matches!(self, Event::TaskDone { .. } | Event::WorkerStalled { .. } | Event::WorkerRecovered { .. })
+    }
+}
 
 /// The arrivals of one model, from the submitting threads to the engine: a ring of boxed
 /// records, allocated whole when the model is added. Many writers, one reader (the engine).
@@ -290,5 +365,21 @@ mod tests {
             let ids: Vec<u64> = arrivals.iter().filter(|a| a.0 == w).map(|a| a.1).collect();
             assert_eq!(ids, (0..EACH).collect::<Vec<_>>(), "writer {w}'s arrivals in its order");
         }
+    }
+}
+
+#[cfg(test)]
+mod control_tests {
+    use super::*;
+
+    #[test]
+    fn the_control_budget_refuses_past_its_bound_and_frees_places_as_they_are_handled() {
+        let b = ControlBudget::default();
+        assert!((0..MAX_PENDING_CONTROL).all(|_| b.take()));
+        assert!(!b.take(), "every place is taken");
+        assert!(!b.take(), "a refused take holds no place");
+        b.give_back();
+        assert!(b.take());
+        assert!(!b.take());
     }
 }

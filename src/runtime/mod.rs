@@ -41,8 +41,9 @@ use crate::sched::elastic::{ElasticConfig, ElasticPolicy};
 use crate::sched::{Policy, RequestId};
 
 use admission::Admission;
-use engine::{ControlBudget, Engine, EngineModel, Event, MAX_PENDING_CONTROL, ModelIndices, Pending};
+use engine::{Engine, EngineModel, ModelIndices, Pending};
 use inbox::{ArrivalRing, EventSender};
+use inbox::{ControlBudget, Event, MAX_PENDING_CONTROL};
 pub use metrics::METRICS;
 use metrics::{Metrics, ModelMetrics};
 pub use queue::{Completion, CompletionQueue};
@@ -404,7 +405,7 @@ struct Shared {
     /// The engine's model slots in use and free (a released model's index is reused).
     model_indices: Arc<Mutex<ModelIndices>>,
     poller_thread: std::thread::Thread,
-    /// Bounds the cancels and flushes in the event channel (engine.rs, `MAX_PENDING_CONTROL`).
+    /// Bounds the cancels and flushes in the event channel (inbox.rs, `MAX_PENDING_CONTROL`).
     control: Arc<ControlBudget>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }

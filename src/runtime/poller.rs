@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::CompletionSignal;
 use crate::error::{Code, Error};
-use crate::runtime::engine::Event;
+use crate::runtime::inbox::Event;
 use crate::runtime::inbox::EventSender;
 use crate::sched::TaskId;
 
