@@ -70,10 +70,10 @@ fn setup() -> Option<Gpu> {
         return skip(&format!("no CUDA device ({})", probe.summary()));
     }
     let dev = CudaDevice::open(0).unwrap_or_else(|e| panic!("cannot open CUDA device 0: {e}"));
-    if matches!(kernels::image(), KernelImage::Sources(_)) {
-        if let Err(e) = libs::nvrtc() {
-            return skip(&format!("no fatbin in this build and no NVRTC ({})", e.message()));
-        }
+    if matches!(kernels::image(), KernelImage::Sources(_))
+        && let Err(e) = libs::nvrtc()
+    {
+        return skip(&format!("no fatbin in this build and no NVRTC ({})", e.message()));
     }
     if let Err(e) = libs::cublas() {
         return skip(&format!("no cuBLAS ({})", e.message()));

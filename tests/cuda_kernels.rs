@@ -118,11 +118,11 @@ fn check_lstm(g: &mut Dev, requests: usize, e: usize, h: usize, steps: usize, se
     for step in 0..steps {
         if step == 2 {
             for (i, slot) in slot_of.iter_mut().enumerate() {
-                if i % 4 == 1 {
-                    if let Some(s) = spare.next() {
-                        *slot = s;
-                        started[i] = false;
-                    }
+                if i % 4 == 1
+                    && let Some(s) = spare.next()
+                {
+                    *slot = s;
+                    started[i] = false;
                 }
             }
         }

@@ -55,7 +55,7 @@ fn check_embedding(
 ) {
     let batch = ids.len();
     // The vectorised path needs out_ld % 4 == 0; the scalar one is exercised by odd widths.
-    let out_ld = if width % 4 == 0 { width + 4 } else { width + 3 };
+    let out_ld = if width.is_multiple_of(4) { width + 4 } else { width + 3 };
     let out = g.upload(&vec![UNWRITTEN; batch * out_ld]).unwrap();
     let errors = g.upload(&vec![0xDEAD_BEEFu32; batch]).unwrap();
     let ids_d = g.upload(ids).unwrap();

@@ -57,7 +57,7 @@ impl BertConfig {
         check_size(toml_path, "seq_len", self.seq_len, MAX_SEQ_LEN)?;
         let bad =
             |key: &str, why: String| Err(Error::format(format!("{}: {key}: {why}", toml_path.display())));
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return bad(
                 "heads",
                 format!("hidden = {} is not a multiple of heads = {}", self.hidden, self.heads),
@@ -171,7 +171,7 @@ impl Bert {
 
     pub fn check(&self) -> Result<()> {
         let c = &self.cfg;
-        if c.hidden % c.heads != 0 {
+        if !c.hidden.is_multiple_of(c.heads) {
             return Err(Error::invalid(format!(
                 "hidden {} is not a multiple of heads {}",
                 c.hidden, c.heads

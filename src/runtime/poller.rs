@@ -86,7 +86,7 @@ enum Wait {
 /// in flight on streams that do not notify.
 fn wait_after(idle: u32, quiet: usize) -> Wait {
     if quiet > 0 {
-        if idle % YIELD_EVERY == 0 { Wait::Yield } else { Wait::Spin }
+        if idle.is_multiple_of(YIELD_EVERY) { Wait::Yield } else { Wait::Spin }
     } else if idle <= SPINS {
         Wait::Spin
     } else {
@@ -195,7 +195,7 @@ fn run_with(
             }
         }
         passes = passes.wrapping_add(1);
-        let now = if passes % SPINS == 0 || in_flight == 0 { Some(Instant::now()) } else { None };
+        let now = if passes.is_multiple_of(SPINS) || in_flight == 0 { Some(Instant::now()) } else { None };
         if let Some(now) = now.filter(|&n| n >= next_health) {
             next_health = now + HEALTH_EVERY;
             let pass = Health { engine: &engine, stall_timeout, now };

@@ -137,7 +137,7 @@ impl LstmLayer {
     ) -> Result<LstmLayer> {
         let bias = checked_bias(w_ih, w_hh, b_ih, b_hh, input, hidden);
         assert!(
-            input > 0 && embedding.len() % input == 0,
+            input > 0 && embedding.len().is_multiple_of(input),
             "embedding of {} values, rows of {input}",
             embedding.len()
         );
@@ -434,7 +434,11 @@ impl Projection {
     pub fn from_torch(weight: &[f32], bias: &[f32]) -> Projection {
         let vocab = bias.len();
         assert!(vocab > 0 && vocab < NO_TOKEN as usize, "projection vocabulary of {vocab} tokens");
-        assert!(weight.len() % vocab == 0, "projection weight of {} values for {vocab} tokens", weight.len());
+        assert!(
+            weight.len().is_multiple_of(vocab),
+            "projection weight of {} values for {vocab} tokens",
+            weight.len()
+        );
         let hidden = weight.len() / vocab;
         Projection { w: PackedWeight::from_torch(weight, vocab, hidden), b: bias.to_vec() }
     }

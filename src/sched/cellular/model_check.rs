@@ -215,10 +215,10 @@ impl Harness {
                             "task not full but a node is left: pinned {pinned:?} unpinned {unpinned:?}"
                         ));
                     }
-                } else if let Some(pm) = min_unp {
-                    if let Some((x, p)) = unpinned.iter().find(|(x, p)| **p > pm && !rowset.contains(x)) {
-                        self.fail(format!("unpinned {x:?} prio {p} left behind for prio {pm}"));
-                    }
+                } else if let Some(pm) = min_unp
+                    && let Some((x, p)) = unpinned.iter().find(|(x, p)| **p > pm && !rowset.contains(x))
+                {
+                    self.fail(format!("unpinned {x:?} prio {p} left behind for prio {pm}"));
                 }
                 // register
                 for &(id, v) in &rows {
