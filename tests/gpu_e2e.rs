@@ -2,8 +2,9 @@
 //! batching (one and two workers) and the padding baseline against the committed fixtures and
 //! against the CPU backend on larger random models, mlp against the CPU backend, cancel and
 //! deadline at cell boundaries, many tasks in flight on several workers completing exactly
-//! once, and models freed and loaded again while the runtime serves (a CUDA runner dropped
-//! mid-run, its index reused).
+//! once, models freed and loaded again while the runtime serves (a CUDA runner dropped
+//! mid-run, its index reused), and elastic batching's device ring (each input copied to the
+//! device once, at arrival; a batch read there in place).
 //!
 //! With no CUDA device every test prints `skipped: no CUDA device` and passes, unless
 //! `SERVE_REQUIRE_GPU=1`, which makes a missing device (or a CUDA backend that cannot start) a
@@ -26,8 +27,8 @@ use serve::model::bert::{Bert, BertConfig};
 use serve::model::resnet::{ResNet, ResNetConfig};
 use serve::model::{Lstm, Mlp, Network, Seq2Seq, TreeLstm};
 use serve::{
-    BackendChoice, BackendKind, CellularOptions, Input, ModelOptions, Output, PolicyConfig, Runtime,
-    SubmitOptions, TimeoutConfig,
+    BackendChoice, BackendKind, CellularOptions, Code, ElasticConfig, Input, ModelOptions, Output,
+    PolicyConfig, Runtime, SubmitOptions, TimeoutConfig,
 };
 
 /// A runtime on the CUDA backend, or `None` after printing why the test is skipped.
@@ -381,5 +382,122 @@ fn layer_ranges_on_cuda_match_the_cpu_backend() {
             let end = run_task(&*g, rows, Work::Layers { first: split, last: layers, input: mid });
             assert_close(&end, &whole, 1e-5, &format!("{kind}: split at layer {split}"));
         }
+    }
+}
+
+/// A small resnet and an mlp, the two models whose CUDA runners read a ring run on the device.
+fn ring_models() -> Vec<Arc<Network>> {
+    let resnet = Network::ResNet(ResNet::random(
+        &ResNetConfig {
+            name: None,
+            block: "basic".into(),
+            layers: [1, 1, 1, 1],
+            num_classes: 10,
+            image: [3, 20, 18],
+            width: Some(8),
+        },
+        11,
+    ));
+    vec![Arc::new(resnet), Arc::new(Network::Mlp(Mlp::random(&[48, 96, 10], 12)))]
+}
+
+/// E²bird's memory pool on CUDA, through a runner: the ring of a resnet or an mlp is mirrored on
+/// the device, each write one copy there; a task whose batch is a run of slots reads them on the
+/// device (no staging, no upload at launch) and computes what the same rows compute uploaded;
+/// slots written again (after the task that read them ended) carry the new rows. A bert reads its
+/// tokens on the host, so its ring stays on the heap.
+#[test]
+fn ring_runs_are_read_in_the_device_ring() {
+    if cuda_runtime().is_none() {
+        return;
+    }
+    use serve::backend::cuda::ring::DeviceRing;
+    let gpu = serve::backend::create(BackendChoice::Cuda, 1).unwrap();
+    for net in ring_models() {
+        let kind = net.kind();
+        let len = net.dense_lens().0;
+        let runner = gpu.prepare(net.clone(), RunnerShape::fixed(1, 4), Arc::new(|| {})).unwrap();
+        let ring = Arc::new(runner.input_ring(8, len).unwrap());
+        let device = DeviceRing::of(&ring).unwrap_or_else(|| panic!("{kind}: the ring is not on the device"));
+        for round in 0..3u64 {
+            let rows: Vec<f32> = serve::workload::values(8 * len, 100 + round, 1.0);
+            for s in 0..8 {
+                // SAFETY: no task reading the ring is in flight (run_task waits for each).
+                unsafe { ring.write(s, |row| row.copy_from_slice(&rows[s * len..(s + 1) * len])) }.unwrap();
+            }
+            for (first, n) in [(0, 4), (4, 3), (7, 1)] {
+                let got = run_task(&*runner, n, Work::Ring(ring.rows(first, n).unwrap()));
+                let want = run_task(&*runner, n, Work::Dense(rows[first * len..(first + n) * len].to_vec()));
+                assert_close(
+                    &got,
+                    &want,
+                    1e-6,
+                    &format!("{kind} round {round}: slots {first}..+{n} on the device"),
+                );
+            }
+        }
+        assert_eq!(device.copies(), 3 * 8, "{kind}: one copy per write");
+        assert_eq!(device.device_reads(), 3 * 3, "{kind}: every ring task read its run on the device");
+    }
+    let bert = Arc::new(Network::Bert(Bert::random(
+        &BertConfig {
+            name: None,
+            vocab: 50,
+            hidden: 16,
+            layers: 1,
+            heads: 2,
+            intermediate: 32,
+            max_position: 8,
+            type_vocab: 2,
+            seq_len: 8,
+            layer_norm_eps: None,
+        },
+        13,
+    )));
+    let runner = gpu.prepare(bert.clone(), RunnerShape::fixed(1, 4), Arc::new(|| {})).unwrap();
+    let ring = runner.input_ring(8, bert.dense_lens().0).unwrap();
+    assert!(DeviceRing::of(&ring).is_none() && ring.mirror().is_none(), "a bert ring stays on the host");
+}
+
+/// Elastic batching (N-Ebird) on CUDA serves a resnet and an mlp as the CPU backend does, with
+/// one input copy per request (into the device ring, at arrival) and no batch gathered.
+#[test]
+fn elastic_batching_on_cuda_copies_each_input_once_and_matches_the_cpu() {
+    let Some(gpu) = cuda_runtime() else { return };
+    let cpu = cpu_runtime();
+    let n = 100;
+    for (i, net) in ring_models().into_iter().enumerate() {
+        let kind = net.kind();
+        let len = net.dense_lens().0;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|k| common::input(len, k)).collect();
+        let serve_all = |rt: &Runtime, name: String, opts: ModelOptions| -> Vec<Vec<f32>> {
+            let m = rt.add_network(net.clone(), name, opts).unwrap();
+            let tickets: Vec<_> = inputs
+                .iter()
+                .map(|x| m.submit(Input::F32(x.clone()), SubmitOptions::default()).unwrap())
+                .collect();
+            tickets
+                .into_iter()
+                .map(|t| match t.wait() {
+                    Ok(Output::F32(y)) => y,
+                    other => panic!("{kind}: {other:?}"),
+                })
+                .collect()
+        };
+        let before = gpu.stats();
+        let elastic =
+            ModelOptions { policy: PolicyConfig::Elastic(ElasticConfig::default()), ..Default::default() };
+        let got = serve_all(&gpu, format!("ring-{i}"), elastic);
+        let want = serve_all(&cpu, format!("ring-{i}"), ModelOptions::default());
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close(g, w, 1e-4, &format!("{kind} request {k}: elastic on CUDA vs the CPU"));
+        }
+        let s = gpu.stats();
+        assert_eq!(s.completed(Code::Ok) - before.completed(Code::Ok), n);
+        assert_eq!(
+            (s.ring_copies - before.ring_copies, s.gather_copies - before.gather_copies),
+            (n, 0),
+            "{kind}: one copy per request into the device ring, none at launch"
+        );
     }
 }

@@ -199,6 +199,10 @@ impl Runner for FaultyRunner {
         self.inner.io_lens()
     }
 
+    fn input_ring(&self, slots: usize, row_len: usize) -> Result<super::ring::InputRing> {
+        self.inner.input_ring(slots, row_len)
+    }
+
     fn state_slots(&self) -> usize {
         self.inner.state_slots()
     }

@@ -274,6 +274,14 @@ pub trait Runner: Send + Sync {
     /// State slots of the model's arena (recurrent models; 0 for fixed-shape ones). The engine
     /// hands them out to requests and names them in [`CellRow`]s.
     fn state_slots(&self) -> usize;
+    /// The model's input ring for elastic batching: `slots` rows of `row_len` values, each
+    /// written once at its request's arrival and read in place by the task whose run covers it
+    /// ([`Work::Ring`]). The default keeps the rows on the heap, where a CPU stream reads them;
+    /// the CUDA runner of a model that reads its input on the device mirrors them into device
+    /// memory, one copy per write, so that a task reads its run there (`cuda/ring.rs`).
+    fn input_ring(&self, slots: usize, row_len: usize) -> Result<ring::InputRing> {
+        ring::InputRing::new(slots, row_len)
+    }
 }
 
 /// A backend that can prepare models.

@@ -29,7 +29,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::backend::fault::{FaultPlan, FaultyBackend};
-use crate::backend::ring::InputRing;
 use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify, RunnerShape};
 use crate::error::{Code, Error, Result};
 use crate::model::{self, Input, ModelKind, Network};
@@ -558,7 +557,7 @@ impl Runtime {
         let runner = self.shared.backend.prepare(net.clone(), shape, notify)?;
         let ring = match policy.input_ring_slots() {
             0 => None,
-            slots => Some(Arc::new(InputRing::new(slots, net.dense_lens().0)?)),
+            slots => Some(Arc::new(runner.input_ring(slots, net.dense_lens().0)?)),
         };
         let state_slots = runner.state_slots();
         let recycle =

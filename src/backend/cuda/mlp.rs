@@ -122,7 +122,14 @@ impl DeviceModel for Dense {
         })
     }
 
-    fn stage(&self, work: &Work, _plan: &Plan, st: &mut Staging, _scratch: &mut Vec<u32>) -> Result<()> {
+    fn reads_ring_on_device(&self) -> bool {
+        true
+    }
+
+    fn stage(&self, work: &Work, plan: &Plan, st: &mut Staging, _scratch: &mut Vec<u32>) -> Result<()> {
+        if plan.ring_input.is_some() {
+            return Ok(()); // a device ring's run: copied on the device (`enqueue`)
+        }
         let Some(x) = work.dense_rows() else {
             return Err(Error::internal("an mlp task must carry dense rows"));
         };
@@ -131,12 +138,22 @@ impl DeviceModel for Dense {
 
     fn enqueue(&self, ctx: Ctx<'_>, bufs: &mut Buffers, plan: &Plan, st: &Staging) -> Result<()> {
         let Buffers { input, a, b } = bufs;
-        // SAFETY: the staging's input values are written only by `stage` (before this) and read
-        // only by this copy; the staging belongs to the task until its counter is seen, so it stays
-        // allocated and unmodified until the copy has run. `needs.dense` = rows × input ≤ its
-        // length and ≤ `input` (B × input).
-        unsafe { ctx.stream.upload_into_async(input, 0, host_slice(&st.dense, plan.needs.dense)) }?;
         let rows = plan.padded;
+        match plan.ring_input {
+            // The task's run of the device ring, into the worker's input buffer on the device
+            // (the GEMM reads a whole buffer; the copy is at device-memory speed).
+            // SAFETY: the run holds rows × input values of the ring's device memory (this
+            // context), not rewritten before the task's counter is seen (ring.rs); `input` holds
+            // B × input ≥ that (checked by the copy).
+            Some(p) => unsafe { ctx.stream.copy_from_address(p, input, rows * self.input_len) }?,
+            // SAFETY: the staging's input values are written only by `stage` (before this) and
+            // read only by this copy; the staging belongs to the task until its counter is seen,
+            // so it stays allocated and unmodified until the copy has run. `needs.dense` = rows
+            // × input ≤ its length and ≤ `input` (B × input).
+            None => {
+                unsafe { ctx.stream.upload_into_async(input, 0, host_slice(&st.dense, plan.needs.dense)) }?
+            }
+        }
         let last = self.layers.len() - 1;
         for (k, l) in self.layers.iter().enumerate() {
             let (src, dst): (&DeviceBuffer<f32>, &mut DeviceBuffer<f32>) = if k == 0 {

@@ -26,8 +26,9 @@
 //!
 //! On top of them, the backend itself: [`CudaBackend`] (`backend.rs`) prepares models as CUDA
 //! runners (`runner.rs`: staging, launch, signal, collect; `recurrent.rs`: lstm, seq2seq and
-//! treelstm cell tasks; `mlp.rs`: dense layers). [`step_bench`] is one LSTM layer step with its
-//! own buffers, for the step benchmarks.
+//! treelstm cell tasks; `mlp.rs`: dense layers; `resnet.rs`, `bert.rs`: the layer models), and
+//! [`ring`]: elastic batching's input ring mirrored in device memory, one copy per request at
+//! arrival. [`step_bench`] is one LSTM layer step with its own buffers, for the step benchmarks.
 
 pub mod abi;
 pub mod kernels;
@@ -42,6 +43,7 @@ mod mlp;
 pub mod module;
 mod recurrent;
 mod resnet;
+pub mod ring;
 mod runner;
 pub mod signal;
 pub mod step_bench;

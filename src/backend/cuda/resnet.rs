@@ -157,6 +157,10 @@ impl DeviceModel for ResNetGpu {
         Needs { desc: 0, dense: self.shapes[0].values(), out: self.classes, words: 0 }
     }
 
+    fn reads_ring_on_device(&self) -> bool {
+        true
+    }
+
     fn buffers(&self, device: &CudaDevice, _stream: &Stream) -> Result<ResNetBuffers> {
         let act = crate::backend::size(self.max_batch, self.act, "resnet activation buffers")?;
         let col = crate::backend::size(self.max_batch, self.col.max(1), "resnet im2col buffer")?;
@@ -190,9 +194,11 @@ impl DeviceModel for ResNetGpu {
         })
     }
 
-    fn stage(&self, work: &Work, _plan: &Plan, st: &mut Staging, _scratch: &mut Vec<u32>) -> Result<()> {
+    fn stage(&self, work: &Work, plan: &Plan, st: &mut Staging, _scratch: &mut Vec<u32>) -> Result<()> {
         match work {
             Work::Dense(x) | Work::Layers { input: x, .. } => st.dense.write(0, x),
+            // A device ring's run is read on the device (`enqueue`): nothing to stage.
+            Work::Ring(_) if plan.ring_input.is_some() => Ok(()),
             Work::Ring(r) => st.dense.write(0, r.values()),
             Work::Cells(_) => Err(Error::internal("a resnet task must carry rows, not cells")),
         }
@@ -202,10 +208,20 @@ impl DeviceModel for ResNetGpu {
         let ResNetBuffers { a, b, t1, t2, sc, col } = bufs;
         let n = plan.padded;
         let (first, last) = plan.layers;
-        // SAFETY: the staging's input values are written only by `stage` and read only by this
-        // copy; the staging belongs to the task until its counter is seen (runner.rs). needs.dense
-        // = n · values entering `first` ≤ the buffer (max_batch × the largest activation).
-        unsafe { ctx.stream.upload_into_async(a, 0, host_slice(&st.dense, plan.needs.dense)) }?;
+        // The input: the task's run of the device ring, read in place by the first kernel (the
+        // runner queued the wait for its copies), or uploaded from the staging into `a`.
+        let ring_input = match (plan.ring_input, first) {
+            (Some(p), 0) => Some(p),
+            (Some(_), _) => return Err(Error::internal("a ring run enters a resnet at its first layer")),
+            (None, _) => {
+                // SAFETY: the staging's input values are written only by `stage` and read only
+                // by this copy; the staging belongs to the task until its counter is seen
+                // (runner.rs). needs.dense = n · values entering `first` ≤ the buffer (max_batch
+                // × the largest activation).
+                unsafe { ctx.stream.upload_into_async(a, 0, host_slice(&st.dense, plan.needs.dense)) }?;
+                None
+            }
+        };
         let head = self.blocks.len() + 1;
         let mut cur_a = true;
         for layer in first..last {
@@ -214,14 +230,16 @@ impl DeviceModel for ResNetGpu {
                 if cur_a { (&*a, &mut *b) } else { (&*b, &mut *a) };
             if layer == 0 {
                 let p = abi::ChwToHwcParams {
-                    src: cur.device_ptr(),
+                    src: ring_input.unwrap_or(cur.device_ptr()),
                     dst: t1.device_ptr(),
                     n: n as u32,
                     c: c as u32,
                     h: h as u32,
                     w: w as u32,
                 };
-                // SAFETY: n images of c·h·w values in and out, within the worker buffers.
+                // SAFETY: n images of c·h·w values in (the worker's `a`, or the task's n slots of
+                // the device ring, which hold c·h·w values each and are not rewritten before the
+                // task's counter is seen: ring.rs) and out (a worker buffer).
                 unsafe { ctx.kernels.chw_to_hwc(ctx.stream, &p) }?;
                 let (oh, ow) = self.conv(&mut ctx, &self.stem, t1, (n, h, w), t2, col, true)?;
                 let p = abi::MaxPoolParams {

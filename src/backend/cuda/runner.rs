@@ -9,6 +9,9 @@
 //! value that marks the task done. Outputs are written by the kernels straight into the staging's
 //! pinned, mapped output buffers (zero-copy); after the poller has seen the counter, the engine
 //! calls [`Runner::collect`], which copies them into [`TaskIo`]. Nothing calls back from the GPU.
+//! A task of elastic batching whose batch is a run of its model's device ring (`ring.rs`) stages
+//! no input: its stream waits for the run's copies, made at the requests' arrivals, and the
+//! model reads the rows in the ring ([`Plan::ring_input`]).
 //!
 //! # Staging ownership
 //!
@@ -62,9 +65,11 @@ use super::abi;
 use super::driver::{bind, driver_error};
 use super::kernels::{self, BLOCK};
 use super::memory::Pod;
+use super::ring::DeviceRing;
 use super::{
     Blas, CudaDevice, CudaSignal, Event, Function, LaunchConfig, Module, PinnedMapped, SignalCounters, Stream,
 };
+use crate::backend::ring::InputRing;
 use crate::backend::{CompletionSignal, Runner, RunnerShape, TaskData, TaskIo, Work};
 use crate::error::{Code, Error, Result};
 
@@ -415,6 +420,10 @@ pub(super) struct Plan {
     /// Layer models: the layers `[first, last)` the task runs, and (bert) each row's length.
     pub layers: (usize, usize),
     pub lens: Vec<u32>,
+    /// The device address of the task's input rows when its batch is a run of the model's
+    /// device ring (ring.rs): then nothing is staged or uploaded for the input (`needs.dense`
+    /// is 0) and the model reads the rows there. Set by the runner, not by `DeviceModel::plan`.
+    pub ring_input: Option<u64>,
 }
 
 /// What a model's enqueue needs of its worker.
@@ -435,6 +444,11 @@ pub(super) trait DeviceModel: Send + Sync + 'static {
     fn state_slots(&self) -> usize;
     /// Staging of a typical task (allocated per worker at prepare).
     fn typical_needs(&self) -> Needs;
+    /// Whether the model reads a ring run's input rows on the device when the plan gives their
+    /// address (`Plan::ring_input`): its elastic-batching ring is then a device ring.
+    fn reads_ring_on_device(&self) -> bool {
+        false
+    }
     /// A worker's activation buffers, for tasks of up to `max_batch` rows.
     fn buffers(&self, device: &CudaDevice, stream: &Stream) -> Result<Self::Buffers>;
     /// Check `work` for a task of `padded` rows (host only: nothing is queued) and plan it.
@@ -647,6 +661,14 @@ impl<M: DeviceModel> Runner for CudaRunner<M> {
         self.model.state_slots()
     }
 
+    fn input_ring(&self, slots: usize, row_len: usize) -> Result<InputRing> {
+        if self.model.reads_ring_on_device() {
+            DeviceRing::input_ring(&self.device, slots, row_len)
+        } else {
+            InputRing::new(slots, row_len)
+        }
+    }
+
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
         if task.rows == 0 || task.rows > self.max_batch {
             return Err(Error::internal(format!(
@@ -660,10 +682,27 @@ impl<M: DeviceModel> Runner for CudaRunner<M> {
         // leaves the stream and the staging as they were.
         let (plan, staging) = {
             let io = task.io.lock().unwrap_or_else(|p| p.into_inner());
-            let plan = self.model.plan(task.rows, &io.work)?;
+            let mut plan = self.model.plan(task.rows, &io.work)?;
+            // A run of the device ring: its rows are read where they are (nothing staged), once
+            // their copies have landed.
+            let ring = match &io.work {
+                Work::Ring(rows) => DeviceRing::of(rows.ring()).map(|ring| (ring, rows)),
+                _ => None,
+            };
+            if let Some((ring, rows)) = ring {
+                plan.ring_input = Some(ring.device_ptr(rows, &w.stream)?);
+                plan.needs.dense = 0;
+            }
             w.reclaim();
             let mut staging = w.take_staging(&self.device, plan.needs, self.typical)?;
             if let Err(e) = self.model.stage(&io.work, &plan, &mut staging, &mut w.scratch) {
+                w.free.push(staging);
+                return Err(e);
+            }
+            // The first thing queued for the task: the stream waits for the run's copies.
+            if let Some((ring, rows)) = ring
+                && let Err(e) = ring.wait(rows, &w.stream)
+            {
                 w.free.push(staging);
                 return Err(e);
             }

@@ -207,6 +207,29 @@ impl Stream {
         check("cuMemcpyDtoDAsync", r)
     }
 
+    /// Queue a copy of the `n` elements at device address `src` into `dst[..n]`.
+    ///
+    /// # Safety
+    /// `src` must be the address of `n` elements of `T` in memory of this stream's context that
+    /// stays allocated, and is not written, until the copy has run.
+    pub unsafe fn copy_from_address<T: Pod>(
+        &self,
+        src: u64,
+        dst: &mut DeviceBuffer<T>,
+        n: usize,
+    ) -> Result<()> {
+        self.same_context("destination", dst)?;
+        check_range("destination", 0, n, dst.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the destination range lies inside `dst` (checked) of this context (checked,
+        // bound); the caller guarantees the source range.
+        let r = unsafe { cu::memcpy_dtod_async(dst.device_ptr(), src, n * size_of::<T>(), self.raw()) };
+        check("cuMemcpyDtoDAsync", r)
+    }
+
     /// Queue setting `count` 32-bit words at device address `dst` to `value` (`cuMemsetD32Async`).
     ///
     /// # Safety
