@@ -203,6 +203,10 @@ impl Runner for FaultyRunner {
         self.inner.input_ring(slots, row_len)
     }
 
+    fn graph_replays(&self) -> u64 {
+        self.inner.graph_replays()
+    }
+
     fn state_slots(&self) -> usize {
         self.inner.state_slots()
     }

@@ -282,6 +282,11 @@ pub trait Runner: Send + Sync {
     fn input_ring(&self, slots: usize, row_len: usize) -> Result<ring::InputRing> {
         ring::InputRing::new(slots, row_len)
     }
+    /// Tasks whose layers were replayed from a CUDA graph (the CUDA runner of a fixed-shape
+    /// model, `cuda/graph.rs`); 0 on every other runner.
+    fn graph_replays(&self) -> u64 {
+        0
+    }
 }
 
 /// A backend that can prepare models.

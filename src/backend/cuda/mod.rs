@@ -28,7 +28,7 @@
 //! runners (`runner.rs`: staging, launch, signal, collect; `recurrent.rs`: lstm, seq2seq and
 //! treelstm cell tasks; `mlp.rs`: dense layers; `resnet.rs`, `bert.rs`: the layer models), and
 //! [`ring`]: elastic batching's input ring mirrored in device memory, one copy per request at
-//! arrival. [`step_bench`] is one LSTM layer step with its own buffers, for the step benchmarks.
+//! arrival; `graph.rs`: a fixed-shape task's layers replayed from a CUDA graph. [`step_bench`] is one LSTM layer step with its own buffers, for the step benchmarks.
 
 pub mod abi;
 pub mod kernels;
@@ -37,6 +37,7 @@ mod backend;
 mod bert;
 pub mod blas;
 pub mod driver;
+mod graph;
 pub mod libs;
 pub mod memory;
 mod mlp;

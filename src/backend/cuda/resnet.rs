@@ -7,6 +7,7 @@
 //! staging's pinned, mapped output buffer by `serve_bias_act` (no bias, no activation).
 
 use super::abi;
+use super::graph::GraphKey;
 use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, bias_act_params, dim, host_slice};
 use super::{CudaDevice, DeviceBuffer, Stream};
 use crate::backend::Work;
@@ -197,31 +198,47 @@ impl DeviceModel for ResNetGpu {
     fn stage(&self, work: &Work, plan: &Plan, st: &mut Staging, _scratch: &mut Vec<u32>) -> Result<()> {
         match work {
             Work::Dense(x) | Work::Layers { input: x, .. } => st.dense.write(0, x),
-            // A device ring's run is read on the device (`enqueue`): nothing to stage.
+            // A device ring's run is copied on the device (`enqueue_input`): nothing to stage.
             Work::Ring(_) if plan.ring_input.is_some() => Ok(()),
             Work::Ring(r) => st.dense.write(0, r.values()),
             Work::Cells(_) => Err(Error::internal("a resnet task must carry rows, not cells")),
         }
     }
 
-    fn enqueue(&self, mut ctx: Ctx<'_>, bufs: &mut ResNetBuffers, plan: &Plan, st: &Staging) -> Result<()> {
+    fn enqueue(&self, ctx: Ctx<'_>, bufs: &mut ResNetBuffers, plan: &Plan, st: &Staging) -> Result<()> {
+        let Ctx { device, kernels, stream, blas } = ctx;
+        self.enqueue_input(Ctx { device, kernels, stream, blas }, bufs, plan, st)?;
+        self.enqueue_body(Ctx { device, kernels, stream, blas }, bufs, plan)?;
+        self.enqueue_output(Ctx { device, kernels, stream, blas }, bufs, plan, st)
+    }
+
+    fn graph_key(&self, plan: &Plan) -> Option<GraphKey> {
+        Some((plan.padded, plan.layers.0, plan.layers.1))
+    }
+
+    /// The values entering the task's first layer into the worker's `a`.
+    fn enqueue_input(&self, ctx: Ctx<'_>, bufs: &mut ResNetBuffers, plan: &Plan, st: &Staging) -> Result<()> {
+        let n = plan.padded * self.shapes[plan.layers.0].values();
+        match plan.ring_input {
+            // SAFETY: the task's run of the device ring: n values of the ring's device memory
+            // (this context), not rewritten before the task's counter is seen (ring.rs); the
+            // copy checks that `a` holds them.
+            Some(p) => unsafe { ctx.stream.copy_from_address(p, &mut bufs.a, n) },
+            // SAFETY: the staging's input values are written only by `stage` and read only by
+            // this copy; the staging belongs to the task until its counter is seen (runner.rs).
+            // needs.dense = n ≤ the buffer (max_batch × the largest activation).
+            None => unsafe {
+                ctx.stream.upload_into_async(&mut bufs.a, 0, host_slice(&st.dense, plan.needs.dense))
+            },
+        }
+    }
+
+    /// The layers `[first, last)`, from `a`; the result ends in `a` after an even number of
+    /// layers, in `b` after an odd one.
+    fn enqueue_body(&self, mut ctx: Ctx<'_>, bufs: &mut ResNetBuffers, plan: &Plan) -> Result<()> {
         let ResNetBuffers { a, b, t1, t2, sc, col } = bufs;
         let n = plan.padded;
         let (first, last) = plan.layers;
-        // The input: the task's run of the device ring, read in place by the first kernel (the
-        // runner queued the wait for its copies), or uploaded from the staging into `a`.
-        let ring_input = match (plan.ring_input, first) {
-            (Some(p), 0) => Some(p),
-            (Some(_), _) => return Err(Error::internal("a ring run enters a resnet at its first layer")),
-            (None, _) => {
-                // SAFETY: the staging's input values are written only by `stage` and read only
-                // by this copy; the staging belongs to the task until its counter is seen
-                // (runner.rs). needs.dense = n · values entering `first` ≤ the buffer (max_batch
-                // × the largest activation).
-                unsafe { ctx.stream.upload_into_async(a, 0, host_slice(&st.dense, plan.needs.dense)) }?;
-                None
-            }
-        };
         let head = self.blocks.len() + 1;
         let mut cur_a = true;
         for layer in first..last {
@@ -230,16 +247,14 @@ impl DeviceModel for ResNetGpu {
                 if cur_a { (&*a, &mut *b) } else { (&*b, &mut *a) };
             if layer == 0 {
                 let p = abi::ChwToHwcParams {
-                    src: ring_input.unwrap_or(cur.device_ptr()),
+                    src: cur.device_ptr(),
                     dst: t1.device_ptr(),
                     n: n as u32,
                     c: c as u32,
                     h: h as u32,
                     w: w as u32,
                 };
-                // SAFETY: n images of c·h·w values in (the worker's `a`, or the task's n slots of
-                // the device ring, which hold c·h·w values each and are not rewritten before the
-                // task's counter is seen: ring.rs) and out (a worker buffer).
+                // SAFETY: n images of c·h·w values in and out, within the worker buffers.
                 unsafe { ctx.kernels.chw_to_hwc(ctx.stream, &p) }?;
                 let (oh, ow) = self.conv(&mut ctx, &self.stem, t1, (n, h, w), t2, col, true)?;
                 let p = abi::MaxPoolParams {
@@ -305,10 +320,25 @@ impl DeviceModel for ResNetGpu {
             }
             cur_a = !cur_a;
         }
-        let result = if cur_a { &*a } else { &*b };
+        Ok(())
+    }
+
+    fn enqueue_output(
+        &self,
+        ctx: Ctx<'_>,
+        bufs: &mut ResNetBuffers,
+        plan: &Plan,
+        st: &Staging,
+    ) -> Result<()> {
+        let (first, last) = plan.layers;
+        let result = if (last - first).is_multiple_of(2) { &bufs.a } else { &bufs.b };
         let outl = self.shapes[last].values();
-        let p =
-            bias_act_params((result.device_ptr(), st.out.device_ptr()), 0, (n, outl), abi::SERVE_ACT_NONE)?;
+        let p = bias_act_params(
+            (result.device_ptr(), st.out.device_ptr()),
+            0,
+            (plan.padded, outl),
+            abi::SERVE_ACT_NONE,
+        )?;
         // SAFETY: a copy of n × outl values from a worker buffer into the task's output staging
         // (needs.out = n × outl), which the host reads only after the task's counter.
         unsafe { ctx.kernels.bias_act(ctx.stream, &p) }

@@ -56,6 +56,7 @@
 //! stream's tasks done and `collect` gives each the stream's error.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::result::DriverError;
@@ -63,6 +64,7 @@ use cudarc::driver::sys::{self as cusys, CUresult};
 
 use super::abi;
 use super::driver::{bind, driver_error};
+use super::graph::{GraphKey, Graphs, Queued};
 use super::kernels::{self, BLOCK};
 use super::memory::Pod;
 use super::ring::DeviceRing;
@@ -458,6 +460,42 @@ pub(super) trait DeviceModel: Send + Sync + 'static {
     fn stage(&self, work: &Work, plan: &Plan, staging: &mut Staging, scratch: &mut Vec<u32>) -> Result<()>;
     /// Queue the task's uploads, kernels and GEMMs on `ctx.stream`, outputs into `staging`.
     fn enqueue(&self, ctx: Ctx<'_>, bufs: &mut Self::Buffers, plan: &Plan, staging: &Staging) -> Result<()>;
+    /// For a model that splits a task's work for CUDA graphs (graph.rs): the key its body is a
+    /// function of. The runner then queues `enqueue_input`, the body (`enqueue_body`, replayed
+    /// from a graph once captured) and `enqueue_output` instead of `enqueue`. `None` (the
+    /// default): `enqueue`.
+    fn graph_key(&self, plan: &Plan) -> Option<GraphKey> {
+        let _ = plan;
+        None
+    }
+    /// The task's input into the worker's buffers (from the staging, or the device ring).
+    fn enqueue_input(
+        &self,
+        ctx: Ctx<'_>,
+        bufs: &mut Self::Buffers,
+        plan: &Plan,
+        staging: &Staging,
+    ) -> Result<()> {
+        let _ = (ctx, bufs, plan, staging);
+        Err(Error::internal("this model does not split its work"))
+    }
+    /// The task's layers: reads and writes only the worker's buffers and the model's weights,
+    /// every address and size a function of the worker and `graph_key` alone.
+    fn enqueue_body(&self, ctx: Ctx<'_>, bufs: &mut Self::Buffers, plan: &Plan) -> Result<()> {
+        let _ = (ctx, bufs, plan);
+        Err(Error::internal("this model does not split its work"))
+    }
+    /// The task's result from the worker's buffers into the staging.
+    fn enqueue_output(
+        &self,
+        ctx: Ctx<'_>,
+        bufs: &mut Self::Buffers,
+        plan: &Plan,
+        staging: &Staging,
+    ) -> Result<()> {
+        let _ = (ctx, bufs, plan, staging);
+        Err(Error::internal("this model does not split its work"))
+    }
 }
 
 /// Why `stream` can no longer complete work (a device fault; the context is then unusable), or
@@ -479,6 +517,8 @@ pub(super) fn stream_failure(stream: &Stream) -> Option<Error> {
 pub(super) struct StreamSignal {
     signal: Arc<CudaSignal>,
     stream: Stream,
+    /// The worker's capture lock: the stream is not queried while a graph is captured on it.
+    capture: Arc<Mutex<()>>,
 }
 
 impl CompletionSignal for StreamSignal {
@@ -491,6 +531,7 @@ impl CompletionSignal for StreamSignal {
     }
 
     fn failure(&self) -> Option<Error> {
+        let _not_capturing = self.capture.lock().unwrap_or_else(|p| p.into_inner());
         stream_failure(&self.stream)
     }
 }
@@ -519,6 +560,9 @@ struct Worker<B> {
     /// Host scratch for building a task's row descriptors.
     scratch: Vec<u32>,
     bufs: B,
+    /// Task bodies replayed from CUDA graphs, and the lock a capture holds (graph.rs).
+    graphs: Graphs,
+    capture: Arc<Mutex<()>>,
 }
 
 impl<B> Worker<B> {
@@ -565,6 +609,8 @@ pub(super) struct CudaRunner<M: DeviceModel> {
     max_batch: usize,
     /// The model's typical task needs (the staging buffers' starting size), asked once.
     typical: Needs,
+    /// Task bodies replayed from a CUDA graph so far (graph.rs).
+    graph_replays: AtomicU64,
 }
 
 impl<M: DeviceModel> CudaRunner<M> {
@@ -587,7 +633,12 @@ impl<M: DeviceModel> CudaRunner<M> {
             let free =
                 (0..PREALLOCATED_STAGING).map(|_| Staging::new(device, typical)).collect::<Result<_>>()?;
             let signal = counters.signal(w);
-            signals.push(Arc::new(StreamSignal { signal: signal.clone(), stream: stream.clone() }));
+            let capture = Arc::new(Mutex::new(()));
+            signals.push(Arc::new(StreamSignal {
+                signal: signal.clone(),
+                stream: stream.clone(),
+                capture: capture.clone(),
+            }));
             workers.push(Mutex::new(Worker {
                 stream,
                 blas,
@@ -598,6 +649,8 @@ impl<M: DeviceModel> CudaRunner<M> {
                 retired: Vec::new(),
                 scratch: Vec::new(),
                 bufs,
+                graphs: Graphs::default(),
+                capture,
             }));
         }
         // Buffers zeroed on the workers' streams are ready before the first task.
@@ -610,7 +663,29 @@ impl<M: DeviceModel> CudaRunner<M> {
             signals,
             max_batch: shape.max_batch,
             typical,
+            graph_replays: AtomicU64::new(0),
         })
+    }
+
+    /// Queue a task of a model that splits its work: input, body (from a graph when it can),
+    /// output.
+    fn enqueue_split(
+        &self,
+        w: &mut Worker<M::Buffers>,
+        key: GraphKey,
+        plan: &Plan,
+        st: &Staging,
+    ) -> Result<()> {
+        let Worker { stream, blas, bufs, graphs, capture, .. } = w;
+        let (device, kernels) = (&self.device, &self.kernels);
+        self.model.enqueue_input(Ctx { device, kernels, stream, blas }, bufs, plan, st)?;
+        let queued = graphs.queue(key, stream, capture, || {
+            self.model.enqueue_body(Ctx { device, kernels, stream, blas }, bufs, plan)
+        })?;
+        if queued == Queued::Replayed {
+            self.graph_replays.fetch_add(1, Ordering::Relaxed);
+        }
+        self.model.enqueue_output(Ctx { device, kernels, stream, blas }, bufs, plan, st)
     }
 
     fn worker(&self, worker: usize) -> Result<MutexGuard<'_, Worker<M::Buffers>>> {
@@ -659,6 +734,10 @@ impl<M: DeviceModel> Runner for CudaRunner<M> {
 
     fn state_slots(&self) -> usize {
         self.model.state_slots()
+    }
+
+    fn graph_replays(&self) -> u64 {
+        self.graph_replays.load(Ordering::Relaxed)
     }
 
     fn input_ring(&self, slots: usize, row_len: usize) -> Result<InputRing> {
@@ -711,8 +790,18 @@ impl<M: DeviceModel> Runner for CudaRunner<M> {
         // Device side: the task's work between its timing events, then its signal. A task whose
         // events could not be recorded runs untimed.
         let begun = staging.begin.record(&w.stream).is_ok();
-        let ctx = Ctx { device: &self.device, kernels: &self.kernels, stream: &w.stream, blas: &mut w.blas };
-        let queued = self.model.enqueue(ctx, &mut w.bufs, &plan, &staging);
+        let queued = match self.model.graph_key(&plan) {
+            Some(key) => self.enqueue_split(w, key, &plan, &staging),
+            None => {
+                let ctx = Ctx {
+                    device: &self.device,
+                    kernels: &self.kernels,
+                    stream: &w.stream,
+                    blas: &mut w.blas,
+                };
+                self.model.enqueue(ctx, &mut w.bufs, &plan, &staging)
+            }
+        };
         let timed = begun && queued.is_ok() && staging.end.record(&w.stream).is_ok();
         let params = abi::SignalParams { counter: w.signal.device_ptr() };
         // SAFETY: the counter is a live pinned, mapped allocation owned by the runner's
