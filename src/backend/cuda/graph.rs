@@ -10,8 +10,8 @@
 //! once into a CUDA graph and later replayed with one `cuGraphLaunch`.
 //!
 //! Per worker and key: the first task runs its body eagerly (which also warms cuBLAS: its
-//! heuristics and workspace), the second is captured (`cuStreamBeginCapture` in thread-local
-//! mode, the body's calls recorded instead of run), instantiated and launched, and every later
+//! heuristics and workspace), the second is captured (`cuStreamBeginCapture` in relaxed mode,
+//! the body's stream work recorded instead of run), instantiated and launched, and every later
 //! task replays it. A capture that fails for any reason makes that key eager for good: a graph
 //! is only ever a faster way to queue the same work. At most [`MAX_GRAPHS`] keys per worker get
 //! graphs (a worker of a fixed-size elastic worker has one; a timeout-batching worker one per
@@ -19,17 +19,21 @@
 //!
 //! A stream being captured must not be queried (that would invalidate the capture): the poller's
 //! health check ([`StreamSignal`](super::runner::StreamSignal)) takes the worker's capture lock,
-//! held by a capture for its duration.
+//! held by a capture for its duration. Relaxed mode, not thread-local: the body binds the
+//! context before each launch, and in the first GPU run of this code, under thread-local capture,
+//! that binding failed with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; cudarc's `end_capture` then
+//! failed the same way before ending the capture, and the thread, still capturing, could make no
+//! driver call after. So the capture is ended by a raw `cuStreamEndCapture` whatever happened.
 //!
 //! [`DeviceModel::graph_key`]: super::runner::DeviceModel::graph_key
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaGraph;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaContext;
+use cudarc::driver::sys::{self, CUstreamCaptureMode};
 
-use super::driver::check;
+use super::driver::{bind, driver_error};
 use super::stream::Stream;
 use crate::error::{Error, Result};
 
@@ -49,13 +53,48 @@ enum State {
     Eager,
 }
 
-/// An instantiated graph.
-struct Graph(CudaGraph);
+/// A captured graph and its instantiation, owned (destroyed in `Drop`).
+struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    ctx: Arc<CudaContext>,
+}
 
-// SAFETY: a graph object may be used from any thread, one at a time (CUDA's graph thread-safety
+// SAFETY: graph objects may be used from any thread, one at a time (CUDA's graph thread-safety
 // rules). A `Graph` lives in its worker's `Graphs`, which is reached only under the worker's
 // mutex, so no two threads touch it at once.
 unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Queue the graph's work on `stream`.
+    fn launch(&self, stream: &Stream) -> Result<()> {
+        bind(&self.ctx)?;
+        // SAFETY: a live executable graph (owned) of this context (bound), launched on a live
+        // stream of the same context (the one it was captured on). The buffers its nodes use are
+        // the worker's and the model's, which outlive the worker's graphs (the worker is dropped
+        // before the model's weights; buffer drops wait for the device).
+        unsafe { sys::cuGraphLaunch(self.exec, stream.raw()) }
+            .result()
+            .map_err(|e| driver_error("cuGraphLaunch", e))
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: both handles (where not null) were created by `record`, are owned by this value
+        // and destroyed only here; a launched graph's work keeps running after its exec is destroyed (CUDA
+        // defers the release).
+        unsafe {
+            if !self.exec.is_null() {
+                let _ = sys::cuGraphExecDestroy(self.exec);
+            }
+            if !self.graph.is_null() {
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+}
 
 /// How a body was queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +124,7 @@ impl Graphs {
     ) -> Result<Queued> {
         match self.states.get(&key) {
             Some(State::Ready(g)) => {
-                check("cuGraphLaunch", g.0.launch())?;
+                g.launch(stream)?;
                 return Ok(Queued::Replayed);
             }
             Some(State::Eager) => {
@@ -102,7 +141,7 @@ impl Graphs {
         }
         match record(stream, capture, &mut body) {
             Ok(g) => {
-                let launched = check("cuGraphLaunch", g.0.launch());
+                let launched = g.launch(stream);
                 self.graphs += 1;
                 self.states.insert(key, State::Ready(g));
                 launched.map(|()| Queued::Captured)
@@ -118,13 +157,35 @@ impl Graphs {
 }
 
 /// Record `body`'s work on `stream` into an instantiated graph (nothing runs).
+///
+/// Relaxed capture mode: the body's own driver calls that are not stream work (binding the
+/// context before each launch) stay legal, and no other thread is affected. The capture is always
+/// ended, whatever the body did, so the stream never stays in capture mode.
 fn record(stream: &Stream, capture: &Mutex<()>, body: &mut impl FnMut() -> Result<()>) -> Result<Graph> {
     let _capturing = capture.lock().unwrap_or_else(|p| p.into_inner());
-    let s = stream.cudarc();
-    check("cuStreamBeginCapture", s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))?;
+    let ctx = stream.cudarc().context().clone();
+    bind(&ctx)?;
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: a live stream of the bound context, not capturing (only `record` captures, under
+    // the worker's lock, and always ends its capture).
+    unsafe { sys::cuStreamBeginCapture_v2(stream.raw(), mode) }
+        .result()
+        .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
     let recorded = body();
-    // Always end the capture, so the stream leaves capture mode whatever happened.
-    let graph = check("cuStreamEndCapture", s.end_capture(CUgraphInstantiate_flags(0)));
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: the stream is capturing (begun above, on this thread); `graph` is a valid out
+    // pointer. Called whatever the body did.
+    let ended = unsafe { sys::cuStreamEndCapture(stream.raw(), &mut graph) }.result();
+    // Owned from here (a null handle is not destroyed).
+    let mut g = Graph { graph, exec: std::ptr::null_mut(), ctx };
     recorded?;
-    graph?.map(Graph).ok_or_else(|| Error::internal("a captured task body recorded no work"))
+    ended.map_err(|e| driver_error("cuStreamEndCapture", e))?;
+    if g.graph.is_null() {
+        return Err(Error::internal("a captured task body recorded no work"));
+    }
+    // SAFETY: `graph` is the live graph just captured; `g.exec` is a valid out pointer.
+    unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0) }
+        .result()
+        .map_err(|e| driver_error("cuGraphInstantiate", e))?;
+    Ok(g)
 }
