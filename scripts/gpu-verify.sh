@@ -14,7 +14,8 @@
 # libnvrtc.so.13 from a CUDA 13 toolkit or NVIDIA's pip wheels) and puts their folders on
 # LD_LIBRARY_PATH. It runs, each under a time limit, so one hang cannot eat the whole call:
 #   tests    cuda_layer, cuda_kernels, cuda_kernels_io, cuda_kernels_layers, cuda_nvrtc, gpu_e2e,
-#            the library's backend::cuda unit tests
+#            cuda_graphs (alone in its process: CUDA graphs on), the library's backend::cuda
+#            unit tests
 #   benches  benches/cuda.rs (LSTM step vs cuBLAS GEMM, completion latency, zero-copy lookup);
 #            PyTorch's nn.LSTMCell on the same GPU where python3 has torch (the bench's baseline
 #            slot); `serve bench step --backend cuda`; `serve profile` and `serve bench lstm` on
@@ -39,7 +40,7 @@ case "$mode" in
 esac
 
 # The test targets that exercise a GPU, and the benchmark.
-gpu_tests=(cuda_layer cuda_kernels cuda_kernels_io cuda_kernels_layers cuda_nvrtc gpu_e2e)
+gpu_tests=(cuda_layer cuda_kernels cuda_kernels_io cuda_kernels_layers cuda_nvrtc gpu_e2e cuda_graphs)
 
 pack() {
   set -e
@@ -149,6 +150,7 @@ run() {
   step test-cuda_kernels_layers 60 "$bin/test-cuda_kernels_layers" --nocapture
   step test-cuda_nvrtc 60 "$bin/test-cuda_nvrtc" --nocapture
   step test-gpu_e2e 150 "$bin/test-gpu_e2e" --nocapture
+  step test-cuda_graphs 60 "$bin/test-cuda_graphs" --nocapture
   step test-lib-cuda 30 "$bin/test-lib" backend::cuda
   # Issue 15's GPU halves (E4, E8): E-Ebird's co-run profile and the fixed-shape policies on CUDA
   # (their tables are in the step logs; no JSON, so the returned files stay within 8). They run
@@ -176,6 +178,10 @@ PY
       --engine-configs "$out/engine-configs-resnet152.txt"
     step bench-elastic-resnet152 200 "$bin/serve" bench elastic "$out/resnet152" --backend cuda \
       --engine-configs "$out/engine-configs-resnet152.txt" --duration-s 1 --probe-s 0.3
+    # The same with task bodies replayed from CUDA graphs (opt-in, ARCHITECTURE.md §5.3): the
+    # engine thread's launch calls, not the GPU, bound N-Ebird's small tasks without them.
+    step bench-elastic-resnet152-graphs 120 env SERVE_CUDA_GRAPHS=1 "$bin/serve" bench elastic \
+      "$out/resnet152" --backend cuda --policies opt-wait nebird --duration-s 1 --probe-s 0.3
   fi
   step bench-cuda 150 "$bin/bench-cuda" --bench
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then

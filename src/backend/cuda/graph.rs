@@ -17,6 +17,16 @@
 //! graphs (a worker of a fixed-size elastic worker has one; a timeout-batching worker one per
 //! batch size it sees).
 //!
+//! **Off by default** ([`enabled`]: `SERVE_CUDA_GRAPHS=1` turns it on): in a process where other
+//! threads use the same device while a body is captured, their context-wide calls fail
+//! (`cuCtxSynchronize`, run when any device buffer is freed, returns
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while a stream is capturing), and cudarc records such
+//! errors on the shared context, to return them from a later call on any thread. The GPU test
+//! binary, many runtimes at once, failed that way; a single runtime (`serve bench elastic`) ran
+//! with graphs and measured the gain. Safe capture needs every context-wide call of the process
+//! excluded while a capture runs; until that is built and verified on a GPU, graphs stay opt-in.
+//! With them off, a split model's parts are queued eagerly, one after the other.
+//!
 //! A stream being captured must not be queried (that would invalidate the capture): the poller's
 //! health check ([`StreamSignal`](super::runner::StreamSignal)) takes the worker's capture lock,
 //! held by a capture for its duration. Relaxed mode, not thread-local: the body binds the
@@ -104,14 +114,26 @@ pub(super) enum Queued {
     Replayed,
 }
 
+/// Whether task bodies are captured into graphs: only with `SERVE_CUDA_GRAPHS=1` in the
+/// environment (read once per process). Off by default: see the module documentation.
+pub(super) fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SERVE_CUDA_GRAPHS").is_some_and(|v| v == "1"))
+}
+
 /// One worker's graphs.
-#[derive(Default)]
 pub(super) struct Graphs {
     states: HashMap<GraphKey, State>,
     graphs: usize,
+    /// Off: every body is queued eagerly.
+    enabled: bool,
 }
 
 impl Graphs {
+    pub(super) fn new(enabled: bool) -> Graphs {
+        Graphs { states: HashMap::new(), graphs: 0, enabled }
+    }
+
     /// Queue `body` for `key` on `stream`: replayed from its graph, captured into one (then
     /// launched), or run eagerly. `capture` is the worker's capture lock (module documentation).
     /// An error is the body's own, or the launch of its graph.
@@ -122,6 +144,10 @@ impl Graphs {
         capture: &Mutex<()>,
         mut body: impl FnMut() -> Result<()>,
     ) -> Result<Queued> {
+        if !self.enabled {
+            body()?;
+            return Ok(Queued::Eager);
+        }
         match self.states.get(&key) {
             Some(State::Ready(g)) => {
                 g.launch(stream)?;

@@ -64,7 +64,7 @@ use cudarc::driver::sys::{self as cusys, CUresult};
 
 use super::abi;
 use super::driver::{bind, driver_error};
-use super::graph::{GraphKey, Graphs, Queued};
+use super::graph::{self, GraphKey, Graphs, Queued};
 use super::kernels::{self, BLOCK};
 use super::memory::Pod;
 use super::ring::DeviceRing;
@@ -649,7 +649,7 @@ impl<M: DeviceModel> CudaRunner<M> {
                 retired: Vec::new(),
                 scratch: Vec::new(),
                 bufs,
-                graphs: Graphs::default(),
+                graphs: Graphs::new(graph::enabled()),
                 capture,
             }));
         }
