@@ -63,7 +63,7 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self as cusys, CUresult};
 
 use super::abi;
-use super::driver::{bind, driver_error};
+use super::driver::driver_error;
 use super::graph::{self, GraphKey, Graphs, Queued};
 use super::kernels::{self, BLOCK};
 use super::memory::Pod;
@@ -501,8 +501,14 @@ pub(super) trait DeviceModel: Send + Sync + 'static {
 /// Why `stream` can no longer complete work (a device fault; the context is then unusable), or
 /// `None` while it works (busy or idle).
 pub(super) fn stream_failure(stream: &Stream) -> Option<Error> {
-    if let Err(e) = bind(stream.cudarc().context()) {
-        return Some(e);
+    // Bound directly, not through cudarc's `bind_to_thread`: that first returns (and clears) any
+    // error cudarc recorded on the shared context from an earlier call on any thread (a buffer's
+    // drop, say), which says nothing about this stream — and a stream wrongly reported failed has
+    // its tasks' requests completed and their state slots reused while its kernels still run.
+    // SAFETY: a live context (kept by `stream`); the call only makes it current on this thread.
+    let bound = unsafe { cusys::cuCtxSetCurrent(stream.cudarc().context().cu_ctx()) };
+    if bound != CUresult::CUDA_SUCCESS {
+        return Some(driver_error("cuCtxSetCurrent", DriverError(bound)));
     }
     // SAFETY: a live stream (kept by `stream`) of the context bound above; the call only queries
     // its state. `cuStreamQuery` is in the checked symbol list (libs.rs).
