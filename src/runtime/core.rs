@@ -52,6 +52,9 @@ pub(crate) struct CoreRequest<R> {
     input_ready: bool,
     /// Its policy has seen it (it is not waiting for state slots).
     arrived: bool,
+    /// A task of it was given up on while it may still run on this worker
+    /// ([`EngineCore::give_up`]): its slots are held back when it completes.
+    given_up_on: Option<WorkerId>,
     pub data: R,
 }
 
@@ -158,6 +161,9 @@ struct CoreModel {
     /// Free state slots, and the requests waiting for slots in arrival order (their policy has
     /// not seen them yet).
     free_slots: Vec<u32>,
+    /// Slots of requests a task given up on may still write, by worker: they return to
+    /// `free_slots` when that worker's stream catches up ([`EngineCore::worker_caught_up`]).
+    held_slots: Vec<(WorkerId, Vec<u32>)>,
     waiting: VecDeque<RequestId>,
     /// Requests held (arrived, not completed), and tasks of the model in flight.
     requests: usize,
@@ -273,6 +279,7 @@ impl<R, T: Default> EngineCore<R, T> {
         let m = CoreModel {
             group,
             free_slots: (0..u32::try_from(state_slots).unwrap_or(u32::MAX)).rev().collect(),
+            held_slots: Vec::new(),
             waiting: VecDeque::with_capacity(waiting),
             requests: 0,
             tasks: 0,
@@ -326,6 +333,7 @@ impl<R, T: Default> EngineCore<R, T> {
             started: None,
             input_ready: s.input_ready,
             arrived: false,
+            given_up_on: None,
             data: s.data,
         };
         self.requests.insert(s.id, r);
@@ -496,6 +504,41 @@ impl<R, T: Default> EngineCore<R, T> {
         Some(done)
     }
 
+    /// The driver gives up on task `task` (its stream failed, or stalled past the watchdog)
+    /// before reporting it done: its kernels may still run and write its requests' state slots,
+    /// so those slots are held back when the requests complete, not handed to new requests,
+    /// until [`worker_caught_up`](Self::worker_caught_up) says the worker's stream has passed
+    /// the task (a failed device never does: the slots stay held).
+    pub fn give_up(&mut self, group: GroupId, task: TaskId) {
+        let Some(t) = self.groups.get(group).and_then(|g| g.as_ref()).and_then(|g| g.tasks.get(&task)) else {
+            return;
+        };
+        let worker = t.worker;
+        for id in &t.requests {
+            if let Some(r) = self.requests.get_mut(id) {
+                r.given_up_on = Some(worker);
+            }
+        }
+    }
+
+    /// Worker `worker` of model `model`'s group has run every task launched on it: the slots
+    /// held for tasks given up on there are free again.
+    pub fn worker_caught_up(&mut self, model: ModelId, worker: WorkerId) {
+        let Some(m) = self.models.get_mut(model).and_then(|m| m.as_mut()) else { return };
+        let before = m.free_slots.len();
+        m.held_slots.retain_mut(|(w, slots)| {
+            let keep = *w != worker;
+            if !keep {
+                m.free_slots.append(slots);
+            }
+            keep
+        });
+        if m.free_slots.len() > before {
+            self.slots_freed.push(model);
+            mark(&mut self.dirty, m.group);
+        }
+    }
+
     /// A task in flight.
     pub fn task(&self, group: GroupId, task: TaskId) -> Option<&CoreTask<T>> {
         self.groups.get(group)?.as_ref()?.tasks.get(&task)
@@ -558,10 +601,17 @@ impl<R, T: Default> EngineCore<R, T> {
         if let Some(m) = self.models.get_mut(r.model).and_then(|m| m.as_mut()) {
             m.requests -= 1;
             if !r.slots.is_empty() {
-                // Nothing of the request runs any more (the policy's contract): its slots are free.
-                let mut slots = r.slots;
-                m.free_slots.append(&mut slots);
-                self.slots_freed.push(r.model);
+                match r.given_up_on {
+                    // A task given up on may still write them: held until its stream catches up.
+                    Some(worker) => m.held_slots.push((worker, r.slots)),
+                    // Nothing of the request runs any more (the policy's contract): its slots
+                    // are free.
+                    None => {
+                        let mut slots = r.slots;
+                        m.free_slots.append(&mut slots);
+                        self.slots_freed.push(r.model);
+                    }
+                }
             }
         }
         self.ready.push_back(CoreOutput::Complete {

@@ -248,3 +248,33 @@ fn a_submit_whose_input_is_in_place_is_ready_with_its_arrival() {
     assert!(matches!(out[1], CoreOutput::Launch { .. }), "request 2 arrives with its input ready");
     assert_eq!(seen.lock().unwrap().ready, vec![1, 3, 2]);
 }
+
+/// A task given up on (its stream failed or stalled past the watchdog) may still write its
+/// requests' state slots: when those requests complete, their slots are held back — a request
+/// waiting for slots does not get them — until the worker's stream catches up.
+#[test]
+fn slots_of_a_task_given_up_on_are_held_until_its_worker_catches_up() {
+    let (policy, _) = Recorder::new(u64::MAX);
+    let mut core = EngineCore::<RequestId>::default();
+    core.add_group(0, Box::new(policy));
+    core.add_model(0, 0, 1, 10); // one state slot
+    core.submit(us(1), submit(0, 1, 1)).unwrap();
+    core.input_ready(us(1), 1);
+    let launch = drain(&mut core);
+    let [CoreOutput::Launch { group, task }] = launch[..] else { panic!("{}", launch.len()) };
+    // A second request waits for the only slot.
+    core.submit(us(2), submit(0, 2, 1)).unwrap();
+    core.input_ready(us(2), 2);
+    assert!(drain(&mut core).is_empty(), "no slot for request 2 yet");
+    core.give_up(group, task);
+    core.task_done(us(3), group, &TaskReport::of(task), |_, _, _| RowEnd::Continue);
+    let out = drain(&mut core);
+    assert!(matches!(out[..], [CoreOutput::Complete { id: 1, .. }]), "request 1 ends, alone");
+    assert_eq!(core.queued(0), 1, "request 2 still waits: the slot is held");
+    core.worker_caught_up(0, 1); // another worker: nothing changes
+    assert!(drain(&mut core).is_empty());
+    core.worker_caught_up(0, 0);
+    let out = drain(&mut core);
+    assert!(matches!(out[..], [CoreOutput::Launch { .. }]), "request 2 gets the slot and runs");
+    assert_eq!(core.queued(0), 0);
+}

@@ -510,6 +510,11 @@ impl Engine {
             // nothing is written into this ring again.
             state.ring = None;
         }
+        if failure.is_some() {
+            // ... and may still write its requests' state slots: they are held back until its
+            // stream catches up (a failed one never does).
+            self.core.give_up(group, task);
+        }
         let error = io.error.take().or(failure);
         let output = std::mem::take(&mut io.output);
         let s = io.stages;
@@ -591,6 +596,10 @@ impl Engine {
             *w = stalled;
             if stalled {
                 s.metrics.worker_stalled(worker);
+            } else {
+                // The stream has run every task launched on it, those given up on included: the
+                // state slots held for them are free again.
+                self.core.worker_caught_up(model, worker);
             }
         }
     }
