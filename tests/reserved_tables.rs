@@ -1,6 +1,6 @@
 //! Serving within the admission bounds never grows a table (issue 18, soak): the request tables
 //! of the engine core and of every policy, and the engine's outbox, are reserved for a model's
-//! admission bound when it is added (`Policy::reserve`, `sched::reserve_ids`), so once a
+//! admission bound when it is added (`Policy::reserve`, `sched::IdTable`), so once a
 //! runtime has warmed up, fills to its bounds, overload bursts and drains allocate nothing
 //! large. Before the reservation the request tables doubled late and unpredictably (hashbrown
 //! doubles a table under churn whenever its live entries exceed half its capacity at the moment

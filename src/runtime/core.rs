@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use crate::error::Code;
 use crate::sched::{
-    Arrival, CellGraph, CellType, Decision, Exec, IdMap, ModelId, Policy, RequestId, TaskId, TaskReport,
-    TaskShape, Time, WorkerId, WorkerShape, reserve_ids,
+    Arrival, CellGraph, CellType, Decision, Exec, IdMap, IdTable, ModelId, Policy, RequestId, TaskId,
+    TaskReport, TaskShape, Time, WorkerId, WorkerShape,
 };
 
 /// Index of a group (one policy and its workers) in the core.
@@ -176,7 +176,7 @@ struct CoreModel {
 pub(crate) struct EngineCore<R, T = ()> {
     groups: Vec<Option<CoreGroup<T>>>,
     models: Vec<Option<CoreModel>>,
-    requests: IdMap<CoreRequest<R>>,
+    requests: IdTable<CoreRequest<R>>,
     /// The latest instant an event carried; decisions taken while draining happen then.
     now: Time,
     /// Groups whose policy may have decisions pending, drained by `poll`.
@@ -186,10 +186,9 @@ pub(crate) struct EngineCore<R, T = ()> {
     /// Completions the core decided itself (cancel or expiry while waiting for slots).
     ready: VecDeque<CoreOutput<R>>,
     closing: usize,
-    /// The sum of the admission bounds of the models served, and the largest it has been: what
-    /// `requests` is reserved for (reserved again only when the sum passes it: `reserve_ids`).
+    /// The sum of the admission bounds of the models served (`requests` is reserved for the
+    /// largest it has been: `IdTable`).
     max_requests: usize,
-    reserved_for: usize,
 }
 
 impl<R, T> Default for EngineCore<R, T> {
@@ -197,14 +196,13 @@ impl<R, T> Default for EngineCore<R, T> {
         EngineCore {
             groups: Vec::new(),
             models: Vec::new(),
-            requests: IdMap::default(),
+            requests: IdTable::default(),
             now: Time::ZERO,
             dirty: Vec::new(),
             slots_freed: Vec::new(),
             ready: VecDeque::new(),
             closing: 0,
             max_requests: 0,
-            reserved_for: 0,
         }
     }
 }
@@ -271,10 +269,7 @@ impl<R, T: Default> EngineCore<R, T> {
             return;
         }
         self.max_requests = self.max_requests.saturating_add(max_requests);
-        if self.max_requests > self.reserved_for {
-            self.reserved_for = self.max_requests;
-            reserve_ids(&mut self.requests, self.max_requests);
-        }
+        self.requests.reserve_for(self.max_requests);
         let waiting = if state_slots > 0 { max_requests } else { 0 };
         let m = CoreModel {
             group,

@@ -99,7 +99,8 @@ pub type RequestId = u64;
 /// A map keyed by request or task ids, hashed with one multiplication (see [`IdHasher`]).
 pub(crate) type IdMap<V> = HashMap<RequestId, V, BuildHasherDefault<IdHasher>>;
 
-/// Reserve `map` so that it holds up to `held` entries at once without ever allocating again.
+/// A request table ([`IdMap`]) that remembers the bound it is reserved for: every table kept
+/// per request (the core's and each policy's) is one, so the reservation rule lives here alone.
 ///
 /// A hash table under churn (inserts and removals forever, as request tables see) grows by
 /// hashbrown's rule: when its removed entries use up the free room, it rehashes in place if the
@@ -110,13 +111,46 @@ pub(crate) type IdMap<V> = HashMap<RequestId, V, BuildHasherDefault<IdHasher>>;
 /// memory it holds is fixed when the bound is known (a model added with its admission bound)
 /// instead of depending on the load's history.
 ///
-/// Call it when the bound grows, not again for a bound already reserved: a table's `capacity`
-/// counts only the room its tombstones leave, so after churn a table reserved for the bound
-/// looks short of it, and reserving again would double it.
-pub(crate) fn reserve_ids<V>(map: &mut IdMap<V>, held: usize) {
-    let want = held.saturating_mul(2).saturating_add(2);
-    if map.capacity() < want {
-        map.reserve(want - map.len());
+/// [`reserve_for`](IdTable::reserve_for) reserves only when the bound grows past every bound
+/// before: a table's `capacity` counts only the room its tombstones leave, so after churn a
+/// table reserved for the bound looks short of it, and reserving again would double it.
+#[derive(Debug)]
+pub(crate) struct IdTable<V> {
+    map: IdMap<V>,
+    reserved_for: usize,
+}
+
+impl<V> Default for IdTable<V> {
+    fn default() -> Self {
+        IdTable { map: IdMap::default(), reserved_for: 0 }
+    }
+}
+
+impl<V> IdTable<V> {
+    /// Up to `held` entries may be in the table at once: reserve for them, unless it already is
+    /// for as many (see the type's documentation).
+    pub(crate) fn reserve_for(&mut self, held: usize) {
+        if held <= self.reserved_for {
+            return;
+        }
+        self.reserved_for = held;
+        let want = held.saturating_mul(2).saturating_add(2);
+        if self.map.capacity() < want {
+            self.map.reserve(want - self.map.len());
+        }
+    }
+}
+
+impl<V> std::ops::Deref for IdTable<V> {
+    type Target = IdMap<V>;
+    fn deref(&self) -> &IdMap<V> {
+        &self.map
+    }
+}
+
+impl<V> std::ops::DerefMut for IdTable<V> {
+    fn deref_mut(&mut self) -> &mut IdMap<V> {
+        &mut self.map
     }
 }
 
@@ -374,7 +408,7 @@ pub trait Policy: Send {
     /// with that admission bound (the drivers never hold more of its requests). Called once per
     /// model as it joins; the tables are not shrunk when one leaves (the threaded engine gives
     /// each model a group of its own, released with it). A policy
-    /// reserves whatever it keeps per request (tables keyed by request: see [`reserve_ids`]), so
+    /// reserves whatever it keeps per request (tables keyed by request: see [`IdTable`]), so
     /// that serving within the bounds never allocates a larger table later and the memory it
     /// holds does not depend on the load's history. 0: no bound known (the simulator's open
     /// loop); the tables grow as needed.
@@ -472,8 +506,8 @@ mod reserve_tests {
     fn a_reserved_table_never_grows_under_churn_within_its_bound() {
         // (Smaller under Miri, which interprets ~1000× slower.)
         let (held, rounds) = if cfg!(miri) { (100, 200) } else { (1000, 2000) };
-        let mut reserved = IdMap::default();
-        reserve_ids(&mut reserved, held);
+        let mut reserved = IdTable::default();
+        reserved.reserve_for(held);
         let before = reserved.capacity();
         assert!(before >= 2 * held + 2, "{before}");
         // (`capacity` is what fits before the table must grow: it dips as removed entries
@@ -481,6 +515,13 @@ mod reserve_tests {
         // more than it did when reserved.)
         let caps = churn(&mut reserved, held, held * 9 / 10, rounds);
         assert!(caps.iter().all(|&c| c <= before), "a reserved table grew: {caps:?}");
+        // A bound it already holds reserves nothing more (the churned table's room is short of
+        // the bound, and reserving again for it would double the table); a larger one does.
+        let room = reserved.capacity();
+        reserved.reserve_for(held);
+        assert_eq!(reserved.capacity(), room, "reserved again for a bound it held");
+        reserved.reserve_for(held + 1);
+        assert!(reserved.capacity() >= 2 * held + 4);
 
         // Without it, the same churn doubles the table after the first fill to the bound has
         // sized it for every live entry: the growth a soak saw long after its baseline.

@@ -36,8 +36,7 @@ use std::time::Duration;
 use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerShape,
-    reserve_ids,
+    Arrival, Decision, IdTable, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerShape,
 };
 
 pub use model::{Formula, Linear, StageFit, Stages, Streams};
@@ -104,7 +103,7 @@ struct Running {
 pub struct AdaptivePolicy {
     cfg: AdaptiveConfig,
     book: Book,
-    requests: IdMap<Entry>,
+    requests: IdTable<Entry>,
     /// Waiting requests in arrival order (ids that left are skipped).
     queue: VecDeque<RequestId>,
     /// Launched tasks in launch order (the worker runs them in order).
@@ -124,7 +123,7 @@ impl AdaptivePolicy {
         cfg.check()?;
         Ok(AdaptivePolicy {
             book: Book::default(),
-            requests: IdMap::default(),
+            requests: IdTable::default(),
             queue: VecDeque::new(),
             running: VecDeque::new(),
             fits: std::array::from_fn(|_| StageFit::new(cfg.window)),
@@ -282,7 +281,7 @@ impl Policy for AdaptivePolicy {
 
     fn reserve(&mut self, requests: usize) {
         let held = self.book.reserve(requests);
-        reserve_ids(&mut self.requests, held);
+        self.requests.reserve_for(held);
     }
 
     fn arrive(&mut self, now: Time, req: Arrival) {

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, CellGraph, CellType, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
-    WorkerId, WorkerShape, reserve_ids,
+    Arrival, CellGraph, CellType, Decision, IdMap, IdTable, Policy, RequestId, TaskId, TaskReport, TaskShape,
+    Time, WorkerId, WorkerShape,
 };
 
 /// Which non-empty bucket an idle worker takes its batch from.
@@ -176,7 +176,7 @@ impl Batch {
 /// The padding (graph batching) baseline.
 pub struct PaddingPolicy {
     cfg: PaddingConfig,
-    reqs: IdMap<Req>,
+    reqs: IdTable<Req>,
     buckets: BTreeMap<usize, VecDeque<RequestId>>,
     /// The bucket served last (round-robin continues after it).
     cursor: Option<usize>,
@@ -194,7 +194,7 @@ impl PaddingPolicy {
         Ok(PaddingPolicy {
             batches: (0..cfg.workers).map(|_| None).collect(),
             cfg,
-            reqs: IdMap::default(),
+            reqs: IdTable::default(),
             buckets: BTreeMap::new(),
             cursor: None,
             arrivals: 0,
@@ -408,7 +408,7 @@ impl Policy for PaddingPolicy {
 
     fn reserve(&mut self, requests: usize) {
         let held = self.book.reserve(requests);
-        reserve_ids(&mut self.reqs, held);
+        self.reqs.reserve_for(held);
     }
 
     fn arrive(&mut self, now: Time, a: Arrival) {

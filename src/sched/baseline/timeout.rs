@@ -20,8 +20,8 @@ use std::time::Duration;
 use crate::error::Code;
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
-    reserve_ids,
+    Arrival, Decision, IdMap, IdTable, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId,
+    WorkerShape,
 };
 
 /// Configuration of [`TimeoutPolicy`].
@@ -61,7 +61,7 @@ struct Entry {
 #[derive(Debug)]
 pub struct TimeoutPolicy {
     cfg: TimeoutConfig,
-    requests: IdMap<Entry>,
+    requests: IdTable<Entry>,
     /// Queued request ids by priority (largest first), FIFO within a priority. May hold ids that
     /// already left the queue (cancelled / expired); those are skipped and never at a front.
     queues: BTreeMap<Reverse<i32>, VecDeque<RequestId>>,
@@ -80,7 +80,7 @@ impl TimeoutPolicy {
         assert!(cfg.workers >= 1, "workers must be at least 1");
         TimeoutPolicy {
             cfg,
-            requests: IdMap::default(),
+            requests: IdTable::default(),
             queues: BTreeMap::new(),
             book: Book::default(),
             idle: (0..cfg.workers).collect(),
@@ -176,7 +176,7 @@ impl Policy for TimeoutPolicy {
 
     fn reserve(&mut self, requests: usize) {
         let held = self.book.reserve(requests);
-        reserve_ids(&mut self.requests, held);
+        self.requests.reserve_for(held);
     }
 
     fn arrive(&mut self, now: Time, req: Arrival) {

@@ -70,8 +70,8 @@ use std::collections::VecDeque;
 use crate::error::{Code, Result};
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, CellGraph, CellType, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
-    WorkerId, WorkerShape, reserve_ids,
+    Arrival, CellGraph, CellType, Decision, IdTable, Policy, RequestId, TaskId, TaskReport, TaskShape, Time,
+    WorkerId, WorkerShape,
 };
 
 pub use config::{CellTypeConfig, CellularConfig, DEFAULT_MAX_TASKS_TO_SUBMIT};
@@ -190,7 +190,7 @@ pub struct CellularPolicy {
     /// lane checks before emitting a row, in a dense array rather than the request's record.
     alive: Vec<u32>,
     free: Vec<u32>,
-    by_id: IdMap<u32>,
+    by_id: IdTable<u32>,
     types: Vec<TypeQueues>,
     /// Per worker: its unfinished tasks in launch order.
     streams: Vec<VecDeque<TaskRec>>,
@@ -252,7 +252,7 @@ impl CellularPolicy {
             generations: Vec::new(),
             alive: Vec::new(),
             free: Vec::new(),
-            by_id: IdMap::default(),
+            by_id: IdTable::default(),
             types,
             book: Book::default(),
             spare_reqs: Vec::new(),
@@ -663,7 +663,7 @@ impl Policy for CellularPolicy {
         self.generations.reserve(more);
         self.alive.reserve(more);
         self.free.reserve(held.saturating_sub(self.free.len()));
-        reserve_ids(&mut self.by_id, held);
+        self.by_id.reserve_for(held);
     }
 
     fn arrive(&mut self, now: Time, a: Arrival) {

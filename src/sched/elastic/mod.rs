@@ -42,8 +42,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, Decision, IdMap, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId, WorkerShape,
-    reserve_ids,
+    Arrival, Decision, IdMap, IdTable, Policy, RequestId, TaskId, TaskReport, TaskShape, Time, WorkerId,
+    WorkerShape,
 };
 
 pub mod confs;
@@ -205,7 +205,7 @@ struct Task {
 pub struct ElasticPolicy {
     cfg: ElasticConfig,
     book: Book,
-    requests: IdMap<Request>,
+    requests: IdTable<Request>,
     /// Slots from serial `base` (the oldest not freed) to `next` (the next arrival's).
     ring: VecDeque<Slot>,
     base: u64,
@@ -235,7 +235,7 @@ impl ElasticPolicy {
         let m = cfg.workers.len();
         let mut p = ElasticPolicy {
             book: Book::default(),
-            requests: IdMap::default(),
+            requests: IdTable::default(),
             ring: VecDeque::with_capacity(cfg.ring_slots),
             base: 0,
             next: 0,
@@ -425,7 +425,7 @@ impl Policy for ElasticPolicy {
 
     fn reserve(&mut self, requests: usize) {
         let held = self.book.reserve(requests);
-        reserve_ids(&mut self.requests, held);
+        self.requests.reserve_for(held);
     }
 
     fn arrive(&mut self, now: Time, req: Arrival) {

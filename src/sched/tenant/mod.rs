@@ -68,8 +68,8 @@ use std::time::Duration;
 use crate::error::{Code, Error, Result};
 use crate::sched::book::Book;
 use crate::sched::{
-    Arrival, Exec, IdMap, Launch, ModelId, Policy, RequestId, TaskReport, TaskShape, Time, WorkerId,
-    WorkerShape, reserve_ids,
+    Arrival, Exec, IdMap, IdTable, Launch, ModelId, Policy, RequestId, TaskReport, TaskShape, Time, WorkerId,
+    WorkerShape,
 };
 pub use blocks::CapRule;
 pub use profile::{LayerProfile, TenantModel, Versions};
@@ -231,7 +231,7 @@ struct Run {
 pub struct TenantPolicy {
     cfg: TenantConfig,
     book: Book,
-    queries: IdMap<Query>,
+    queries: IdTable<Query>,
     /// Queries waiting for cores (not started, or between blocks), by arrival.
     waiting: BTreeSet<(Time, RequestId)>,
     /// The same per model, by [`Query::since`] (PREMA's pick reads the one of each model that
@@ -293,7 +293,7 @@ impl TenantPolicy {
         Ok(TenantPolicy {
             cfg,
             book: Book::default(),
-            queries: IdMap::default(),
+            queries: IdTable::default(),
             waiting: BTreeSet::new(),
             waiting_by_model: vec![BTreeSet::new(); n],
             runs: IdMap::default(),
@@ -517,7 +517,7 @@ impl Policy for TenantPolicy {
 
     fn reserve(&mut self, requests: usize) {
         let held = self.book.reserve(requests);
-        reserve_ids(&mut self.queries, held);
+        self.queries.reserve_for(held);
     }
 
     fn arrive(&mut self, now: Time, req: Arrival) {
