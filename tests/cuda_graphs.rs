@@ -11,17 +11,11 @@ mod common;
 use std::sync::Arc;
 
 use common::layer_fixtures::assert_close;
+use common::run_ok;
 use serve::BackendChoice;
-use serve::backend::{Runner, RunnerShape, TaskData, Work};
+use serve::backend::{RunnerShape, Work};
 use serve::model::Network;
 use serve::model::resnet::{ResNet, ResNetConfig};
-
-/// Run `work` as one task of `rows` rows on worker 0 of `runner`; its output (it must not fail).
-fn run_task(runner: &dyn Runner, rows: usize, work: Work) -> Vec<f32> {
-    let (out, error) = common::run_task(runner, TaskData::new(rows, work));
-    assert!(error.is_none(), "{error:?}");
-    out
-}
 
 /// A resnet task's layers are queued eagerly the first time a worker sees its shape, captured
 /// into a CUDA graph the second, and replayed from it after: every one of them computes what the
@@ -58,11 +52,11 @@ fn resnet_layers_replayed_from_cuda_graphs_match_the_cpu() {
     for round in 0..rounds {
         for rows in [1, 3] {
             let x = serve::workload::values(rows * len, 1000 + round * 10 + rows as u64, 1.0);
-            let got = run_task(&*g, rows, Work::Dense(x.clone()));
-            let want = run_task(&*c, rows, Work::Dense(x.clone()));
+            let got = run_ok(&*g, rows, Work::Dense(x.clone()));
+            let want = run_ok(&*c, rows, Work::Dense(x.clone()));
             assert_close(&got, &want, 1e-4, &format!("round {round}, {rows} rows: CUDA vs CPU"));
-            let mid = run_task(&*c, rows, Work::Layers { first: 0, last: 2, input: x });
-            let tail = run_task(&*g, rows, Work::Layers { first: 2, last: layers, input: mid });
+            let mid = run_ok(&*c, rows, Work::Layers { first: 0, last: 2, input: x });
+            let tail = run_ok(&*g, rows, Work::Layers { first: 2, last: layers, input: mid });
             assert_close(&tail, &want, 1e-4, &format!("round {round}, {rows} rows: layers 2.. on CUDA"));
         }
     }

@@ -17,12 +17,13 @@ use common::recurrent::{
     Stress, assert_near, cancel_and_deadline_at_cell_boundaries, check_near_greedy, policies, serve_fixtures,
     stress,
 };
+use common::run_ok;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use serve::backend::{Runner, RunnerShape, TaskData, Work};
+use serve::backend::{RunnerShape, Work};
 use serve::model::bert::{Bert, BertConfig};
 use serve::model::resnet::{ResNet, ResNetConfig};
 use serve::model::{Lstm, Mlp, Network, Seq2Seq, TreeLstm};
@@ -290,13 +291,6 @@ fn layer_model_fixtures_match_pytorch_on_cuda() {
     serve_layer_fixtures(&rt, "CUDA");
 }
 
-/// Run `work` as one task of `rows` rows on worker 0 of `runner`; its output (it must not fail).
-fn run_task(runner: &dyn Runner, rows: usize, work: Work) -> Vec<f32> {
-    let (out, error) = common::run_task(runner, TaskData::new(rows, work));
-    assert!(error.is_none(), "{error:?}");
-    out
-}
-
 /// Larger random layer models on both backends through their runners: the whole model on CUDA
 /// against the CPU backend, and on CUDA every split into two layer ranges (`Work::Layers`, the
 /// first range's output the second's input) against the whole model.
@@ -363,8 +357,8 @@ fn layer_ranges_on_cuda_match_the_cpu_backend() {
         let shape = RunnerShape::fixed(1, rows);
         let g = gpu.prepare(net.clone(), shape, Arc::new(|| {})).unwrap();
         let c = cpu.prepare(net.clone(), shape, Arc::new(|| {})).unwrap();
-        let whole = run_task(&*g, rows, Work::Dense(input.clone()));
-        let want = run_task(&*c, rows, Work::Dense(input.clone()));
+        let whole = run_ok(&*g, rows, Work::Dense(input.clone()));
+        let want = run_ok(&*c, rows, Work::Dense(input.clone()));
         for r in 0..rows {
             let n = whole.len() / rows;
             assert_close(
@@ -376,10 +370,10 @@ fn layer_ranges_on_cuda_match_the_cpu_backend() {
         }
         let layers = net.layers().len();
         for split in 1..layers {
-            let mid = run_task(&*g, rows, Work::Layers { first: 0, last: split, input: input.clone() });
-            let cpu_mid = run_task(&*c, rows, Work::Layers { first: 0, last: split, input: input.clone() });
+            let mid = run_ok(&*g, rows, Work::Layers { first: 0, last: split, input: input.clone() });
+            let cpu_mid = run_ok(&*c, rows, Work::Layers { first: 0, last: split, input: input.clone() });
             assert_close(&mid, &cpu_mid, 1e-4, &format!("{kind}: layers 0..{split} on CUDA vs CPU"));
-            let end = run_task(&*g, rows, Work::Layers { first: split, last: layers, input: mid });
+            let end = run_ok(&*g, rows, Work::Layers { first: split, last: layers, input: mid });
             assert_close(&end, &whole, 1e-5, &format!("{kind}: split at layer {split}"));
         }
     }
@@ -426,8 +420,8 @@ fn ring_runs_are_read_in_the_device_ring() {
                 unsafe { ring.write(s, |row| row.copy_from_slice(&rows[s * len..(s + 1) * len])) }.unwrap();
             }
             for (first, n) in [(0, 4), (4, 3), (7, 1)] {
-                let got = run_task(&*runner, n, Work::Ring(ring.rows(first, n).unwrap()));
-                let want = run_task(&*runner, n, Work::Dense(rows[first * len..(first + n) * len].to_vec()));
+                let got = run_ok(&*runner, n, Work::Ring(ring.rows(first, n).unwrap()));
+                let want = run_ok(&*runner, n, Work::Dense(rows[first * len..(first + n) * len].to_vec()));
                 assert_close(
                     &got,
                     &want,

@@ -60,6 +60,14 @@ pub fn run_task(
     (io.output.clone(), io.error.clone())
 }
 
+/// Run `work` as one task of `rows` rows on worker 0 of `runner`; its output (the task must not
+/// fail).
+pub fn run_ok(runner: &dyn serve::backend::Runner, rows: usize, work: serve::backend::Work) -> Vec<f32> {
+    let (out, error) = run_task(runner, serve::backend::TaskData::new(rows, work));
+    assert!(error.is_none(), "{error:?}");
+    out
+}
+
 /// A fresh, unique directory under the system temp dir.
 pub fn tempdir(label: &str) -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
