@@ -14,8 +14,6 @@ use common::layer_fixtures::assert_close;
 use common::run_ok;
 use serve::BackendChoice;
 use serve::backend::{RunnerShape, Work};
-use serve::model::Network;
-use serve::model::resnet::{ResNet, ResNetConfig};
 
 /// A resnet task's layers are queued eagerly the first time a worker sees its shape, captured
 /// into a CUDA graph the second, and replayed from it after: every one of them computes what the
@@ -33,17 +31,7 @@ fn resnet_layers_replayed_from_cuda_graphs_match_the_cpu() {
     unsafe { std::env::set_var("SERVE_CUDA_GRAPHS", "1") };
     let gpu = serve::backend::create(BackendChoice::Cuda, 1).unwrap();
     let cpu = serve::backend::create(BackendChoice::Cpu, 2).unwrap();
-    let net = Arc::new(Network::ResNet(ResNet::random(
-        &ResNetConfig {
-            name: None,
-            block: "basic".into(),
-            layers: [1, 1, 1, 1],
-            num_classes: 10,
-            image: [3, 20, 18],
-            width: Some(8),
-        },
-        11,
-    )));
+    let net = Arc::new(common::small_resnet());
     let len = net.dense_lens().0;
     let layers = net.layers().len();
     let g = gpu.prepare(net.clone(), RunnerShape::fixed(1, 4), Arc::new(|| {})).unwrap();

@@ -381,18 +381,7 @@ fn layer_ranges_on_cuda_match_the_cpu_backend() {
 
 /// A small resnet and an mlp, the two models whose CUDA runners read a ring run on the device.
 fn ring_models() -> Vec<Arc<Network>> {
-    let resnet = Network::ResNet(ResNet::random(
-        &ResNetConfig {
-            name: None,
-            block: "basic".into(),
-            layers: [1, 1, 1, 1],
-            num_classes: 10,
-            image: [3, 20, 18],
-            width: Some(8),
-        },
-        11,
-    ));
-    vec![Arc::new(resnet), Arc::new(Network::Mlp(Mlp::random(&[48, 96, 10], 12)))]
+    vec![Arc::new(common::small_resnet()), Arc::new(Network::Mlp(Mlp::random(&[48, 96, 10], 12)))]
 }
 
 /// E²bird's memory pool on CUDA, through a runner: the ring of a resnet or an mlp is mirrored on

@@ -68,6 +68,20 @@ pub fn run_ok(runner: &dyn serve::backend::Runner, rows: usize, work: serve::bac
     out
 }
 
+/// A small random resnet (basic blocks, one per stage, width 8, a 3 × 20 × 18 image, 10
+/// classes): a whole model in a few milliseconds on any backend.
+pub fn small_resnet() -> serve::model::Network {
+    let cfg = serve::model::resnet::ResNetConfig {
+        name: None,
+        block: "basic".into(),
+        layers: [1, 1, 1, 1],
+        num_classes: 10,
+        image: [3, 20, 18],
+        width: Some(8),
+    };
+    serve::model::Network::ResNet(serve::model::resnet::ResNet::random(&cfg, 11))
+}
+
 /// A fresh, unique directory under the system temp dir.
 pub fn tempdir(label: &str) -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
