@@ -196,7 +196,9 @@ pub(crate) fn cmd_bench_elastic(a: BenchElasticArgs) -> CliResult<()> {
         qos: Some(Duration::from_secs_f64(qos / 1e3)),
         token_gates_bytes: None,
     };
+    let memory = crate::elastic_memory::measure(&*backend, &net, &ElasticConfig::DEFAULT_WORKERS)?;
     let report = json!({
+        "memory": memory,
         "workload": format!("{:?}", e.arrivals).to_lowercase(),
         "backend": backend.kind().to_string(),
         "backend_description": backend.describe(),

@@ -23,6 +23,7 @@ mod bench_rnn;
 mod bench_step;
 mod demo;
 mod elastic_compare;
+mod elastic_memory;
 mod infer;
 mod info;
 mod plan_deepplan;
