@@ -4,7 +4,7 @@
 //! deadline at cell boundaries, many tasks in flight on several workers completing exactly
 //! once, models freed and loaded again while the runtime serves (a CUDA runner dropped
 //! mid-run, its index reused), and elastic batching's device ring (each input copied to the
-//! device once, at arrival; a batch read there in place).
+//! device once, at arrival; a batch copied from there on the device, no gather or upload at launch).
 //!
 //! With no CUDA device every test prints `skipped: no CUDA device` and passes, unless
 //! `SERVE_REQUIRE_GPU=1`, which makes a missing device (or a CUDA backend that cannot start) a

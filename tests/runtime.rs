@@ -56,16 +56,25 @@ fn mlp_outputs_match_reference_under_batching() {
     assert!(s.tasks_launched < 200, "requests were batched: {} tasks", s.tasks_launched);
     assert_eq!(s.batched_requests, 200);
     // The engine thread worked (it handled 200 arrivals), never longer than the runtime has
-    // existed, and is not counted busy while parked: after 80 ms with nothing to do, the turn
-    // that serves one more request adds its own time, not the park's.
+    // existed, and is not counted busy while parked: after 80 ms with nothing to do, the turns
+    // that serve one more request add their own time, which lies between the submit and the
+    // moment their time is read — not the park's, which lies before the submit.
     let busy = Duration::from_nanos(s.engine_busy_ns);
     assert!(!busy.is_zero() && busy <= started.elapsed(), "engine busy {busy:?}");
     let model = rt.load_model(&dir, timeout_opts(8, Duration::ZERO, 1)).unwrap();
-    let before = rt.stats().engine_busy_ns;
     std::thread::sleep(Duration::from_millis(80));
+    let (before, submitted) = (rt.stats().engine_busy_ns, Instant::now());
     model.submit(Input::F32(input(16, 0)), SubmitOptions::default()).unwrap().wait().unwrap();
-    let grew = Duration::from_nanos(rt.stats().engine_busy_ns - before);
-    assert!(grew < Duration::from_millis(40), "busy {grew:?} for one request after 80 ms parked");
+    // A turn's time is counted when the turn ends, which may be just after the completion.
+    let grew = loop {
+        let now = rt.stats().engine_busy_ns;
+        if now > before {
+            break Duration::from_nanos(now - before);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let window = submitted.elapsed();
+    assert!(grew <= window, "busy {grew:?} for one request served within {window:?}, after 80 ms parked");
 }
 
 #[test]

@@ -38,6 +38,21 @@ pub const MAX_RING_BYTES: usize = 1 << 30;
 #[repr(C, align(64))]
 struct Line(UnsafeCell<[f32; LINE]>);
 
+impl Line {
+    /// Zeroed lines holding at least `values` f32s.
+    fn zeroed(values: usize) -> Box<[Line]> {
+        (0..values.div_ceil(LINE)).map(|_| Line(UnsafeCell::new([0.0; LINE]))).collect()
+    }
+
+    /// The first value of `lines`, writable through a shared reference.
+    fn first_value(lines: &[Line]) -> *mut f32 {
+        // `Line` is `repr(C)` around an `UnsafeCell<[f32; 16]>` (itself `repr(transparent)`), so
+        // the lines are one contiguous run of f32s; `UnsafeCell::raw_get` gives the writable
+        // pointer a shared reference allows.
+        UnsafeCell::raw_get(lines.as_ptr().cast::<UnsafeCell<[f32; LINE]>>()).cast::<f32>()
+    }
+}
+
 /// A backend's home for a ring's rows (see the module documentation).
 pub trait RingMirror: Any + Send + Sync {
     /// The host rows: at least [`values`](Self::values) f32s from a 64-byte-aligned address,
@@ -82,8 +97,7 @@ impl InputRing {
     /// A ring of `slots` rows of `row_len` values, zeroed; `UNAVAILABLE` past [`MAX_RING_BYTES`].
     pub fn new(slots: usize, row_len: usize) -> Result<InputRing> {
         let values = Self::values_of(slots, row_len)?;
-        let lines = (0..values.div_ceil(LINE)).map(|_| Line(UnsafeCell::new([0.0; LINE]))).collect();
-        Ok(InputRing { rows: Rows::Heap(lines), slots, row_len })
+        Ok(InputRing { rows: Rows::Heap(Line::zeroed(values)), slots, row_len })
     }
 
     /// A ring of `slots` rows of `row_len` values kept in `mirror`'s host memory (which must
@@ -120,12 +134,7 @@ impl InputRing {
     /// The first value of the buffer.
     fn base(&self) -> *mut f32 {
         match &self.rows {
-            // `Line` is `repr(C)` around an `UnsafeCell<[f32; 16]>` (itself `repr(transparent)`),
-            // so the lines are one contiguous run of f32s; `UnsafeCell::raw_get` gives the
-            // writable pointer a shared reference allows.
-            Rows::Heap(lines) => {
-                UnsafeCell::raw_get(lines.as_ptr().cast::<UnsafeCell<[f32; LINE]>>()).cast::<f32>()
-            }
+            Rows::Heap(lines) => Line::first_value(lines),
             Rows::Mirrored(m) => m.host().as_ptr(),
         }
     }
@@ -250,7 +259,7 @@ mod tests {
     impl LogMirror {
         fn new(values: usize) -> LogMirror {
             LogMirror {
-                lines: (0..values.div_ceil(LINE)).map(|_| Line(UnsafeCell::new([0.0; LINE]))).collect(),
+                lines: Line::zeroed(values),
                 log: Default::default(),
                 fail_publish: Default::default(),
             }
@@ -263,8 +272,7 @@ mod tests {
 
     impl RingMirror for LogMirror {
         fn host(&self) -> NonNull<f32> {
-            let p = UnsafeCell::raw_get(self.lines.as_ptr().cast::<UnsafeCell<[f32; LINE]>>()).cast::<f32>();
-            NonNull::new(p).unwrap()
+            NonNull::new(Line::first_value(&self.lines)).unwrap()
         }
         fn values(&self) -> usize {
             self.lines.len() * LINE

@@ -477,8 +477,15 @@ mod reserve_tests {
 
     /// Churn as a request table sees it: ids ever increasing, requests ending in any order (a
     /// short request overtakes a long one), the live count kept between `low` and `held`.
-    /// Returns every capacity the map had.
-    fn churn(map: &mut IdMap<[u64; 4]>, held: usize, low: usize, rounds: usize) -> Vec<usize> {
+    /// Returns every capacity the map had; stops early after a round that leaves a capacity
+    /// `stop` accepts.
+    fn churn(
+        map: &mut IdMap<[u64; 4]>,
+        held: usize,
+        low: usize,
+        rounds: usize,
+        stop: impl Fn(usize) -> bool,
+    ) -> Vec<usize> {
         let mut caps = vec![map.capacity()];
         let (mut next, mut live, mut rng) = (0u64, Vec::new(), 0x9E37_79B9_7F4A_7C15u64);
         for r in 0..rounds {
@@ -498,6 +505,9 @@ mod reserve_tests {
                 map.remove(&id);
             }
             caps.push(map.capacity());
+            if stop(map.capacity()) {
+                break;
+            }
         }
         caps
     }
@@ -513,20 +523,26 @@ mod reserve_tests {
         // (`capacity` is what fits before the table must grow: it dips as removed entries
         // leave tombstones, until a rehash in place clears them; a table that grew would hold
         // more than it did when reserved.)
-        let caps = churn(&mut reserved, held, held * 9 / 10, rounds);
+        let caps = churn(&mut reserved, held, held * 9 / 10, rounds, |_| false);
         assert!(caps.iter().all(|&c| c <= before), "a reserved table grew: {caps:?}");
-        // A bound it already holds reserves nothing more (the churned table's room is short of
-        // the bound, and reserving again for it would double the table); a larger one does.
-        let room = reserved.capacity();
-        reserved.reserve_for(held);
-        assert_eq!(reserved.capacity(), room, "reserved again for a bound it held");
-        reserved.reserve_for(held + 1);
-        assert!(reserved.capacity() >= 2 * held + 4);
+
+        // A bound it already holds reserves nothing more: churned until its room is short of
+        // the bound (tombstones), a table reserved again for that bound would double.
+        let want = 2 * held + 2;
+        let mut short = IdTable::default();
+        short.reserve_for(held);
+        churn(&mut short, held, held * 9 / 10, rounds, |c| c < want);
+        let room = short.capacity();
+        assert!(room < want, "the churn never left the table's room short of the bound: {room}");
+        short.reserve_for(held);
+        assert_eq!(short.capacity(), room, "reserved again for a bound it held");
+        short.reserve_for(held + 1);
+        assert!(short.capacity() >= want + 2, "a larger bound is reserved: {}", short.capacity());
 
         // Without it, the same churn doubles the table after the first fill to the bound has
         // sized it for every live entry: the growth a soak saw long after its baseline.
         let mut grown = IdMap::default();
-        let caps = churn(&mut grown, held, held * 9 / 10, rounds);
+        let caps = churn(&mut grown, held, held * 9 / 10, rounds, |_| false);
         let (first, most) = (caps[1], caps.iter().copied().max().unwrap());
         assert!(first >= held && most >= 2 * first, "{caps:?}");
     }

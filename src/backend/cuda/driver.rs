@@ -252,8 +252,19 @@ impl CudaDevice {
 }
 
 /// Make `ctx` current on this thread (cudarc's safe calls do this themselves; raw calls must).
+///
+/// Not through cudarc's `bind_to_thread`: that first returns (and clears) any error cudarc
+/// recorded on the shared context from an earlier call on any thread — a buffer's drop, say —
+/// which says nothing about the call at hand. Through it, such an error failed an unrelated
+/// task, or made the poller's health check report a working stream failed (its tasks' requests
+/// then completed, their state slots reused while its kernels still ran).
 pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
-    check("cuCtxSetCurrent", ctx.bind_to_thread())
+    let current = check("cuCtxGetCurrent", cu::ctx::get_current())?;
+    if current != Some(ctx.cu_ctx()) {
+        // SAFETY: a live context (kept by `ctx`); the call only makes it current on this thread.
+        check("cuCtxSetCurrent", unsafe { cu::ctx::set_current(ctx.cu_ctx()) })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

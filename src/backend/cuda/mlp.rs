@@ -5,7 +5,7 @@
 //! straight into the staging's pinned, mapped output buffer.
 
 use super::abi;
-use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, bias_act_params, dim, host_slice};
+use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, bias_act_params, dim, enqueue_dense_input};
 use super::{CudaDevice, DeviceBuffer, Stream};
 use crate::backend::Work;
 use crate::error::{Error, Result};
@@ -139,21 +139,7 @@ impl DeviceModel for Dense {
     fn enqueue(&self, ctx: Ctx<'_>, bufs: &mut Buffers, plan: &Plan, st: &Staging) -> Result<()> {
         let Buffers { input, a, b } = bufs;
         let rows = plan.padded;
-        match plan.ring_input {
-            // The task's run of the device ring, into the worker's input buffer on the device
-            // (the GEMM reads a whole buffer; the copy is at device-memory speed).
-            // SAFETY: the run holds rows × input values of the ring's device memory (this
-            // context), not rewritten before the task's counter is seen (ring.rs); `input` holds
-            // B × input ≥ that (checked by the copy).
-            Some(p) => unsafe { ctx.stream.copy_from_address(p, input, rows * self.input_len) }?,
-            // SAFETY: the staging's input values are written only by `stage` (before this) and
-            // read only by this copy; the staging belongs to the task until its counter is seen,
-            // so it stays allocated and unmodified until the copy has run. `needs.dense` = rows
-            // × input ≤ its length and ≤ `input` (B × input).
-            None => {
-                unsafe { ctx.stream.upload_into_async(input, 0, host_slice(&st.dense, plan.needs.dense)) }?
-            }
-        }
+        enqueue_dense_input(ctx.stream, plan, st, input, rows * self.input_len)?;
         let last = self.layers.len() - 1;
         for (k, l) in self.layers.iter().enumerate() {
             let (src, dst): (&DeviceBuffer<f32>, &mut DeviceBuffer<f32>) = if k == 0 {

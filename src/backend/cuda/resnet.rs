@@ -8,7 +8,7 @@
 
 use super::abi;
 use super::graph::GraphKey;
-use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, bias_act_params, dim, host_slice};
+use super::runner::{Ctx, DeviceModel, Needs, Plan, Staging, bias_act_params, dim, enqueue_dense_input};
 use super::{CudaDevice, DeviceBuffer, Stream};
 use crate::backend::Work;
 use crate::error::{Error, Result};
@@ -205,32 +205,19 @@ impl DeviceModel for ResNetGpu {
         }
     }
 
-    fn enqueue(&self, ctx: Ctx<'_>, bufs: &mut ResNetBuffers, plan: &Plan, st: &Staging) -> Result<()> {
-        let Ctx { device, kernels, stream, blas } = ctx;
-        self.enqueue_input(Ctx { device, kernels, stream, blas }, bufs, plan, st)?;
-        self.enqueue_body(Ctx { device, kernels, stream, blas }, bufs, plan)?;
-        self.enqueue_output(Ctx { device, kernels, stream, blas }, bufs, plan, st)
-    }
-
     fn graph_key(&self, plan: &Plan) -> Option<GraphKey> {
         Some((plan.padded, plan.layers.0, plan.layers.1))
     }
 
     /// The values entering the task's first layer into the worker's `a`.
     fn enqueue_input(&self, ctx: Ctx<'_>, bufs: &mut ResNetBuffers, plan: &Plan, st: &Staging) -> Result<()> {
-        let n = plan.padded * self.shapes[plan.layers.0].values();
-        match plan.ring_input {
-            // SAFETY: the task's run of the device ring: n values of the ring's device memory
-            // (this context), not rewritten before the task's counter is seen (ring.rs); the
-            // copy checks that `a` holds them.
-            Some(p) => unsafe { ctx.stream.copy_from_address(p, &mut bufs.a, n) },
-            // SAFETY: the staging's input values are written only by `stage` and read only by
-            // this copy; the staging belongs to the task until its counter is seen (runner.rs).
-            // needs.dense = n ≤ the buffer (max_batch × the largest activation).
-            None => unsafe {
-                ctx.stream.upload_into_async(&mut bufs.a, 0, host_slice(&st.dense, plan.needs.dense))
-            },
-        }
+        enqueue_dense_input(
+            ctx.stream,
+            plan,
+            st,
+            &mut bufs.a,
+            plan.padded * self.shapes[plan.layers.0].values(),
+        )
     }
 
     /// The layers `[first, last)`, from `a`; the result ends in `a` after an even number of

@@ -11,8 +11,8 @@
 //! * **a task** whose batch is a run of consecutive slots makes its worker's stream wait for the
 //!   run's copies ([`DeviceRing::wait`]: one `cuStreamWaitEvent`, on the event of the run's
 //!   slot written last: the input stream runs its copies in order, so that one finishing means
-//!   all of them have) and reads the rows in place at [`DeviceRing::device_ptr`]: no gather and
-//!   no upload at launch;
+//!   all of them have) and copies them, on the device, from [`DeviceRing::device_ptr`] into the
+//!   worker's input buffer: no host gather and no upload at launch;
 //! * **claim**: before the engine rewrites a slot's host row, the copy of its last write must
 //!   have read it (`cuEventSynchronize` on the slot's event; long done in practice, since the
 //!   slot was freed only after the batch that read it was answered).

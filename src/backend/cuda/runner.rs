@@ -63,13 +63,14 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self as cusys, CUresult};
 
 use super::abi;
-use super::driver::driver_error;
+use super::driver::{bind, driver_error};
 use super::graph::{self, GraphKey, Graphs, Queued};
 use super::kernels::{self, BLOCK};
 use super::memory::Pod;
 use super::ring::DeviceRing;
 use super::{
-    Blas, CudaDevice, CudaSignal, Event, Function, LaunchConfig, Module, PinnedMapped, SignalCounters, Stream,
+    Blas, CudaDevice, CudaSignal, DeviceBuffer, Event, Function, LaunchConfig, Module, PinnedMapped,
+    SignalCounters, Stream,
 };
 use crate::backend::ring::InputRing;
 use crate::backend::{CompletionSignal, Runner, RunnerShape, TaskData, TaskIo, Work};
@@ -458,57 +459,70 @@ pub(super) trait DeviceModel: Send + Sync + 'static {
     /// Write the task's host-side inputs into `staging` (host only), which fits `plan.needs`;
     /// `scratch` is the worker's reusable host buffer.
     fn stage(&self, work: &Work, plan: &Plan, staging: &mut Staging, scratch: &mut Vec<u32>) -> Result<()>;
-    /// Queue the task's uploads, kernels and GEMMs on `ctx.stream`, outputs into `staging`.
-    fn enqueue(&self, ctx: Ctx<'_>, bufs: &mut Self::Buffers, plan: &Plan, staging: &Staging) -> Result<()>;
+    /// Queue the task's uploads, kernels and GEMMs on `ctx.stream`, outputs into `staging`. The
+    /// default queues the three parts of a model that splits its work (`graph_key`).
+    fn enqueue(&self, ctx: Ctx<'_>, bufs: &mut Self::Buffers, plan: &Plan, staging: &Staging) -> Result<()> {
+        let Ctx { device, kernels, stream, blas } = ctx;
+        self.enqueue_input(Ctx { device, kernels, stream, blas }, bufs, plan, staging)?;
+        self.enqueue_body(Ctx { device, kernels, stream, blas }, bufs, plan)?;
+        self.enqueue_output(Ctx { device, kernels, stream, blas }, bufs, plan, staging)
+    }
     /// For a model that splits a task's work for CUDA graphs (graph.rs): the key its body is a
     /// function of. The runner then queues `enqueue_input`, the body (`enqueue_body`, replayed
-    /// from a graph once captured) and `enqueue_output` instead of `enqueue`. `None` (the
-    /// default): `enqueue`.
+    /// from a graph once captured) and `enqueue_output` itself. `None` (the default): the model
+    /// implements `enqueue` whole, and not the three parts.
     fn graph_key(&self, plan: &Plan) -> Option<GraphKey> {
         let _ = plan;
         None
     }
     /// The task's input into the worker's buffers (from the staging, or the device ring).
-    fn enqueue_input(
-        &self,
-        ctx: Ctx<'_>,
-        bufs: &mut Self::Buffers,
-        plan: &Plan,
-        staging: &Staging,
-    ) -> Result<()> {
-        let _ = (ctx, bufs, plan, staging);
-        Err(Error::internal("this model does not split its work"))
+    fn enqueue_input(&self, _: Ctx<'_>, _: &mut Self::Buffers, _: &Plan, _: &Staging) -> Result<()> {
+        Err(not_split())
     }
     /// The task's layers: reads and writes only the worker's buffers and the model's weights,
     /// every address and size a function of the worker and `graph_key` alone.
-    fn enqueue_body(&self, ctx: Ctx<'_>, bufs: &mut Self::Buffers, plan: &Plan) -> Result<()> {
-        let _ = (ctx, bufs, plan);
-        Err(Error::internal("this model does not split its work"))
+    fn enqueue_body(&self, _: Ctx<'_>, _: &mut Self::Buffers, _: &Plan) -> Result<()> {
+        Err(not_split())
     }
     /// The task's result from the worker's buffers into the staging.
-    fn enqueue_output(
-        &self,
-        ctx: Ctx<'_>,
-        bufs: &mut Self::Buffers,
-        plan: &Plan,
-        staging: &Staging,
-    ) -> Result<()> {
-        let _ = (ctx, bufs, plan, staging);
-        Err(Error::internal("this model does not split its work"))
+    fn enqueue_output(&self, _: Ctx<'_>, _: &mut Self::Buffers, _: &Plan, _: &Staging) -> Result<()> {
+        Err(not_split())
+    }
+}
+
+/// What the parts of [`DeviceModel::enqueue`] give for a model that implements it whole.
+fn not_split() -> Error {
+    Error::internal("this model does not split its work into input, body and output")
+}
+
+/// Queue a fixed-shape task's `values` input values into `dst`, the worker's input buffer: copied
+/// on the device from the task's run of the device ring (`Plan::ring_input`), or uploaded from
+/// the staging's dense input.
+pub(super) fn enqueue_dense_input(
+    stream: &Stream,
+    plan: &Plan,
+    st: &Staging,
+    dst: &mut DeviceBuffer<f32>,
+    values: usize,
+) -> Result<()> {
+    match plan.ring_input {
+        // SAFETY: the task's run of the device ring holds its `values` values in the ring's
+        // device memory (this context: `DeviceRing::device_ptr` checked), not rewritten before
+        // the task's counter is seen (ring.rs); the copy checks that `dst` holds them.
+        Some(p) => unsafe { stream.copy_from_address(p, dst, values) },
+        // SAFETY: the staging's input values are written only by `stage` (before this) and read
+        // only by this copy; the staging belongs to the task until its counter is seen, so it
+        // stays allocated and unmodified until the copy has run. `host_slice` checks `values`
+        // against the staging, the copy against `dst`.
+        None => unsafe { stream.upload_into_async(dst, 0, host_slice(&st.dense, values)) },
     }
 }
 
 /// Why `stream` can no longer complete work (a device fault; the context is then unusable), or
 /// `None` while it works (busy or idle).
 pub(super) fn stream_failure(stream: &Stream) -> Option<Error> {
-    // Bound directly, not through cudarc's `bind_to_thread`: that first returns (and clears) any
-    // error cudarc recorded on the shared context from an earlier call on any thread (a buffer's
-    // drop, say), which says nothing about this stream — and a stream wrongly reported failed has
-    // its tasks' requests completed and their state slots reused while its kernels still run.
-    // SAFETY: a live context (kept by `stream`); the call only makes it current on this thread.
-    let bound = unsafe { cusys::cuCtxSetCurrent(stream.cudarc().context().cu_ctx()) };
-    if bound != CUresult::CUDA_SUCCESS {
-        return Some(driver_error("cuCtxSetCurrent", DriverError(bound)));
+    if let Err(e) = bind(stream.cudarc().context()) {
+        return Some(e);
     }
     // SAFETY: a live stream (kept by `stream`) of the context bound above; the call only queries
     // its state. `cuStreamQuery` is in the checked symbol list (libs.rs).
