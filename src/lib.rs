@@ -20,7 +20,7 @@ pub use error::{Code, Error, Result};
 pub use model::{Input, ModelKind, Network, Output};
 pub use runtime::{
     CellularOptions, Completion, CompletionQueue, Model, ModelOptions, PolicyConfig, Runtime, RuntimeBuilder,
-    StatsSnapshot, SubmitOptions, Ticket,
+    StatsSnapshot, SubmitOptions, Tenant, TenantOptions, TenantSpec, Ticket,
 };
 pub use sched::adaptive::AdaptiveConfig;
 pub use sched::baseline::padding::{BucketOrder, PaddingConfig};

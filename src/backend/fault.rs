@@ -107,6 +107,10 @@ impl Backend for FaultyBackend {
         format!("{} with {} injected fault(s)", self.inner.describe(), self.plan.faults.len())
     }
 
+    fn cpu_threads(&self) -> usize {
+        self.inner.cpu_threads()
+    }
+
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
         if self.lost.load(Ordering::SeqCst) {
             return Err(Error::new(Code::Unavailable, "the device was lost (injected fault)"));

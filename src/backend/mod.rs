@@ -95,6 +95,10 @@ pub struct TaskData {
     pub rows: usize,
     /// CPU threads the task may use (0: the runner's own count; more than it has: its count).
     pub cores: usize,
+    /// The CPUs a core lease gives the task (VELTAIR, `runtime::tenant`): its threads run pinned
+    /// one to each, `cores` of them. Empty: not pinned (the CPU backend's layer runner reads
+    /// it; other runners ignore it).
+    pub lease: Vec<usize>,
     pub io: Mutex<TaskIo>,
 }
 
@@ -233,9 +237,17 @@ impl TaskData {
 
     /// A task that runs on at most `cores` threads (0: the runner's own count).
     pub fn with_cores(rows: usize, cores: usize, work: Work) -> Arc<TaskData> {
+        TaskData::leased(rows, cores, Vec::new(), work)
+    }
+
+    /// A task on the CPUs of a core lease: `lease.len()` threads, pinned one to each (an empty
+    /// lease: `cores` threads, not pinned).
+    pub fn leased(rows: usize, cores: usize, lease: Vec<usize>, work: Work) -> Arc<TaskData> {
+        let cores = if lease.is_empty() { cores } else { lease.len() };
         Arc::new(TaskData {
             rows,
             cores,
+            lease,
             io: Mutex::new(TaskIo {
                 work,
                 output: Vec::new(),
@@ -302,6 +314,10 @@ pub trait Backend: Send + Sync {
     /// Prepare `net` with `workers` streams for batches of up to `max_batch` rows and, for a
     /// recurrent model, an arena of `state_slots` state slots.
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>>;
+    /// The compute threads of a CPU backend (the most cores one task runs on); 0 for a device.
+    fn cpu_threads(&self) -> usize {
+        0
+    }
 }
 
 /// How a model is prepared on a backend.

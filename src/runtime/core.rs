@@ -14,7 +14,9 @@
 //!
 //! A **group** is one policy with its workers (as [`Policy::workers`] declares them) serving one
 //! or more models: a request is routed to its model's group, a launch names its model, and a
-//! task is known by its group and task id. The threaded engine gives each model a group of its
+//! task is known by its group and task id. A policy numbers its group's models `0, 1, …` in the
+//! order they were added (`Arrival::model`, `Launch::model`: a tenant policy indexes its
+//! profiles with them); the core translates to and from the driver's model indices. The threaded engine gives each model a group of its
 //! own (today's policies serve one model); the simulator and VELTAIR-style tenant schedulers put
 //! several models in one group.
 //!
@@ -143,7 +145,7 @@ pub(crate) enum CoreOutput<R> {
     /// A closed model has no request and no task left: the driver releases its resources and
     /// may reuse the index. `policy` is its group's policy when it was the group's last model
     /// (the group is gone too).
-    Released { model: ModelId, policy: Option<Box<dyn Policy>> },
+    Released { model: ModelId, group: GroupId, policy: Option<Box<dyn Policy>> },
 }
 
 struct CoreGroup<T> {
@@ -154,10 +156,14 @@ struct CoreGroup<T> {
     worker_free_at: Vec<Time>,
     /// Its models not yet released.
     models: usize,
+    /// The driver's index of each of its models, by the policy's number for it.
+    members: Vec<ModelId>,
 }
 
 struct CoreModel {
     group: GroupId,
+    /// Its number in its group's policy.
+    member: ModelId,
     /// Free state slots, and the requests waiting for slots in arrival order (their policy has
     /// not seen them yet).
     free_slots: Vec<u32>,
@@ -250,6 +256,7 @@ impl<R, T: Default> EngineCore<R, T> {
             policy,
             tasks: IdMap::default(),
             models: 0,
+            members: Vec::new(),
         };
         place(&mut self.groups, group, g);
     }
@@ -259,20 +266,23 @@ impl<R, T: Default> EngineCore<R, T> {
     /// bound; 0: no bound known): the request tables, here and in the group's policy
     /// ([`Policy::reserve`]), are reserved for it now, so serving never grows them later.
     pub fn add_model(&mut self, model: ModelId, group: GroupId, state_slots: usize, max_requests: usize) {
-        if let Some(g) = self.groups.get_mut(group).and_then(|g| g.as_mut()) {
+        let member = if let Some(g) = self.groups.get_mut(group).and_then(|g| g.as_mut()) {
             g.models += 1;
+            g.members.push(model);
             if max_requests > 0 {
                 g.policy.reserve(max_requests);
             }
+            g.members.len() - 1
         } else {
             debug_assert!(false, "model {model} added to group {group}, which is not installed");
             return;
-        }
+        };
         self.max_requests = self.max_requests.saturating_add(max_requests);
         self.requests.reserve_for(self.max_requests);
         let waiting = if state_slots > 0 { max_requests } else { 0 };
         let m = CoreModel {
             group,
+            member,
             free_slots: (0..u32::try_from(state_slots).unwrap_or(u32::MAX)).rev().collect(),
             held_slots: Vec::new(),
             waiting: VecDeque::with_capacity(waiting),
@@ -287,6 +297,11 @@ impl<R, T: Default> EngineCore<R, T> {
     /// The sum of the admission bounds of the models served (as given to `add_model`).
     pub fn max_requests(&self) -> usize {
         self.max_requests
+    }
+
+    /// The group a model is served by (while it is: added and not yet released).
+    pub fn group(&self, model: ModelId) -> Option<GroupId> {
+        self.model(model).map(|m| m.group)
     }
 
     /// The workers of the group a model is served by.
@@ -345,15 +360,12 @@ impl<R, T: Default> EngineCore<R, T> {
         let now = self.now;
         let Some(r) = self.requests.get_mut(&id) else { return };
         r.arrived = true;
-        let arrival = Arrival {
-            id,
-            model: r.model,
-            deadline: r.deadline,
-            priority: r.priority,
-            cells: r.graph.clone(),
-        };
+        let model = r.model;
+        let Some(member) = self.models.get(model).and_then(|m| m.as_ref()).map(|m| m.member) else { return };
+        let arrival =
+            Arrival { id, model: member, deadline: r.deadline, priority: r.priority, cells: r.graph.clone() };
         let ready = r.input_ready;
-        if let Some((gid, g)) = self.group_of(arrival.model) {
+        if let Some((gid, g)) = self.group_of(model) {
             g.policy.arrive(now, arrival);
             if ready {
                 g.policy.input_ready(now, id);
@@ -634,7 +646,16 @@ impl<R, T: Default> EngineCore<R, T> {
                     continue;
                 };
                 match g.policy.poll() {
-                    Some(Decision::Launch(l)) => {
+                    Some(Decision::Launch(mut l)) => {
+                        // The policy's number of the model, as the driver's index (an unknown
+                        // one stays out of range: no request of it is found below).
+                        debug_assert!(
+                            l.model < g.members.len(),
+                            "a launch for model {} of {:?}",
+                            l.model,
+                            g.members
+                        );
+                        l.model = g.members.get(l.model).copied().unwrap_or(usize::MAX);
                         debug_assert!(
                             g.workers.get(l.worker).is_some_and(|w| l.batch <= w.max_batch),
                             "task {} of {} rows on worker {} of {:?}",
@@ -703,7 +724,7 @@ impl<R, T: Default> EngineCore<R, T> {
         let g = self.groups.get_mut(m.group).and_then(|g| g.as_mut())?;
         g.models -= 1;
         let policy = if g.models == 0 { self.groups[m.group].take().map(|g| g.policy) } else { None };
-        Some(CoreOutput::Released { model: idx, policy })
+        Some(CoreOutput::Released { model: idx, group: m.group, policy })
     }
 }
 

@@ -79,6 +79,9 @@ pub(crate) struct Run {
     decoding: Decoding,
     /// The slot of its model's input ring its input was copied into at arrival.
     ring_slot: Option<usize>,
+    /// A layer model's values leaving its last finished layer block (the next block's input;
+    /// the tenant mode runs a request as a chain of blocks).
+    activation: Vec<f32>,
 }
 
 impl Run {
@@ -92,10 +95,21 @@ impl Run {
     }
 }
 
+/// Models served by one policy, as the engine receives them: a model of its own
+/// (`Runtime::add_network`), or the tenants of a core pool (`Runtime::add_tenants`).
+pub(crate) struct EngineGroup {
+    pub policy: Box<dyn Policy>,
+    /// Each model's index and parts.
+    pub models: Vec<(usize, EngineModel)>,
+    /// The CPUs the group's tasks lease cores from (the tenant mode): a task the policy gives
+    /// `Exec::cores` runs pinned to that many of them, none leased twice at once. Empty: tasks
+    /// are not pinned.
+    pub cpus: Vec<usize>,
+}
+
 /// A model as the engine sees it.
 pub(crate) struct EngineModel {
     pub net: Arc<Network>,
-    pub policy: Box<dyn Policy>,
     pub runner: Arc<dyn Runner>,
     pub metrics: Arc<ModelMetrics>,
     /// Released for every completed request; measures the time per row (admission.rs).
@@ -143,6 +157,9 @@ struct ModelState {
     admission: Arc<Admission>,
     /// Input and output values per row.
     io: (usize, usize),
+    /// Values per row entering each layer and leaving the last (a layer model's
+    /// `Network::layer_bounds`; empty for other models).
+    bounds: Vec<usize>,
     /// Workers the stall watchdog gave up on and that have not recovered.
     stalled: Vec<bool>,
     /// The model's input ring (elastic batching), while the engine may write into it: dropped
@@ -159,6 +176,43 @@ impl Drop for ModelState {
     fn drop(&mut self) {
         self.arrivals.close();
     }
+}
+
+/// The work of a layer block `[first, end)` over `requests` (padded to `batch` rows): each row's
+/// values entering layer `first` — its input for the first block, what its previous block left
+/// otherwise (moved, not copied).
+fn layer_work(
+    core: &mut EngineCore<Live, Option<Arc<TaskData>>>,
+    state: &ModelState,
+    requests: &[RequestId],
+    (first, end): (usize, usize),
+    batch: usize,
+) -> Result<Work> {
+    let Some(&in_len) = state.bounds.get(first).filter(|_| first < end && end < state.bounds.len()) else {
+        return Err(Error::internal(format!(
+            "layers {first}..{end} of a model of {} layers",
+            state.bounds.len().saturating_sub(1)
+        )));
+    };
+    let mut input = Vec::new();
+    for id in requests {
+        let Some(r) = core.request_mut(*id) else { continue };
+        if first == 0 {
+            let at = input.len();
+            input.resize(at + in_len, 0.0);
+            state.net.dense_row(&r.data.input, &mut input[at..]);
+        } else if requests.len() == 1 {
+            input = std::mem::take(&mut r.data.run.activation);
+        } else {
+            let at = input.len();
+            input.append(&mut r.data.run.activation);
+            input.resize(at + in_len, 0.0);
+        }
+    }
+    // Padding rows, and a row whose activation is missing (its previous block failed) reads as
+    // zeros: such a row has ended already (its error is its result).
+    input.resize(batch * in_len, 0.0);
+    Ok(Work::Layers { first, last: end, input })
 }
 
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine
@@ -191,6 +245,10 @@ pub(crate) struct Engine {
     /// Indexed by model index; `None` for a free index.
     models: Vec<Option<ModelState>>,
     indices: Arc<Mutex<ModelIndices>>,
+    /// The core's group indices (this thread's own: groups are added and released here).
+    group_ids: ModelIndices,
+    /// Each group's free CPUs to lease (tenant groups; empty for the others), by group index.
+    free_cpus: Vec<Vec<usize>>,
     poller: Sender<PollerCmd>,
     /// Unparked after every watch, so a poller parked between a fast completion and the watch
     /// that announces it does not sleep out its park.
@@ -225,6 +283,8 @@ impl Engine {
             core: EngineCore::default(),
             models: Vec::new(),
             indices,
+            group_ids: ModelIndices::default(),
+            free_cpus: Vec::new(),
             poller,
             poller_thread,
             stats,
@@ -390,32 +450,17 @@ impl Engine {
 
     fn handle_event(&mut self, ev: Event) {
         match ev {
-            Event::AddModel(idx, m) => {
-                if self.models.len() <= idx {
-                    self.models.resize_with(idx + 1, || None);
+            Event::AddGroup(g) => {
+                let EngineGroup { policy, models, cpus } = *g;
+                let group = self.group_ids.take();
+                if self.free_cpus.len() <= group {
+                    self.free_cpus.resize_with(group + 1, Vec::new);
                 }
-                debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
-                let EngineModel { net, policy, runner, metrics, admission, ring, arrivals } = *m;
-                let workers = runner.workers();
-                // Every model is a group of its own, under its own index.
-                self.core.add_group(idx, policy);
-                // The request tables (and the outbox, which never holds more completions than
-                // there are requests) are reserved for the admission bound now: serving never
-                // grows them later (`Policy::reserve`).
-                let held = super::reserved_requests(admission.bound());
-                self.core.add_model(idx, idx, runner.state_slots(), held);
-                self.outbox.reserve(self.core.max_requests().saturating_sub(self.outbox.len()));
-                touch_spare(&mut self.outbox);
-                self.models[idx] = Some(ModelState {
-                    net,
-                    io: runner.io_lens(),
-                    runner,
-                    metrics,
-                    admission,
-                    stalled: vec![false; workers],
-                    ring,
-                    arrivals,
-                });
+                self.free_cpus[group] = cpus;
+                self.core.add_group(group, policy);
+                for (idx, m) in models {
+                    self.add_model(idx, group, m);
+                }
             }
             // Sent once, by the last handle's drop; the index is not reused before release.
             Event::RemoveModel(idx) => self.core.close_model(idx),
@@ -482,7 +527,7 @@ impl Engine {
                 CoreOutput::Complete { id: _, code, model, started, rejected, data } => {
                     self.complete(model, code, started, rejected, data)
                 }
-                CoreOutput::Released { model, policy } => self.release(model, policy),
+                CoreOutput::Released { model, group, policy } => self.release(model, group, policy),
             }
         }
     }
@@ -490,15 +535,19 @@ impl Engine {
     /// A task finished on its worker (the poller reports a worker's tasks in launch order, those
     /// whose launch failed included): split its output (or error) among its requests, then the
     /// core tells the policy.
-    /// (The engine's groups are its models, under the same index.)
     fn task_done(&mut self, model: usize, task: TaskId, failure: Option<Error>) {
         let now = self.now();
-        let group = model;
+        let Some(group) = self.core.group(model) else { return };
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
         let Some((worker, Some(data))) = self.core.task(group, task).map(|t| (t.worker, t.data.clone()))
         else {
             return;
         };
+        // Its leased CPUs go back to the group's pool. (A task given up on may still run on
+        // them: the pool lends them again regardless, as the policy does its cores.)
+        if let Some(free) = self.free_cpus.get_mut(group) {
+            free.extend_from_slice(&data.lease);
+        }
         // The runner makes the results readable (the CUDA runner copies them from pinned memory).
         state.runner.collect(worker, &data);
         let out_len = state.io.1;
@@ -552,6 +601,43 @@ impl Engine {
                     Err(_) => RowEnd::Continue,
                 }
             })
+        } else if let Work::Layers { last, .. } = io.work {
+            // A layer block: each row's values go on to its next block, or are its result
+            // after the model's last layer; a failed block ends its row (its error the result).
+            let (rows, out_len) = (data.rows, state.bounds.get(last).copied().unwrap_or(0));
+            let complete = last + 1 == state.bounds.len();
+            let recycle = state.admission.recycler();
+            let mut output = Some(output);
+            self.core.task_done(now, group, &report, |row, r, _| {
+                let values = output.as_deref().and_then(|o| o.get(row * out_len..(row + 1) * out_len));
+                match (&error, values) {
+                    (Some(e), _) => {
+                        r.data.run.result = Some(Err(Error::new(Code::Backend, e.message())));
+                        RowEnd::Early
+                    }
+                    (None, Some(v)) if complete => {
+                        r.data.run.result = Some(Ok(Output::F32(recycle.output(v))));
+                        RowEnd::Continue
+                    }
+                    // A one-row block's output moves on whole.
+                    (None, Some(_)) if rows == 1 => {
+                        r.data.run.activation = output.take().unwrap_or_default();
+                        RowEnd::Continue
+                    }
+                    (None, Some(v)) => {
+                        r.data.run.activation.clear();
+                        r.data.run.activation.extend_from_slice(v);
+                        RowEnd::Continue
+                    }
+                    (None, None) => {
+                        r.data.run.result = Some(Err(Error::internal(format!(
+                            "task {task} produced {} values for {rows} rows of {out_len}",
+                            output.as_ref().map_or(0, Vec::len),
+                        ))));
+                        RowEnd::Early
+                    }
+                }
+            })
         } else {
             let rows = data.rows;
             let recycle = state.admission.recycler();
@@ -574,19 +660,52 @@ impl Engine {
             Work::Cells(c) => Some(c.cells()),
             _ => None,
         };
+        // A layer block is a part of its rows' work, not a row's: it does not measure the time
+        // per row (the tenant policy expires its queries at block boundaries itself).
+        let block = matches!(io.work, Work::Layers { .. });
         drop(io);
         if let Some(done) = done {
             state.metrics.worker_busy(done.worker, done.busy);
             if let Some(c) = report.compute {
                 state.metrics.worker_compute(done.worker, c);
                 self.stats.record_compute(c);
+                self.stats.record_leased_time(data.lease.len(), c);
             }
             // Only tasks that ran measure the time per row: a failed launch took none, and a
             // stalled stream's time says nothing about the next task's.
-            if error.is_none() {
+            if error.is_none() && !block {
                 state.admission.observe_task(done.busy, cells_run.unwrap_or(done.rows));
             }
         }
+    }
+
+    /// Serve model `idx` in group `group` (installed).
+    fn add_model(&mut self, idx: usize, group: usize, m: EngineModel) {
+        if self.models.len() <= idx {
+            self.models.resize_with(idx + 1, || None);
+        }
+        debug_assert!(self.models[idx].is_none(), "model index {idx} reused while taken");
+        let EngineModel { net, runner, metrics, admission, ring, arrivals } = m;
+        let workers = runner.workers();
+        // The request tables (and the outbox, which never holds more completions than there
+        // are requests) are reserved for the admission bound now: serving never grows them
+        // later (`Policy::reserve`).
+        let held = super::reserved_requests(admission.bound());
+        self.core.add_model(idx, group, runner.state_slots(), held);
+        self.outbox.reserve(self.core.max_requests().saturating_sub(self.outbox.len()));
+        touch_spare(&mut self.outbox);
+        let bounds = if net.layers().is_empty() { Vec::new() } else { net.layer_bounds() };
+        self.models[idx] = Some(ModelState {
+            net,
+            io: runner.io_lens(),
+            bounds,
+            runner,
+            metrics,
+            admission,
+            stalled: vec![false; workers],
+            ring,
+            arrivals,
+        });
     }
 
     fn set_stalled(&mut self, model: usize, worker: usize, stalled: bool) {
@@ -630,12 +749,16 @@ impl Engine {
         let Some(t) = self.core.task(group, task) else { return };
         let model = t.model;
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        // No policy launches layer blocks yet, and no runner executes them: such a task fails
-        // at once (below) rather than running as a whole-model task.
-        let layers = matches!(t.shape, TaskShape::Layers { .. });
         // Why the task's work cannot be built (it then fails like a failed launch).
         let mut unrunnable = None;
-        let work = if t.nodes().is_empty() {
+        let work = if let TaskShape::Layers { first, last } = t.shape {
+            let (first, end) = (first as usize, last as usize + 1);
+            let (requests, batch) = (t.requests.clone(), t.batch);
+            layer_work(&mut self.core, state, &requests, (first, end), batch).unwrap_or_else(|e| {
+                unrunnable = Some(e);
+                Work::Layers { first, last: end, input: Vec::new() }
+            })
+        } else if t.nodes().is_empty() {
             // A run of consecutive ring slots, every one a live request's: read in place.
             let slot_of =
                 |i: usize| t.requests.get(i).and_then(|id| self.core.request(*id)?.data.run.ring_slot);
@@ -676,20 +799,26 @@ impl Engine {
             }
             Work::Cells(cells)
         };
+        let Some(t) = self.core.task(group, task) else { return };
         let (worker, rows) = (t.worker, t.requests.len());
-        // The policy's thread bound for the task (0: the worker's); kernel versions are not
-        // served yet, so `exec.version` is the default kernel's.
-        let data = TaskData::with_cores(t.batch, t.exec.cores, work);
+        // The policy's thread bound for the task (0: the worker's), on CPUs leased from its
+        // group's pool when it has one (the policy never leases more cores than the pool has;
+        // were it to, the task runs on the ones free). Kernel versions are not served yet, so
+        // `exec.version` is the default kernel's.
+        let free = self.free_cpus.get_mut(group).filter(|c| !c.is_empty());
+        let lease = match free {
+            Some(free) if t.exec.cores > 0 => free.split_off(free.len().saturating_sub(t.exec.cores)),
+            _ => Vec::new(),
+        };
+        if !lease.is_empty() {
+            self.stats.record_lease(t.exec.conflict);
+        }
+        let data = TaskData::leased(t.batch, t.exec.cores, lease, work);
         self.stats.record_task(rows);
         state.metrics.task_launched(rows);
         self.core.attach(group, task, Some(data.clone()));
         let launched = if let Some(e) = unrunnable {
             Err(e)
-        } else if layers {
-            Err(Error::new(
-                Code::Unsupported,
-                "layer-block tasks are not executed by this runtime's backends yet",
-            ))
         } else if state.stalled.get(worker).copied().unwrap_or(false) {
             Err(Error::new(
                 Code::Backend,
@@ -787,7 +916,14 @@ impl Engine {
     /// its last notify and sees its queue closed: the wait is short and bounded. (A CUDA
     /// runner's drop waits for the device context to be idle, so for the work other models have
     /// in flight: the reason it is not done here.)
-    fn release(&mut self, idx: usize, policy: Option<Box<dyn Policy>>) {
+    fn release(&mut self, idx: usize, group: usize, policy: Option<Box<dyn Policy>>) {
+        if policy.is_some() {
+            // The group went with its last model.
+            if let Some(cpus) = self.free_cpus.get_mut(group) {
+                cpus.clear();
+            }
+            self.group_ids.give_back(group);
+        }
         // Sent before the index is free, so it reaches the poller before any watch of a model
         // that reuses the index. (The slot is empty before the index is free, and a model added
         // under it is seen by this thread only after the drop.)

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use crossbeam_queue::ArrayQueue;
 
-use super::engine::{EngineModel, Pending};
+use super::engine::{EngineGroup, Pending};
 use crate::error::Error;
 use crate::sched::{RequestId, TaskId};
 
@@ -67,7 +67,8 @@ impl ControlBudget {
 }
 
 pub(crate) enum Event {
-    AddModel(usize, Box<EngineModel>),
+    /// Serve these models under this policy.
+    AddGroup(Box<EngineGroup>),
     /// The model's last handle was dropped: release it once its requests have completed.
     RemoveModel(usize),
     Arrive(Box<Pending>),

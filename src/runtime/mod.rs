@@ -18,6 +18,7 @@ pub mod queue;
 pub(crate) mod recycle;
 pub mod request;
 mod stats;
+pub mod tenant;
 #[cfg(test)]
 mod tests;
 
@@ -29,7 +30,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::backend::fault::{FaultPlan, FaultyBackend};
-use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify, RunnerShape};
+use crate::backend::ring::InputRing;
+use crate::backend::{self, Backend, BackendChoice, BackendKind, Notify, Runner, RunnerShape};
 use crate::error::{Code, Error, Result};
 use crate::model::{self, Input, ModelKind, Network};
 use crate::sched::adaptive::{AdaptiveConfig, AdaptivePolicy};
@@ -40,7 +42,7 @@ use crate::sched::elastic::{ElasticConfig, ElasticPolicy};
 use crate::sched::{Policy, RequestId};
 
 use admission::Admission;
-use engine::{Engine, EngineModel, ModelIndices, Pending};
+use engine::{Engine, EngineGroup, EngineModel, ModelIndices, Pending};
 use inbox::{ArrivalRing, EventSender};
 use inbox::{ControlBudget, Event, MAX_PENDING_CONTROL};
 pub use metrics::METRICS;
@@ -50,6 +52,7 @@ use recycle::InputRef;
 use request::{Reply, Sink};
 pub use request::{SubmitOptions, Ticket};
 pub use stats::StatsSnapshot;
+pub use tenant::{Tenant, TenantOptions, TenantSpec};
 
 /// Default admission bound per model: requests accepted whose results the caller has not yet
 /// taken (a ticket waited for, a completion dropped).
@@ -559,43 +562,62 @@ impl Runtime {
             0 => None,
             slots => Some(Arc::new(runner.input_ring(slots, net.dense_lens().0)?)),
         };
+        let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
+        if !*gate {
+            return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
+        }
+        let (index, em, model) = self.register(net, name, Arc::from(runner), ring, bound);
+        let group = EngineGroup { policy, models: vec![(index, em)], cpus: Vec::new() };
+        self.add_group(group)?;
+        drop(gate);
+        Ok(model)
+    }
+
+    /// A prepared model's index, its parts for the engine and its handle (the caller holds the
+    /// submit gate open, and sends the parts in a group).
+    fn register(
+        &self,
+        net: Arc<Network>,
+        name: String,
+        runner: Arc<dyn Runner>,
+        ring: Option<Arc<InputRing>>,
+        bound: usize,
+    ) -> (usize, EngineModel, Model) {
+        let workers = runner.workers();
         let state_slots = runner.state_slots();
         let recycle =
             recycle::Recycler::new(&net, reserved_requests(bound), runner.io_lens().1, &self.shared.stats);
         let admission = Arc::new(Admission::new(bound, workers, recycle));
         let arrivals = Arc::new(ArrivalRing::new(reserved_requests(bound)));
-        let gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
-        if !*gate {
-            return Err(Error::new(Code::Shutdown, "the runtime is shut down"));
-        }
         let index = self.shared.model_indices.lock().unwrap_or_else(|p| p.into_inner()).take();
         let metrics = Arc::new(self.shared.metrics.model(&name, workers));
         let em = EngineModel {
             net: net.clone(),
             ring,
-            policy,
-            runner: Arc::from(runner),
+            runner,
             metrics: metrics.clone(),
             admission: admission.clone(),
             arrivals: arrivals.clone(),
         };
+        let shared = ModelShared {
+            index,
+            name,
+            net,
+            admission,
+            state_slots,
+            metrics,
+            arrivals,
+            rt: self.shared.clone(),
+        };
+        (index, em, Model { m: Arc::new(shared) })
+    }
+
+    /// Hand a group of registered models to the engine.
+    fn add_group(&self, group: EngineGroup) -> Result<()> {
         self.shared
             .events
-            .send(Event::AddModel(index, Box::new(em)))
-            .map_err(|_| Error::new(Code::Shutdown, "the runtime is shut down"))?;
-        drop(gate);
-        Ok(Model {
-            m: Arc::new(ModelShared {
-                index,
-                name,
-                net,
-                admission,
-                state_slots,
-                metrics,
-                arrivals,
-                rt: self.shared.clone(),
-            }),
-        })
+            .send(Event::AddGroup(Box::new(group)))
+            .map_err(|_| Error::new(Code::Shutdown, "the runtime is shut down"))
     }
 
     /// Ask for request `id` to be cancelled. A queued request completes `Cancelled` at once, a

@@ -18,6 +18,9 @@ pub(crate) struct Stats {
     ring_copies: AtomicU64,
     gather_copies: AtomicU64,
     engine_busy_ns: AtomicU64,
+    leased_tasks: AtomicU64,
+    lease_conflicts: AtomicU64,
+    leased_core_ns: AtomicU64,
 }
 
 /// A snapshot of a runtime's counters.
@@ -55,6 +58,13 @@ pub struct StatsSnapshot {
     /// is the thread's utilization: near 1, the engine thread is the bottleneck
     /// (ARCHITECTURE.md §3.3).
     pub engine_busy_ns: u64,
+    /// Tasks that ran on a core lease (the tenant mode's layer blocks), those of them started
+    /// in a core conflict (on fewer cores than their block asked for, `sched::Exec::conflict`),
+    /// and the leased core-time of the finished ones (cores × compute time, nanoseconds): over
+    /// a wall-clock interval, its growth is the mean cores in use.
+    pub leased_tasks: u64,
+    pub lease_conflicts: u64,
+    pub leased_core_ns: u64,
 }
 
 impl StatsSnapshot {
@@ -106,6 +116,14 @@ impl Stats {
     pub(crate) fn record_turn(&self, busy: std::time::Duration) {
         self.engine_busy_ns.fetch_add(u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     }
+    pub(crate) fn record_lease(&self, conflict: bool) {
+        self.leased_tasks.fetch_add(1, Relaxed);
+        self.lease_conflicts.fetch_add(u64::from(conflict), Relaxed);
+    }
+    pub(crate) fn record_leased_time(&self, cores: usize, compute: std::time::Duration) {
+        let ns = u64::try_from(compute.as_nanos()).unwrap_or(u64::MAX).saturating_mul(cores as u64);
+        self.leased_core_ns.fetch_add(ns, Relaxed);
+    }
     pub(crate) fn set_gauges(&self, queued: usize, running: usize) {
         self.queued.store(queued as u64, Relaxed);
         self.running.store(running as u64, Relaxed);
@@ -124,6 +142,9 @@ impl Stats {
             ring_copies: self.ring_copies.load(Relaxed),
             gather_copies: self.gather_copies.load(Relaxed),
             engine_busy_ns: self.engine_busy_ns.load(Relaxed),
+            leased_tasks: self.leased_tasks.load(Relaxed),
+            lease_conflicts: self.lease_conflicts.load(Relaxed),
+            leased_core_ns: self.leased_core_ns.load(Relaxed),
         }
     }
 }

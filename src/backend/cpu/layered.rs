@@ -7,10 +7,15 @@
 //! `c` cores runs on a pool of exactly `c` threads owned by the worker (created at its first
 //! use and kept), not on the backend's shared pool: two workers given leases of `c₁` and `c₂`
 //! cores compute on `c₁ + c₂` threads and never steal each other's (VELTAIR's core leases).
+//! A task with a lease of CPUs (`TaskData::lease`, the tenant mode's) has those threads pinned
+//! one to each leased CPU before it runs (and its stream thread to the first, for work too small
+//! to wake the pool); a pool is pinned again only when its worker's next lease of that size
+//! names other CPUs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::affinity::pin;
 use super::conv::{ConvLayer, add_relu, chw_to_hwc, global_avg_pool, max_pool_3x3_s2};
 use super::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, PackedWeight, Threads, linear};
 use super::pool::ComputePool;
@@ -290,9 +295,39 @@ impl ResNetCpu {
 
 /// One worker: its stream (with the model's scratch) and its core-lease pools.
 struct Worker {
-    stream: Mutex<CpuStream<Scratch>>,
+    stream: Mutex<CpuStream<StreamState>>,
     /// Pools of exactly `c` threads for tasks bound to `c` cores, created on first use.
     leases: Mutex<HashMap<usize, Arc<ComputePool>>>,
+}
+
+/// What a worker's stream thread owns: its buffers, and where its threads are pinned.
+struct StreamState {
+    scratch: Scratch,
+    /// The CPUs each of its lease pools (by size) was last pinned to, and the stream thread's
+    /// own CPU: a task on the same CPUs pins nothing again.
+    pinned: HashMap<usize, Vec<usize>>,
+    pinned_self: Option<usize>,
+}
+
+impl StreamState {
+    /// Pin the stream thread to the lease's first CPU, and `pool`'s threads one to each of its
+    /// CPUs (`shared`: the backend's pool, which other workers may have pinned since: always).
+    /// A CPU that cannot be pinned to (outside the process's set) leaves that thread as it was.
+    fn pin_lease(&mut self, lease: &[usize], pool: &ComputePool, shared: bool) {
+        let Some(&first) = lease.first() else { return };
+        if self.pinned_self != Some(first) {
+            pin(first);
+            self.pinned_self = Some(first);
+        }
+        let n = pool.current_num_threads();
+        if !shared && self.pinned.get(&n).is_some_and(|p| p == lease) {
+            return;
+        }
+        pool.broadcast(|ctx| pin(lease[ctx.index() % lease.len()]));
+        if !shared {
+            self.pinned.insert(n, lease.to_vec());
+        }
+    }
 }
 
 pub(super) struct LayerRunner {
@@ -320,8 +355,9 @@ impl LayerRunner {
         let (stack, chunk) = Stack::new(&net, max_batch)?;
         let workers = (0..workers)
             .map(|w| {
-                let scratch = stack.scratch(chunk)?;
-                let stream = CpuStream::new(format!("serve-stream-{w}"), scratch, notify.clone())?;
+                let state =
+                    StreamState { scratch: stack.scratch(chunk)?, pinned: HashMap::new(), pinned_self: None };
+                let stream = CpuStream::new(format!("serve-stream-{w}"), state, notify.clone())?;
                 Ok(Worker { stream: Mutex::new(stream), leases: Mutex::new(HashMap::new()) })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -377,8 +413,12 @@ impl Runner for LayerRunner {
         let stack = self.stack.clone();
         let threads = task_threads(&task, self.threads);
         let pool = self.pool_for(worker, task.cores)?;
+        let shared = Arc::ptr_eq(&pool, &self.pool);
+        let lease = task.lease.clone();
         let (chunk, layer_macs, bounds) = (self.chunk, self.layer_macs.clone(), self.bounds.clone());
-        launch_task(&w.stream, self.max_batch, task, move |scratch: &mut Scratch, io, rows| {
+        launch_task(&w.stream, self.max_batch, task, move |state: &mut StreamState, io, rows| {
+            state.pin_lease(&lease, &pool, shared);
+            let scratch = &mut state.scratch;
             let (range, input) = match io.work.layer_range(bounds.len() - 1) {
                 Ok(r) => r,
                 Err(e) => {

@@ -5,6 +5,7 @@
 //! same poller code the CUDA backend uses.
 
 pub mod activation;
+pub mod affinity;
 pub mod arena;
 pub mod cold;
 pub mod conv;
@@ -82,6 +83,10 @@ impl Backend for CpuBackend {
     fn describe(&self) -> String {
         let feats: Vec<&str> = cpu_features().into_iter().filter(|f| f.1).map(|f| f.0).collect();
         format!("cpu: {} compute thread(s), features [{}]", self.threads, feats.join(" "))
+    }
+
+    fn cpu_threads(&self) -> usize {
+        self.threads
     }
 
     /// The recurrent runner runs a padded batch of `lstm` sequences in one task.

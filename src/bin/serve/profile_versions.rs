@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use serve::backend::cpu::affinity::{allowed_cpus, pin};
 use serve::backend::cpu::versions::{GemmVersion, candidates};
 use serve::sched::tenant::versions::{Candidate, prune, spread};
 
@@ -30,46 +31,6 @@ const SWEEPS: usize = 5;
 const RUNS: usize = 3;
 /// Bytes the antagonist streams over (past any last-level cache of this machine).
 const ANTAGONIST_BYTES: usize = 64 << 20;
-
-/// The CPUs this process may run on (Linux; elsewhere, `0..available_parallelism`).
-fn allowed_cpus() -> Vec<usize> {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: `set` is a plain bit set, zeroed, then filled by the kernel with at most
-        // `size_of::<cpu_set_t>()` bytes; `CPU_ISSET` reads bits below `CPU_SETSIZE` only.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-                return (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
-            }
-        }
-    }
-    (0..std::thread::available_parallelism().map_or(1, |c| c.get())).collect()
-}
-
-/// Pin the calling thread to `core`; whether it worked (never off Linux, nor past
-/// `CPU_SETSIZE`).
-fn pin(core: usize) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        if core >= libc::CPU_SETSIZE as usize {
-            return false;
-        }
-        // SAFETY: `set` is a plain bit set, zeroed, with one bit below `CPU_SETSIZE` set (checked
-        // above); the call reads `size_of::<cpu_set_t>()` bytes of it and changes only this
-        // thread's affinity.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(core, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = core;
-        false
-    }
-}
 
 /// A thread on `core` that streams over a buffer for `level / (levels − 1)` of each millisecond
 /// and sleeps for the rest, until stopped.

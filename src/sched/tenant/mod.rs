@@ -206,6 +206,9 @@ struct Query {
     started: bool,
     running: bool,
     cancelled: bool,
+    /// Its output is complete before its last layer (the driver says so: a block of it failed,
+    /// and its error is its result): it completes `Ok` at its block's end, running no more.
+    ended: bool,
     /// When it would have arrived had it waited all along without running: `now − waited`
     /// when it (re-)enters the waiting queries. PREMA's tokens grow from here.
     since: Time,
@@ -534,6 +537,7 @@ impl Policy for TenantPolicy {
             started: false,
             running: false,
             cancelled: false,
+            ended: false,
             since: now,
         };
         self.queries.insert(req.id, q);
@@ -573,7 +577,7 @@ impl Policy for TenantPolicy {
             self.finish(run.query, Code::Cancelled);
         } else if q.deadline.is_some_and(|d| d <= now) {
             self.finish(run.query, Code::DeadlineExceeded);
-        } else if q.next >= layers {
+        } else if q.next >= layers || q.ended {
             self.finish(run.query, Code::Ok);
         } else {
             self.waiting.insert((q.arrived, run.query));
@@ -583,7 +587,13 @@ impl Policy for TenantPolicy {
         self.tidy();
     }
 
-    fn end_early(&mut self, _now: Time, _id: RequestId) {}
+    /// Told before the `task_done` of the block that ended it (the only time a driver says so:
+    /// the query is running): it completes at that block's end.
+    fn end_early(&mut self, _now: Time, id: RequestId) {
+        if let Some(q) = self.queries.get_mut(&id) {
+            q.ended = true;
+        }
+    }
 
     fn tick(&mut self, now: Time) {
         let queries = &self.queries;

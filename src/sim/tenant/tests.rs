@@ -122,7 +122,7 @@ fn a_tenant_removed_while_its_blocks_run_finishes_them_and_the_others_go_on() {
                     completed.push((id, code));
                     None
                 }
-                CoreOutput::Released { model, policy } => {
+                CoreOutput::Released { model, policy, .. } => {
                     assert_eq!((model, policy.is_none()), (1, true), "model 1 alone; the group stays");
                     released = true;
                     None
