@@ -505,3 +505,62 @@ fn bench_elastic_serves_every_policy_on_the_runtime() {
     assert!(!e.status.success());
     assert!(String::from_utf8_lossy(&e.stderr).contains("weights a random mlp may hold"), "{e:?}");
 }
+
+/// `serve bench tenant` (issue 16): the runtime's tenant mode on this machine's cores, every
+/// scheme asked for searched for its QPS@95% on the same profile and arrivals; the JSON carries
+/// each scheme's figures and probes, and the SVG is drawn. (The figures are this machine's: the
+/// bisection's logic is what is asserted.)
+#[test]
+fn the_tenant_bench_serves_every_scheme_on_real_cores() {
+    let report = temp("bench-tenant.json");
+    let svg = temp("bench-tenant.svg");
+    let text = ok(&serve(&[
+        "bench",
+        "tenant",
+        "--workload",
+        "light",
+        "--policy",
+        "veltair,prema",
+        "--duration-s",
+        "0.2",
+        "--steps",
+        "2",
+        "--json",
+        report.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]));
+    assert!(text.contains("## veltair") && text.contains("## prema"), "{text}");
+    let t = json(&report);
+    assert_eq!((t["bench"].as_str(), t["measured"].as_bool()), (Some("tenant"), Some(true)));
+    assert_eq!(t["models"].as_array().unwrap().len(), 2, "light: mlp and resnet");
+    for m in t["models"].as_array().unwrap() {
+        let (solo, qos) = (m["solo_ms"].as_f64().unwrap(), m["qos_ms"].as_f64().unwrap());
+        assert!(solo > 0.0 && (qos / solo - 4.0).abs() < 1e-6, "QoS is 4 × solo: {m}");
+    }
+    let results = t["results"].as_array().unwrap();
+    assert_eq!(
+        results.iter().map(|r| r["policy"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["veltair", "prema"]
+    );
+    for r in results {
+        let probes = r["probes"].as_array().unwrap();
+        assert_eq!(probes.len(), 2, "{r}");
+        // The result is the highest passing probe (0 if none passed), and the second probe
+        // went up after a pass and down after a miss.
+        let (p0, p1) = (&probes[0], &probes[1]);
+        let pass = |p: &serde_json::Value| p["met_share"].as_f64().unwrap() >= 0.95;
+        let (r0, r1) = (p0["rate"].as_f64().unwrap(), p1["rate"].as_f64().unwrap());
+        assert!(if pass(p0) { r1 > r0 } else { r1 < r0 }, "{r}");
+        let best = probes.iter().filter(|p| pass(p)).map(|p| p["rate"].as_f64().unwrap()).fold(0.0, f64::max);
+        assert_eq!(r["qps_at_95"].as_f64().unwrap(), best, "{r}");
+        assert!(
+            probes
+                .iter()
+                .all(|p| p["queries"].as_u64().unwrap() >= 20 && p["mean_cores"].as_f64().unwrap() >= 0.0)
+        );
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let _ = std::fs::remove_file(&report);
+    let _ = std::fs::remove_file(&svg);
+}

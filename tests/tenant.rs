@@ -19,7 +19,7 @@ fn runtime() -> Runtime {
 }
 
 fn spec(name: &str, net: Network, qos_ms: u64) -> TenantSpec {
-    TenantSpec { net: Arc::new(net), name: name.into(), qos: Duration::from_millis(qos_ms) }
+    TenantSpec::new(Arc::new(net), name, Duration::from_millis(qos_ms))
 }
 
 fn fixture_spec(name: &str, qos_ms: u64) -> TenantSpec {
@@ -254,4 +254,27 @@ fn a_query_cancelled_mid_chain_completes_once() {
     assert!(cancelled > 0, "some of the 10 cancelled queries were still waiting");
     let s = rt.stats();
     assert_eq!((s.in_flight(), s.completed_total()), (0, 20));
+}
+
+/// A profile measured at one load is reused at the next (no profiling: the same tables), and
+/// one that does not fit the model or the pool is refused naming both shapes.
+#[test]
+fn a_profile_is_reused_and_one_that_does_not_fit_is_refused() {
+    let rt = runtime();
+    let first = rt.add_tenants(vec![fixture_spec("resnet_small", 50)], TenantOptions::default()).unwrap();
+    let tables = first[0].profile.layers().to_vec();
+    let again = TenantSpec { layers: Some(tables.clone()), ..fixture_spec("resnet_small", 80) };
+    let second = rt.add_tenants(vec![again], TenantOptions::default()).unwrap();
+    assert_eq!(second[0].profile.layers(), &tables[..], "the given tables, not a new measurement");
+    assert_eq!(second[0].profile.qos(), Duration::from_millis(80), "the spec's QoS");
+    serve_and_check(&second, &["resnet_small"], 1, "a reused profile");
+    let short = TenantSpec { layers: Some(tables[1..].to_vec()), ..fixture_spec("resnet_small", 80) };
+    let e = rt.add_tenants(vec![short], TenantOptions::default()).err().unwrap();
+    assert!(e.message().contains("its given profile has"), "{e}");
+    let other_levels = TenantSpec { layers: Some(tables), ..fixture_spec("resnet_small", 80) };
+    let e = rt
+        .add_tenants(vec![other_levels], TenantOptions { levels: 3, ..TenantOptions::default() })
+        .err()
+        .unwrap();
+    assert!(e.message().contains("3 levels"), "{e}");
 }

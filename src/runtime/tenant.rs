@@ -79,6 +79,16 @@ pub struct TenantSpec {
     pub name: String,
     /// Its QoS target: a query should complete within it (submit with a deadline to enforce it).
     pub qos: Duration,
+    /// Its layer tables measured before on this machine (an earlier tenant's
+    /// `profile.layers()`: the same model, pool and levels), used instead of profiling again;
+    /// `None`: profiled at load.
+    pub layers: Option<Vec<LayerProfile>>,
+}
+
+impl TenantSpec {
+    pub fn new(net: Arc<Network>, name: &str, qos: Duration) -> TenantSpec {
+        TenantSpec { net, name: name.to_string(), qos, layers: None }
+    }
 }
 
 /// A tenant being served: its handle, and the profile its scheduler plans with.
@@ -157,7 +167,10 @@ impl Runtime {
                 RunnerShape::fixed(cores, 1),
                 notify,
             )?);
-            let profile = profile(spec, &*runner, &cpus, &opts)?;
+            let profile = match &spec.layers {
+                None => profile(spec, &*runner, &cpus, &opts)?,
+                Some(layers) => reuse(spec, layers, cores, &opts)?,
+            };
             prepared.push((runner, Arc::new(profile)));
         }
         let profiles: Vec<Arc<TenantModel>> = prepared.iter().map(|(_, p)| p.clone()).collect();
@@ -285,6 +298,29 @@ fn profile(
         });
     }
     TenantModel::new(&spec.name, spec.qos, out)?.with_headroom(opts.plan_share)
+}
+
+/// A profile from tables measured before: one per layer of the model, each on this pool's core
+/// count and the options' levels.
+fn reuse(
+    spec: &TenantSpec,
+    layers: &[LayerProfile],
+    cores: usize,
+    opts: &TenantOptions,
+) -> Result<TenantModel> {
+    let want = spec.net.layers().len();
+    let shape = |l: &LayerProfile| l.versions.first().map(|v| (v.len(), v.first().map_or(0, Vec::len)));
+    if layers.len() != want || layers.iter().any(|l| shape(l) != Some((opts.levels, cores))) {
+        return Err(Error::invalid(format!(
+            "tenant `{}`: its given profile has {} layers of {:?} levels × cores; the model has {want} layers \
+             and the pool {} levels × {cores} cores",
+            spec.name,
+            layers.len(),
+            layers.first().and_then(shape),
+            opts.levels
+        )));
+    }
+    TenantModel::new(&spec.name, spec.qos, layers.to_vec())?.with_headroom(opts.plan_share)
 }
 
 /// The times at every core count `1..=cores` from those measured at `counts` (ascending, 1

@@ -551,4 +551,51 @@ mod tests {
             }
         }
     }
+
+    /// A task on a lease of CPUs runs with its pool's threads pinned one to each leased CPU,
+    /// gives the unpinned task's output, and a later lease of the same size on other CPUs pins
+    /// the pool again.
+    #[test]
+    #[cfg(target_os = "linux")]
+    #[cfg_attr(miri, ignore)] // threads and affinity syscalls
+    fn a_leased_task_runs_on_the_leased_cpus() {
+        use crate::backend::Work;
+        use crate::backend::cpu::affinity::allowed_cpus;
+        let cpus = allowed_cpus();
+        if cpus.len() < 2 {
+            return; // one CPU: nothing to choose among
+        }
+        let threads = cpus.len().min(4);
+        let net = Arc::new(Network::Mlp(Mlp::random(&[64, 256, 8], 2)));
+        let me = std::thread::current();
+        let runner = LayerRunner::new(
+            net.clone(),
+            1,
+            2,
+            Arc::new(ComputePool::new(threads).unwrap()),
+            threads,
+            Arc::new(move || me.unpark()),
+        )
+        .unwrap();
+        let run = |task: Arc<TaskData>| {
+            let target = runner.launch(0, task.clone()).unwrap();
+            while runner.signal(0).completed() < target {
+                std::thread::park_timeout(std::time::Duration::from_millis(1));
+            }
+            let io = task.io.lock().unwrap();
+            assert!(io.error.is_none(), "{:?}", io.error);
+            io.output.clone()
+        };
+        let input = crate::workload::values(2 * 64, 3, 1.0);
+        let free = run(TaskData::new(2, Work::Dense(input.clone())));
+        let pinned_to = |cores: usize| -> Vec<Vec<usize>> {
+            let leases = runner.workers[0].leases.lock().unwrap();
+            leases[&cores].broadcast(|_| allowed_cpus())
+        };
+        for lease in [vec![cpus[1]], vec![cpus[0]]] {
+            let got = run(TaskData::leased(2, 0, lease.clone(), Work::Dense(input.clone())));
+            assert_eq!(got, free, "the same output on a lease of {lease:?}");
+            assert_eq!(pinned_to(1), vec![lease.clone()], "the pool's thread is on {lease:?}");
+        }
+    }
 }

@@ -21,6 +21,7 @@ mod bench_peer;
 mod bench_peer_check;
 mod bench_rnn;
 mod bench_step;
+mod bench_tenant;
 mod demo;
 mod elastic_compare;
 mod elastic_memory;
@@ -131,6 +132,10 @@ enum BenchCommand {
     /// executor (emulated bus): PipeSwitch and DHA plans over N instances, with the simulator's
     /// prediction of the same run beside each measurement.
     Coldstart(bench_coldstart::BenchColdstartArgs),
+    /// VELTAIR's multi-tenant study on real cores: layer models sharing the CPUs under every
+    /// tenant scheme (the runtime's tenant mode), QPS@95% by bisection, latency over solo, core
+    /// usage, conflicts.
+    Tenant(bench_tenant::BenchTenantArgs),
 }
 
 #[derive(Args, Debug)]
@@ -731,6 +736,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Bench { what: BenchCommand::Layers(a) } => cmd_bench_layers(a),
         Command::Bench { what: BenchCommand::Elastic(a) } => bench_elastic::cmd_bench_elastic(a),
         Command::Bench { what: BenchCommand::Coldstart(a) } => bench_coldstart::cmd_bench_coldstart(&a),
+        Command::Bench { what: BenchCommand::Tenant(a) } => bench_tenant::cmd_bench_tenant(a),
         Command::Demo => cmd_demo(),
         Command::Profile(a) => cmd_profile(a),
         Command::Sim(SimCmd { sub: Some(SimSub::Tenant(t)), .. }) => sim_tenant::cmd_sim_tenant(&t),

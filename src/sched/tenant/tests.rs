@@ -537,3 +537,23 @@ fn a_conflicted_unit_does_not_move_the_interference_level() {
     );
     assert!(p.level() > 0);
 }
+
+/// A query the driver ends early (a block of it failed; its error is its result) completes
+/// `Ok` at that block's end and runs no more blocks; its cores go to the next query.
+#[test]
+fn a_query_ended_early_completes_at_its_block_s_end() {
+    let m = Arc::new(uneven(4));
+    let mut p = TenantPolicy::new(TenantConfig::new(4, Scheme::LayerWise, vec![m])).unwrap();
+    let t = Time::from_micros;
+    p.arrive(t(0), arrival(1, 0));
+    let first = launches(&mut p);
+    assert_eq!(first.len(), 1);
+    p.end_early(t(5), 1);
+    p.task_done(t(10), &TaskReport::of(first[0].task));
+    let d = drain(&mut p);
+    assert!(matches!(d[..], [Decision::Complete { id: 1, code: Code::Ok }]), "{d:?}");
+    assert_eq!((p.queued(), p.running(), p.free_cores()), (0, 0, 4));
+    p.end_early(t(11), 1); // completed: ignored
+    p.arrive(t(12), arrival(2, 0));
+    assert_eq!(launches(&mut p).len(), 1, "the next query runs");
+}
