@@ -22,7 +22,8 @@
 #            CUDA (their JSON reports let `serve sim --compare` check the simulator against the
 #            GPU runtime afterwards); `serve bench layers resnet50|bert-base --backend cuda`
 #            against PyTorch on the same GPU; `serve profile --engine-configs` and `serve bench
-#            elastic` on CUDA (issue 15's E4 and E8 halves)
+#            elastic` on CUDA (issue 15's E4 and E8 halves); `serve bench tenant` on the host's
+#            cores (issue 16's scaled real run, CPU)
 # Logs and reports go to a fresh folder (printed); with $OUT set (the device tool's return
 # folder, at most 8 files come back) the step logs also go there as one gpu-verify-logs.tar.gz,
 # beside summary.txt and the JSON reports.
@@ -218,6 +219,9 @@ PY
     --min-time 1 --json "$out/bench-cuda-resnet50.json"
   step bench-bert-cuda 150 "$bin/serve" bench layers bert-base --backend cuda --batches 1,8,32 \
     --min-time 1 --json "$out/bench-cuda-bert.json"
+  # Issue 16's scaled real run: VELTAIR's schemes on the host's 16 cores (the runtime's tenant
+  # mode; CPU only, the table is in the step log).
+  step bench-tenant-cpu 240 "$bin/serve" bench tenant --workload mix --duration-s 1 --steps 5
 
 
   echo

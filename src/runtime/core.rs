@@ -16,9 +16,10 @@
 //! or more models: a request is routed to its model's group, a launch names its model, and a
 //! task is known by its group and task id. A policy numbers its group's models `0, 1, …` in the
 //! order they were added (`Arrival::model`, `Launch::model`: a tenant policy indexes its
-//! profiles with them); the core translates to and from the driver's model indices. The threaded engine gives each model a group of its
-//! own (today's policies serve one model); the simulator and VELTAIR-style tenant schedulers put
-//! several models in one group.
+//! profiles with them); the core translates to and from the driver's model indices. The
+//! threaded engine gives a model loaded alone a group of its own, and the tenants of
+//! `Runtime::add_tenants` one group under their tenant policy, as the tenant simulator does.
+//! Group indices are the driver's to choose (the engine keeps its own pool of them).
 //!
 //! `R` is the driver's own per-request data (the real engine's input, reply and result; the
 //! simulator's arrival time), carried untouched and handed back at completion; `T` its own

@@ -310,15 +310,18 @@ struct StreamState {
 }
 
 impl StreamState {
-    /// Pin the stream thread to the lease's first CPU, and `pool`'s threads one to each of its
-    /// CPUs (`shared`: the backend's pool, which other workers may have pinned since: always).
-    /// A CPU that cannot be pinned to (outside the process's set) leaves that thread as it was.
-    fn pin_lease(&mut self, lease: &[usize], pool: &ComputePool, shared: bool) {
+    /// Pin the stream thread to the lease's first CPU, and — when the task computes on it —
+    /// `pool`'s threads one to each of its CPUs (`shared`: the backend's pool, which other
+    /// workers may have pinned since: always). A task that stays on the stream thread leaves
+    /// the pool asleep: waking it to pin it cost about as much as a small layer's compute. A
+    /// CPU that cannot be pinned to (outside the process's set) leaves that thread as it was.
+    fn pin_lease(&mut self, lease: &[usize], pool: Option<&ComputePool>, shared: bool) {
         let Some(&first) = lease.first() else { return };
         if self.pinned_self != Some(first) {
             pin(first);
             self.pinned_self = Some(first);
         }
+        let Some(pool) = pool else { return };
         let n = pool.current_num_threads();
         if !shared && self.pinned.get(&n).is_some_and(|p| p == lease) {
             return;
@@ -417,8 +420,6 @@ impl Runner for LayerRunner {
         let lease = task.lease.clone();
         let (chunk, layer_macs, bounds) = (self.chunk, self.layer_macs.clone(), self.bounds.clone());
         launch_task(&w.stream, self.max_batch, task, move |state: &mut StreamState, io, rows| {
-            state.pin_lease(&lease, &pool, shared);
-            let scratch = &mut state.scratch;
             let (range, input) = match io.work.layer_range(bounds.len() - 1) {
                 Ok(r) => r,
                 Err(e) => {
@@ -447,6 +448,8 @@ impl Runner for LayerRunner {
             let parallel = threads > 1
                 && task_macs >= PARALLEL_TASK_MIN_MACS
                 && (rows >= PARALLEL_MIN_ROWS || !matches!(*stack, Stack::Mlp(_)));
+            state.pin_lease(&lease, parallel.then_some(&*pool), shared);
+            let scratch = &mut state.scratch;
             let done = if parallel {
                 pool.install(|| stack.run(range, rows, input, &mut output, scratch, chunk, Threads(threads)))
             } else {
@@ -552,9 +555,9 @@ mod tests {
         }
     }
 
-    /// A task on a lease of CPUs runs with its pool's threads pinned one to each leased CPU,
-    /// gives the unpinned task's output, and a later lease of the same size on other CPUs pins
-    /// the pool again.
+    /// A task on a lease of CPUs that computes on its pool runs with the pool's threads pinned
+    /// one to each leased CPU, gives the unpinned task's output, and a later lease of the same
+    /// size on other CPUs pins the pool again.
     #[test]
     #[cfg(target_os = "linux")]
     #[cfg_attr(miri, ignore)] // threads and affinity syscalls
@@ -565,18 +568,14 @@ mod tests {
         if cpus.len() < 2 {
             return; // one CPU: nothing to choose among
         }
-        let threads = cpus.len().min(4);
-        let net = Arc::new(Network::Mlp(Mlp::random(&[64, 256, 8], 2)));
+        // Leases of 2 of at least 3 threads: the worker's own pool of 2, not the shared one.
+        let threads = cpus.len().max(3);
+        // Rows of 2 through 512 × 512 × 128 multiply-adds: past the pool's threshold.
+        let net = Arc::new(Network::Mlp(Mlp::random(&[512, 16384, 8], 2)));
         let me = std::thread::current();
-        let runner = LayerRunner::new(
-            net.clone(),
-            1,
-            2,
-            Arc::new(ComputePool::new(threads).unwrap()),
-            threads,
-            Arc::new(move || me.unpark()),
-        )
-        .unwrap();
+        let notify: crate::backend::Notify = Arc::new(move || me.unpark());
+        let pool = Arc::new(ComputePool::new(2).unwrap());
+        let runner = LayerRunner::new(net, 1, 2, pool, threads, notify).unwrap();
         let run = |task: Arc<TaskData>| {
             let target = runner.launch(0, task.clone()).unwrap();
             while runner.signal(0).completed() < target {
@@ -586,16 +585,17 @@ mod tests {
             assert!(io.error.is_none(), "{:?}", io.error);
             io.output.clone()
         };
-        let input = crate::workload::values(2 * 64, 3, 1.0);
+        let input = crate::workload::values(2 * 512, 3, 1.0);
         let free = run(TaskData::new(2, Work::Dense(input.clone())));
-        let pinned_to = |cores: usize| -> Vec<Vec<usize>> {
+        let pinned_to = || -> Vec<Vec<usize>> {
             let leases = runner.workers[0].leases.lock().unwrap();
-            leases[&cores].broadcast(|_| allowed_cpus())
+            leases[&2].broadcast(|_| allowed_cpus())
         };
-        for lease in [vec![cpus[1]], vec![cpus[0]]] {
+        for lease in [vec![cpus[1], cpus[0]], vec![cpus[0], cpus[1]]] {
             let got = run(TaskData::leased(2, 0, lease.clone(), Work::Dense(input.clone())));
             assert_eq!(got, free, "the same output on a lease of {lease:?}");
-            assert_eq!(pinned_to(1), vec![lease.clone()], "the pool's thread is on {lease:?}");
+            let want: Vec<Vec<usize>> = lease.iter().map(|&c| vec![c]).collect();
+            assert_eq!(pinned_to(), want, "the pool's threads, one on each of {lease:?}");
         }
     }
 }

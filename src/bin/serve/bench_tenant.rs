@@ -61,6 +61,10 @@ pub(crate) struct BenchTenantArgs {
     /// Halvings of the QPS@95% bisection.
     #[arg(long, default_value_t = 6, value_parser = in_range(1, 20))]
     steps: usize,
+    /// Also probe every scheme at these rates (queries/s, all models together), after its
+    /// search: latency and core usage at a common load.
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = positive_f64)]
+    rate: Vec<f64>,
     /// Seed of the arrivals (the same for every scheme and probe).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -255,6 +259,20 @@ fn probe(s: &Served, rate: f64, duration: Duration, seed: u64) -> CliResult<Prob
     Ok(out)
 }
 
+/// One line of a probe's figures.
+fn describe(p: &Probe) -> String {
+    let per: Vec<String> = p.per_model.iter().map(|(n, m)| format!("{m}/{n}")).collect();
+    format!(
+        "{:>9.1} q/s: {:>5.1}% within QoS ({}), latency/solo {:.2}, cores {:.2}, conflicts {:.1}%",
+        p.rate,
+        p.met_share() * 100.0,
+        per.join(" "),
+        p.latency_over_solo,
+        p.mean_cores,
+        p.conflict_rate * 100.0
+    )
+}
+
 /// QPS@95%: bisection between 0 and `hi` for `steps` halvings; the highest passing probe (a
 /// zero-rate one when none passes) and every probe taken.
 fn qps_at_95(
@@ -270,15 +288,7 @@ fn qps_at_95(
     for _ in 0..steps {
         let mid = (lo + hi) / 2.0;
         let p = probe(s, mid, duration, seed)?;
-        let per: Vec<String> = p.per_model.iter().map(|(n, m)| format!("{m}/{n}")).collect();
-        println!(
-            "    {mid:>9.1} q/s: {:>5.1}% within QoS ({}), latency/solo {:.2}, cores {:.2}, conflicts {:.1}%",
-            p.met_share() * 100.0,
-            per.join(" "),
-            p.latency_over_solo,
-            p.mean_cores,
-            p.conflict_rate * 100.0
-        );
+        println!("    {}", describe(&p));
         if p.met_share() >= 0.95 {
             lo = mid;
             best = p.clone();
@@ -361,7 +371,12 @@ pub(crate) fn cmd_bench_tenant(a: BenchTenantArgs) -> CliResult<()> {
         println!("## {scheme}");
         let tenants = rt.add_tenants(specs.clone(), TenantOptions { scheme, ..base.clone() })?;
         let served = Served { rt: &rt, tenants, nets: &nets, shares: &shares };
-        let (best, probes) = qps_at_95(&served, hi, a.steps, duration, a.seed)?;
+        let (best, mut probes) = qps_at_95(&served, hi, a.steps, duration, a.seed)?;
+        for &rate in &a.rate {
+            let p = probe(&served, rate, duration, a.seed)?;
+            println!("    at {}", describe(&p));
+            probes.push(p);
+        }
         rows.push((scheme, best, probes));
     }
     println!();
