@@ -76,20 +76,6 @@ pub(crate) struct BenchTenantArgs {
     svg: Option<PathBuf>,
 }
 
-/// The default schemes, in the order of the spec's ordering check.
-fn default_schemes() -> Vec<Scheme> {
-    vec![
-        Scheme::Veltair,
-        Scheme::VeltairAc,
-        Scheme::VeltairAs,
-        Scheme::LayerWise,
-        Scheme::ModelWise,
-        Scheme::Fixed(6),
-        Scheme::Fixed(11),
-        Scheme::Prema,
-    ]
-}
-
 /// The bench's models: name, network, class.
 fn models(w: TenantWorkload) -> Vec<(&'static str, Network)> {
     let resnet = |block: &str, width, image| ResNetConfig {
@@ -309,7 +295,7 @@ pub(crate) fn cmd_bench_tenant(a: BenchTenantArgs) -> CliResult<()> {
         .build()
         .map_err(|e| fatal(format!("cannot start the runtime: {e}")))?;
     let nets = models(a.workload);
-    let schemes = if a.policy.is_empty() { default_schemes() } else { a.policy.clone() };
+    let schemes = if a.policy.is_empty() { Scheme::study() } else { a.policy.clone() };
     let base = TenantOptions { cores, ..TenantOptions::default() };
     // The profile, once: every scheme plans with the same tables.
     let t0 = Instant::now();

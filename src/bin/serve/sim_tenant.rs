@@ -74,20 +74,6 @@ pub(crate) struct TenantArgs {
     svg: Option<PathBuf>,
 }
 
-/// The default schemes, in the order of the spec's ordering check.
-fn default_schemes() -> Vec<Scheme> {
-    vec![
-        Scheme::Veltair,
-        Scheme::VeltairAc,
-        Scheme::VeltairAs,
-        Scheme::LayerWise,
-        Scheme::ModelWise,
-        Scheme::Fixed(6),
-        Scheme::Fixed(11),
-        Scheme::Prema,
-    ]
-}
-
 /// Fit the machine's per-core rate and fixed per-layer cost to a `serve profile` layer file, as
 /// medians over its layers: with `t(c) = f + p / c`, the two points give `f = 2·t(2) − t(1)`
 /// (clamped at 0) and `p = t(1) − f`; the rate is FLOPs / `p` with the largest tiles'
@@ -160,7 +146,7 @@ pub(crate) fn cmd_sim_tenant(a: &TenantArgs) -> CliResult<()> {
     let fitted = a.cost.as_ref().map(|p| fit(&mut machine, p)).transpose()?;
     let rule = if a.rule == RuleArg::Cap { CapRule::Cap } else { CapRule::Literal };
     let setup = Setup::new(machine, a.workload)?;
-    let schemes = if a.policy.is_empty() { default_schemes() } else { a.policy.clone() };
+    let schemes = if a.policy.is_empty() { Scheme::study() } else { a.policy.clone() };
     println!(
         "# serve sim tenant: {:?} workload on {} cores, {} queries per run, seed {} (simulated)",
         a.workload, a.cores, a.queries, a.seed

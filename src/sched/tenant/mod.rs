@@ -107,6 +107,22 @@ impl Scheme {
     /// The names `serve sim tenant --policy` takes.
     pub const NAMES: &'static str = "veltair, veltair-as, veltair-ac, layer-wise, model-wise, fixed-N, prema";
 
+    /// The schemes of the spec's study (VELTAIR and its ablations, then the baselines), in the
+    /// order of its ordering check: what `serve sim tenant` and `serve bench tenant` compare by
+    /// default.
+    pub fn study() -> Vec<Scheme> {
+        vec![
+            Scheme::Veltair,
+            Scheme::VeltairAc,
+            Scheme::VeltairAs,
+            Scheme::LayerWise,
+            Scheme::ModelWise,
+            Scheme::Fixed(6),
+            Scheme::Fixed(11),
+            Scheme::Prema,
+        ]
+    }
+
     pub fn parse(name: &str) -> Result<Scheme> {
         Ok(match name {
             "veltair" => Scheme::Veltair,
