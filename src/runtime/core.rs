@@ -172,8 +172,10 @@ struct CoreModel {
     /// `free_slots` when that worker's stream catches up ([`EngineCore::worker_caught_up`]).
     held_slots: Vec<(WorkerId, Vec<u32>)>,
     waiting: VecDeque<RequestId>,
-    /// Requests held (arrived, not completed), and tasks of the model in flight.
+    /// Requests held (arrived, not completed), those of them started (a part launched), and
+    /// tasks of the model in flight.
     requests: usize,
+    started: usize,
     tasks: usize,
     closing: bool,
     /// The most requests the driver holds at once (its admission bound; 0: unknown).
@@ -288,6 +290,7 @@ impl<R, T: Default> EngineCore<R, T> {
             held_slots: Vec::new(),
             waiting: VecDeque::with_capacity(waiting),
             requests: 0,
+            started: 0,
             tasks: 0,
             closing: false,
             max_requests,
@@ -579,18 +582,14 @@ impl<R, T: Default> EngineCore<R, T> {
         self.model(model).map_or(0, |m| m.requests)
     }
 
-    /// The model's requests not started (waiting for slots, or queued in its policy; a group
-    /// of several models counts its policy's queue for each).
+    /// The model's requests not started (waiting for slots, or queued in its policy).
     pub fn queued(&self, model: ModelId) -> usize {
-        let Some(m) = self.model(model) else { return 0 };
-        let policy = self.groups.get(m.group).and_then(|g| g.as_ref()).map_or(0, |g| g.policy.queued());
-        m.waiting.len() + policy
+        self.model(model).map_or(0, |m| m.requests - m.started)
     }
 
-    /// The model's requests started and not complete (its group's, for a group of several).
+    /// The model's requests started (a part of them launched) and not complete.
     pub fn running(&self, model: ModelId) -> usize {
-        let Some(m) = self.model(model) else { return 0 };
-        self.groups.get(m.group).and_then(|g| g.as_ref()).map_or(0, |g| g.policy.running())
+        self.model(model).map_or(0, |m| m.started)
     }
 
     /// Every request still held completes now, its data handed back (shutdown's deadline).
@@ -598,6 +597,7 @@ impl<R, T: Default> EngineCore<R, T> {
         let out: Vec<_> = self.requests.drain().map(|(_, r)| (r.model, r.started, r.data)).collect();
         for m in self.models.iter_mut().flatten() {
             m.requests = 0;
+            m.started = 0;
             m.waiting.clear();
         }
         out
@@ -608,6 +608,7 @@ impl<R, T: Default> EngineCore<R, T> {
         let r = self.requests.remove(&id)?;
         if let Some(m) = self.models.get_mut(r.model).and_then(|m| m.as_mut()) {
             m.requests -= 1;
+            m.started -= usize::from(r.started.is_some());
             if !r.slots.is_empty() {
                 match r.given_up_on {
                     // A task given up on may still write them: held until its stream catches up.
@@ -666,14 +667,19 @@ impl<R, T: Default> EngineCore<R, T> {
                             g.workers
                         );
                         let now = self.now;
+                        let mut first_started = 0;
                         for id in &l.requests {
                             if let Some(r) = self.requests.get_mut(id) {
                                 debug_assert_eq!(r.model, l.model, "request {id} launched for another model");
-                                r.started.get_or_insert(now);
+                                if r.started.is_none() {
+                                    r.started = Some(now);
+                                    first_started += 1;
+                                }
                             }
                         }
                         if let Some(m) = self.models.get_mut(l.model).and_then(|m| m.as_mut()) {
                             m.tasks += 1;
+                            m.started += first_started;
                         }
                         let task = CoreTask {
                             worker: l.worker,

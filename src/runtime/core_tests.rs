@@ -171,6 +171,8 @@ fn a_group_serves_several_models_and_is_released_with_its_last_model() {
         .collect();
     assert_eq!(models, vec![(0, 0, 1), (3, 1, 1), (3, 1, 1)]);
     assert_eq!((core.requests_of(0), core.requests_of(3)), (1, 2));
+    // Each model's gauges are its own, not its group's.
+    assert_eq!((core.running(0), core.running(3), core.queued(0), core.queued(3)), (1, 2, 0, 0));
     // Model 0 closes: released alone once its request is done; the group stays for model 3.
     core.close_model(0);
     let (g, t) = launches[0];

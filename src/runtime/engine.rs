@@ -194,23 +194,31 @@ fn layer_work(
             state.bounds.len().saturating_sub(1)
         )));
     };
-    let mut input = Vec::new();
-    for id in requests {
+    // Row `i` at `i × in_len`: a request no longer held (it cannot be: its task holds it)
+    // leaves its row zeroed rather than shift the rows after it.
+    let mut input = if requests.len() == 1 { Vec::new() } else { vec![0.0; batch * in_len] };
+    for (i, id) in requests.iter().enumerate() {
         let Some(r) = core.request_mut(*id) else { continue };
         if first == 0 {
-            let at = input.len();
-            input.resize(at + in_len, 0.0);
-            state.net.dense_row(&r.data.input, &mut input[at..]);
-        } else if requests.len() == 1 {
-            input = std::mem::take(&mut r.data.run.activation);
+            input.resize(input.len().max((i + 1) * in_len), 0.0);
+            state.net.dense_row(&r.data.input, &mut input[i * in_len..(i + 1) * in_len]);
+            continue;
+        }
+        let act = &mut r.data.run.activation;
+        if act.len() != in_len {
+            return Err(Error::internal(format!(
+                "request {id} carries {} values into layer {first}, which takes {in_len}",
+                act.len()
+            )));
+        }
+        if requests.len() == 1 {
+            input = std::mem::take(act);
         } else {
-            let at = input.len();
-            input.append(&mut r.data.run.activation);
-            input.resize(at + in_len, 0.0);
+            input[i * in_len..(i + 1) * in_len].copy_from_slice(act);
+            act.clear();
         }
     }
-    // Padding rows, and a row whose activation is missing (its previous block failed) reads as
-    // zeros: such a row has ended already (its error is its result).
+    // Padding rows are zeros.
     input.resize(batch * in_len, 0.0);
     Ok(Work::Layers { first, last: end, input })
 }
@@ -802,12 +810,15 @@ impl Engine {
         let Some(t) = self.core.task(group, task) else { return };
         let (worker, rows) = (t.worker, t.requests.len());
         // The policy's thread bound for the task (0: the worker's), on CPUs leased from its
-        // group's pool when it has one (the policy never leases more cores than the pool has;
-        // were it to, the task runs on the ones free). Kernel versions are not served yet, so
-        // `exec.version` is the default kernel's.
+        // group's pool when it has one: the policy leases at most the cores it has free, which
+        // are the CPUs free here (both change at the same launches and reports). Kernel
+        // versions are not served yet, so `exec.version` is the default kernel's.
         let free = self.free_cpus.get_mut(group).filter(|c| !c.is_empty());
         let lease = match free {
-            Some(free) if t.exec.cores > 0 => free.split_off(free.len().saturating_sub(t.exec.cores)),
+            Some(free) if t.exec.cores > 0 => {
+                debug_assert!(free.len() >= t.exec.cores, "{} cores leased of {free:?}", t.exec.cores);
+                free.split_off(free.len().saturating_sub(t.exec.cores))
+            }
             _ => Vec::new(),
         };
         if !lease.is_empty() {

@@ -3,7 +3,8 @@
 //! A query runs as a chain of layer blocks; each block is a task of one row on a worker of its
 //! own, on an exclusive lease of cores that the engine turns into CPUs (`EngineGroup::cpus`):
 //! the block's threads are pinned one to each leased CPU (`backend/cpu/layered.rs`), and no CPU
-//! is leased to two blocks at once. What one block leaves is the next one's input (the engine
+//! is leased to two blocks of the group at once. (Two groups, or a group and another load's
+//! profiling, each take the first `C` CPUs: they share them.) What one block leaves is the next one's input (the engine
 //! moves it from block to block); the last block's output is the request's result.
 //!
 //! [`Runtime::add_tenants`] profiles each model at load, before any of them serves, on the
@@ -44,8 +45,9 @@ pub struct TenantOptions {
     pub scheme: Scheme,
     /// How an adaptive block that starts at a pivot ends (default [`CapRule::Cap`], the spec's R).
     pub rule: CapRule,
-    /// `C`, the cores shared: the first `C` CPUs this process may run on. 0: as many as it may
-    /// run on, at most the CPU backend's compute threads.
+    /// `C`, the cores shared: the first `C` CPUs the calling thread may run on (the process's,
+    /// unless the thread was pinned). 0: as many as it may run on, at most the CPU backend's
+    /// compute threads.
     pub cores: usize,
     /// Interference levels of the profile (level 0: solo), 1 to 16 (default 5).
     pub levels: usize,
@@ -194,7 +196,7 @@ impl Runtime {
     }
 }
 
-/// The CPUs of a pool of `cores` cores (0: every CPU this process may run on, at most
+/// The CPUs of a pool of `cores` cores (0: every CPU the calling thread may run on, at most
 /// `threads`, the CPU backend's compute threads).
 fn pool_cpus(cores: usize, threads: usize) -> Result<Vec<usize>> {
     let allowed = allowed_cpus();
@@ -202,7 +204,7 @@ fn pool_cpus(cores: usize, threads: usize) -> Result<Vec<usize>> {
     let cores = if cores == 0 { most } else { cores };
     if cores > most || cores > tenant::profile::MAX_CORES {
         return Err(Error::invalid(format!(
-            "a pool of {cores} cores: this process may run on {} CPUs and the CPU backend has {threads} \
+            "a pool of {cores} cores: this thread may run on {} CPUs and the CPU backend has {threads} \
              compute threads",
             allowed.len()
         )));

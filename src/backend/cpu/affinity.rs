@@ -1,9 +1,10 @@
-//! Which CPUs this process may run on, and pinning the calling thread to one of them (Linux's
+//! Which CPUs the calling thread may run on, and pinning it to one of them (Linux's
 //! `sched_getaffinity` / `sched_setaffinity`; elsewhere every CPU is allowed and pinning does
 //! nothing). VELTAIR's core leases pin a block's threads to the cores leased to it
 //! (`layered.rs`), and `serve profile --versions` pins its product and its antagonist.
 
-/// The CPUs this process may run on (Linux; elsewhere, `0..available_parallelism`).
+/// The CPUs the calling thread may run on — the process's, unless the thread was pinned (a
+/// thread starts with its creator's set) — (Linux; elsewhere, `0..available_parallelism`).
 pub fn allowed_cpus() -> Vec<usize> {
     #[cfg(target_os = "linux")]
     {
@@ -43,27 +44,6 @@ pub fn pin(core: usize) -> bool {
     }
 }
 
-/// Let the calling thread run on every CPU in `cpus` again (after [`pin`]); whether it worked.
-pub fn unpin(cpus: &[usize]) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: as in `pin`: a zeroed bit set with bits below `CPU_SETSIZE` set (the others
-        // skipped), read by the kernel for this thread only.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-                libc::CPU_SET(c, &mut set);
-            }
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = cpus;
-        false
-    }
-}
-
 #[cfg(all(test, target_os = "linux", not(miri)))]
 mod tests {
     use super::*;
@@ -75,7 +55,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pinned_thread_runs_on_its_core_and_unpinned_may_run_on_every_allowed_one() {
+    fn a_pinned_thread_runs_on_its_core_alone() {
         let cpus = allowed_cpus();
         assert!(!cpus.is_empty());
         let last = *cpus.last().unwrap();
@@ -88,14 +68,6 @@ mod tests {
             let cpus = allowed_cpus();
             assert_eq!(cpus, vec![last], "pinned: one CPU allowed");
             assert!(!pin(usize::MAX), "past CPU_SETSIZE");
-        })
-        .join()
-        .unwrap();
-        std::thread::spawn(move || {
-            assert!(pin(last));
-            let all = (0..libc::CPU_SETSIZE as usize).collect::<Vec<_>>();
-            assert!(unpin(&all));
-            assert!(allowed_cpus().len() > 1 || cpus.len() == 1);
         })
         .join()
         .unwrap();

@@ -7,10 +7,11 @@
 //! `c` cores runs on a pool of exactly `c` threads owned by the worker (created at its first
 //! use and kept), not on the backend's shared pool: two workers given leases of `c₁` and `c₂`
 //! cores compute on `c₁ + c₂` threads and never steal each other's (VELTAIR's core leases).
-//! A task with a lease of CPUs (`TaskData::lease`, the tenant mode's) has those threads pinned
-//! one to each leased CPU before it runs (and its stream thread to the first, for work too small
-//! to wake the pool); a pool is pinned again only when its worker's next lease of that size
-//! names other CPUs.
+//! A task with a lease of CPUs (`TaskData::lease`, the tenant mode's) runs instead on one of
+//! the backend's lease pools of exactly that many threads (`pool.rs`, `LeasePools`: shared by
+//! every runner, one task at a time each), its threads pinned one to each leased CPU, and its
+//! stream thread pinned to the first (work too small to wake a pool runs there, on one CPU of
+//! its lease).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use super::affinity::pin;
 use super::conv::{ConvLayer, add_relu, chw_to_hwc, global_avg_pool, max_pool_3x3_s2};
 use super::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, PackedWeight, Threads, linear};
-use super::pool::ComputePool;
+use super::pool::{ComputePool, LeasePools};
 use super::stream::{CpuStream, launch_task, task_threads};
 use super::transformer::{BertCpu, BertScratch};
 use crate::backend::{CompletionSignal, Notify, Runner, TaskData, grow, size};
@@ -300,35 +301,18 @@ struct Worker {
     leases: Mutex<HashMap<usize, Arc<ComputePool>>>,
 }
 
-/// What a worker's stream thread owns: its buffers, and where its threads are pinned.
+/// What a worker's stream thread owns: its buffers, and the CPU it is pinned to (a leased
+/// task's first; a task on the same CPU pins nothing again).
 struct StreamState {
     scratch: Scratch,
-    /// The CPUs each of its lease pools (by size) was last pinned to, and the stream thread's
-    /// own CPU: a task on the same CPUs pins nothing again.
-    pinned: HashMap<usize, Vec<usize>>,
     pinned_self: Option<usize>,
 }
 
 impl StreamState {
-    /// Pin the stream thread to the lease's first CPU, and — when the task computes on it —
-    /// `pool`'s threads one to each of its CPUs (`shared`: the backend's pool, which other
-    /// workers may have pinned since: always). A task that stays on the stream thread leaves
-    /// the pool asleep: waking it to pin it cost about as much as a small layer's compute. A
-    /// CPU that cannot be pinned to (outside the process's set) leaves that thread as it was.
-    fn pin_lease(&mut self, lease: &[usize], pool: Option<&ComputePool>, shared: bool) {
-        let Some(&first) = lease.first() else { return };
-        if self.pinned_self != Some(first) {
-            pin(first);
-            self.pinned_self = Some(first);
-        }
-        let Some(pool) = pool else { return };
-        let n = pool.current_num_threads();
-        if !shared && self.pinned.get(&n).is_some_and(|p| p == lease) {
-            return;
-        }
-        pool.broadcast(|ctx| pin(lease[ctx.index() % lease.len()]));
-        if !shared {
-            self.pinned.insert(n, lease.to_vec());
+    /// Pin the stream thread to `cpu` unless it is there already.
+    fn pin_to(&mut self, cpu: usize) {
+        if self.pinned_self != Some(cpu) {
+            self.pinned_self = pin(cpu).then_some(cpu);
         }
     }
 }
@@ -339,6 +323,7 @@ pub(super) struct LayerRunner {
     bounds: Arc<[usize]>,
     workers: Vec<Worker>,
     pool: Arc<ComputePool>,
+    leases: Arc<LeasePools>,
     threads: usize,
     max_batch: usize,
     chunk: usize,
@@ -351,15 +336,14 @@ impl LayerRunner {
         net: Arc<Network>,
         workers: usize,
         max_batch: usize,
-        pool: Arc<ComputePool>,
+        (pool, leases): (Arc<ComputePool>, Arc<LeasePools>),
         threads: usize,
         notify: Notify,
     ) -> Result<LayerRunner> {
         let (stack, chunk) = Stack::new(&net, max_batch)?;
         let workers = (0..workers)
             .map(|w| {
-                let state =
-                    StreamState { scratch: stack.scratch(chunk)?, pinned: HashMap::new(), pinned_self: None };
+                let state = StreamState { scratch: stack.scratch(chunk)?, pinned_self: None };
                 let stream = CpuStream::new(format!("serve-stream-{w}"), state, notify.clone())?;
                 Ok(Worker { stream: Mutex::new(stream), leases: Mutex::new(HashMap::new()) })
             })
@@ -371,6 +355,7 @@ impl LayerRunner {
             bounds,
             workers,
             pool,
+            leases,
             threads,
             max_batch,
             chunk,
@@ -414,10 +399,12 @@ impl Runner for LayerRunner {
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
         let w = self.workers.get(worker).ok_or_else(|| Error::internal(format!("no worker {worker}")))?;
         let stack = self.stack.clone();
-        let threads = task_threads(&task, self.threads);
-        let pool = self.pool_for(worker, task.cores)?;
-        let shared = Arc::ptr_eq(&pool, &self.pool);
+        // A leased task runs on its lease's CPUs (a lease pool, below), however many threads
+        // the backend has; an unleased one within them.
         let lease = task.lease.clone();
+        let threads = if lease.is_empty() { task_threads(&task, self.threads) } else { lease.len() };
+        let pool = if lease.is_empty() { Some(self.pool_for(worker, task.cores)?) } else { None };
+        let leases = self.leases.clone();
         let (chunk, layer_macs, bounds) = (self.chunk, self.layer_macs.clone(), self.bounds.clone());
         launch_task(&w.stream, self.max_batch, task, move |state: &mut StreamState, io, rows| {
             let (range, input) = match io.work.layer_range(bounds.len() - 1) {
@@ -448,12 +435,22 @@ impl Runner for LayerRunner {
             let parallel = threads > 1
                 && task_macs >= PARALLEL_TASK_MIN_MACS
                 && (rows >= PARALLEL_MIN_ROWS || !matches!(*stack, Stack::Mlp(_)));
-            state.pin_lease(&lease, parallel.then_some(&*pool), shared);
+            if let Some(&first) = lease.first() {
+                state.pin_to(first);
+            }
             let scratch = &mut state.scratch;
-            let done = if parallel {
+            let mut run = |pool: &ComputePool| {
                 pool.install(|| stack.run(range, rows, input, &mut output, scratch, chunk, Threads(threads)))
-            } else {
-                stack.run(range, rows, input, &mut output, scratch, chunk, Threads(1))
+            };
+            let done = match (parallel, &pool) {
+                (false, _) => stack.run(range, rows, input, &mut output, scratch, chunk, Threads(1)),
+                (true, Some(pool)) => run(pool),
+                (true, None) => leases.take(lease.len()).and_then(|mut p| {
+                    p.pin(&lease);
+                    let done = run(&p.pool);
+                    leases.give_back(p);
+                    done
+                }),
             };
             match done {
                 Ok(()) => io.output = output,
@@ -555,9 +552,9 @@ mod tests {
         }
     }
 
-    /// A task on a lease of CPUs that computes on its pool runs with the pool's threads pinned
-    /// one to each leased CPU, gives the unpinned task's output, and a later lease of the same
-    /// size on other CPUs pins the pool again.
+    /// A task on a lease of CPUs that computes on a pool runs on a lease pool whose threads
+    /// are pinned one to each leased CPU, gives the unpinned task's output, and the pool is
+    /// reused (pinned again) by the next lease of its size, on other CPUs, of any worker.
     #[test]
     #[cfg(target_os = "linux")]
     #[cfg_attr(miri, ignore)] // threads and affinity syscalls
@@ -568,17 +565,17 @@ mod tests {
         if cpus.len() < 2 {
             return; // one CPU: nothing to choose among
         }
-        // Leases of 2 of at least 3 threads: the worker's own pool of 2, not the shared one.
-        let threads = cpus.len().max(3);
-        // Rows of 2 through 512 × 512 × 128 multiply-adds: past the pool's threshold.
+        // Rows of 2 through 512 → 16384 → 8: 2 × (512·16384 + 16384·8) multiply-adds, past the
+        // pool's threshold (PARALLEL_TASK_MIN_MACS, checked below).
         let net = Arc::new(Network::Mlp(Mlp::random(&[512, 16384, 8], 2)));
+        const { assert!(2 * (512 * 16384 + 16384 * 8) >= PARALLEL_TASK_MIN_MACS) };
         let me = std::thread::current();
         let notify: crate::backend::Notify = Arc::new(move || me.unpark());
-        let pool = Arc::new(ComputePool::new(2).unwrap());
-        let runner = LayerRunner::new(net, 1, 2, pool, threads, notify).unwrap();
-        let run = |task: Arc<TaskData>| {
-            let target = runner.launch(0, task.clone()).unwrap();
-            while runner.signal(0).completed() < target {
+        let pools = (Arc::new(ComputePool::new(2).unwrap()), Arc::new(LeasePools::default()));
+        let runner = LayerRunner::new(net, 2, 2, pools, 2, notify).unwrap();
+        let run = |worker: usize, task: Arc<TaskData>| {
+            let target = runner.launch(worker, task.clone()).unwrap();
+            while runner.signal(worker).completed() < target {
                 std::thread::park_timeout(std::time::Duration::from_millis(1));
             }
             let io = task.io.lock().unwrap();
@@ -586,16 +583,16 @@ mod tests {
             io.output.clone()
         };
         let input = crate::workload::values(2 * 512, 3, 1.0);
-        let free = run(TaskData::new(2, Work::Dense(input.clone())));
-        let pinned_to = || -> Vec<Vec<usize>> {
-            let leases = runner.workers[0].leases.lock().unwrap();
-            leases[&2].broadcast(|_| allowed_cpus())
-        };
-        for lease in [vec![cpus[1], cpus[0]], vec![cpus[0], cpus[1]]] {
-            let got = run(TaskData::leased(2, 0, lease.clone(), Work::Dense(input.clone())));
+        let free = run(0, TaskData::new(2, Work::Dense(input.clone())));
+        assert_eq!(runner.leases.idle_threads(), 0, "no lease pool for an unleased task");
+        for (worker, lease) in [(0, vec![cpus[1], cpus[0]]), (1, vec![cpus[0], cpus[1]])] {
+            let got = run(worker, TaskData::leased(2, 0, lease.clone(), Work::Dense(input.clone())));
             assert_eq!(got, free, "the same output on a lease of {lease:?}");
+            assert_eq!(runner.leases.idle_threads(), 2, "one pool of 2, reused");
+            let p = runner.leases.take(2).unwrap();
             let want: Vec<Vec<usize>> = lease.iter().map(|&c| vec![c]).collect();
-            assert_eq!(pinned_to(), want, "the pool's threads, one on each of {lease:?}");
+            assert_eq!(p.pool.broadcast(|_| allowed_cpus()), want, "one thread on each of {lease:?}");
+            runner.leases.give_back(p);
         }
     }
 }

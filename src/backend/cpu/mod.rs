@@ -57,6 +57,8 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
 pub struct CpuBackend {
     pool: Arc<ComputePool>,
     threads: usize,
+    /// The pools of tasks on core leases (the tenant mode), shared by every runner.
+    leases: Arc<pool::LeasePools>,
 }
 
 impl CpuBackend {
@@ -67,7 +69,11 @@ impl CpuBackend {
         } else {
             threads
         };
-        Ok(CpuBackend { pool: Arc::new(ComputePool::new(threads)?), threads })
+        Ok(CpuBackend {
+            pool: Arc::new(ComputePool::new(threads)?),
+            threads,
+            leases: Arc::new(pool::LeasePools::default()),
+        })
     }
 
     pub fn threads(&self) -> usize {
@@ -113,7 +119,7 @@ impl Backend for CpuBackend {
             net,
             shape.workers,
             shape.max_batch,
-            self.pool.clone(),
+            (self.pool.clone(), self.leases.clone()),
             self.threads,
             notify,
         )?;

@@ -36,6 +36,60 @@ impl ComputePool {
     }
 }
 
+/// The pools that tasks on core leases run on (VELTAIR's tenant mode, `TaskData::lease`), shared
+/// by every runner of the backend: a task of `c` leased CPUs takes an idle pool of `c` threads
+/// (or starts one: the thread-start cost of a conflict), pins its threads one to each leased CPU
+/// unless they are pinned there already, runs, and gives the pool back. A pool is held by one
+/// task at a time, so no two blocks share threads; as many pools of `c` threads exist as blocks
+/// of `c` cores ever ran at once (at most `C / c` on a pool of `C` CPUs), kept until the backend
+/// is dropped.
+#[derive(Default)]
+pub(crate) struct LeasePools {
+    idle: Mutex<std::collections::HashMap<usize, Vec<PinnedPool>>>,
+}
+
+/// A lease pool and the CPUs its threads are pinned to (by thread index).
+pub(crate) struct PinnedPool {
+    pub pool: ComputePool,
+    pinned: Vec<usize>,
+}
+
+impl PinnedPool {
+    /// Pin the threads one to each CPU of `lease` (as many as the pool has threads) unless they
+    /// are there already. A CPU that cannot be pinned to (outside the process's set) leaves its
+    /// thread where it was, and the pool is pinned again next time.
+    pub fn pin(&mut self, lease: &[usize]) {
+        if self.pinned == lease || lease.is_empty() {
+            return;
+        }
+        let all = self.pool.broadcast(|ctx| super::affinity::pin(lease[ctx.index() % lease.len()]));
+        self.pinned = if all.iter().all(|&ok| ok) { lease.to_vec() } else { Vec::new() };
+    }
+}
+
+impl LeasePools {
+    /// An idle pool of `threads` threads, or a new one.
+    pub fn take(&self, threads: usize) -> Result<PinnedPool> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&threads).and_then(Vec::pop);
+        match idle {
+            Some(p) => Ok(p),
+            None => Ok(PinnedPool { pool: ComputePool::new(threads)?, pinned: Vec::new() }),
+        }
+    }
+
+    /// Give a pool taken by [`take`](Self::take) back.
+    pub fn give_back(&self, p: PinnedPool) {
+        let threads = p.pool.current_num_threads();
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).entry(threads).or_default().push(p);
+    }
+
+    /// Threads of the pools now idle (tests).
+    #[cfg(test)]
+    pub fn idle_threads(&self) -> usize {
+        self.idle.lock().unwrap().iter().map(|(t, v)| t * v.len()).sum()
+    }
+}
+
 impl Deref for ComputePool {
     type Target = rayon::ThreadPool;
     fn deref(&self) -> &rayon::ThreadPool {
