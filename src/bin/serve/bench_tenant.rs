@@ -409,14 +409,7 @@ pub(crate) fn cmd_bench_tenant(a: BenchTenantArgs) -> CliResult<()> {
             })
             .collect();
         let title = format!("{:?} on {cores} cores (measured): queries within QoS", a.workload);
-        crate::plot::lines_svg(
-            path,
-            &title,
-            ("offered rate (queries/s)", "within QoS (%)"),
-            &lines,
-            Some(("95%", 95.0)),
-        )?;
-        println!("# wrote {}", path.display());
+        crate::plot::met_share_svg(path, &title, &lines)?;
     }
     if let Some((path, file)) = open_report(a.json.as_ref())? {
         let probe_json = |p: &Probe| {

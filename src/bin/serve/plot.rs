@@ -94,6 +94,14 @@ pub(crate) fn lines_svg(
     draw(path, title, axes, &series, reference, SeriesLabelPosition::MiddleRight)
 }
 
+/// The tenant studies' plot (`serve sim tenant`, `serve bench tenant`): each scheme's share of
+/// queries within QoS (%) against the offered rate, with the 95% line; says where it wrote.
+pub(crate) fn met_share_svg(path: &Path, title: &str, lines: &[(&str, Vec<(f64, f64)>)]) -> CliResult<()> {
+    lines_svg(path, title, ("offered rate (queries/s)", "within QoS (%)"), lines, Some(("95%", 95.0)))?;
+    println!("# wrote {}", path.display());
+    Ok(())
+}
+
 /// Draw `series` (points with a non-finite coordinate left out) and the optional black
 /// reference line on axes from 0 to a little past the largest value, to an SVG at `path`.
 fn draw(

@@ -360,14 +360,7 @@ pub(crate) fn cmd_sim_tenant(a: &TenantArgs) -> CliResult<()> {
         let lines: Vec<(&str, Vec<(f64, f64)>)> =
             rows.iter().zip(&names).map(|(r, n)| (n.as_str(), r.curve.clone())).collect();
         let title = format!("{:?} on {} cores (simulated): queries within QoS", a.workload, a.cores);
-        crate::plot::lines_svg(
-            path,
-            &title,
-            ("offered rate (queries/s)", "within QoS (%)"),
-            &lines,
-            Some(("95%", 95.0)),
-        )?;
-        println!("# wrote {}", path.display());
+        crate::plot::met_share_svg(path, &title, &lines)?;
     }
     if let Some((path, file)) = open_report(a.json.as_ref())? {
         let results: Vec<Value> = rows
