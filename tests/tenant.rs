@@ -163,6 +163,11 @@ fn bad_tenants_are_refused_precisely() {
             "planning share",
         ),
         (
+            vec![fixture_spec("resnet_small", 10)],
+            TenantOptions { level_step: f64::NAN, ..TenantOptions::default() },
+            "a level step of NaN",
+        ),
+        (
             vec![TenantSpec { qos: Duration::ZERO, ..fixture_spec("resnet_small", 10) }],
             TenantOptions::default(),
             "QoS target of 0",
