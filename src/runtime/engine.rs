@@ -39,13 +39,14 @@ use crate::backend::{CellTask, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::{Input, Network, Output};
 use crate::runtime::admission::Admission;
+use crate::runtime::blocks::{block_row_done, block_work};
 use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_path_row, push_row};
 use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
 use crate::runtime::inbox::{ArrivalRing, ControlBudget, Event};
 use crate::runtime::metrics::ModelMetrics;
 use crate::runtime::poller::PollerCmd;
 use crate::runtime::queue::{Completion, QueueShared};
-use crate::runtime::request::{Reply, flush, shutdown_cancelled};
+use crate::runtime::request::{Reply, flush, shutdown_cancelled, touch_spare};
 use crate::runtime::stats::Stats;
 use crate::sched::{CellGraph, Policy, RequestId, TaskId, TaskReport, TaskShape, Time};
 
@@ -74,14 +75,14 @@ pub(crate) struct Pending {
 #[derive(Default)]
 pub(crate) struct Run {
     /// The result computed by the request's task(s), set when it is known.
-    result: Option<Result<Output>>,
+    pub(super) result: Option<Result<Output>>,
     /// Seq2Seq: the tokens decoded so far.
     decoding: Decoding,
     /// The slot of its model's input ring its input was copied into at arrival.
     ring_slot: Option<usize>,
     /// A layer model's values leaving its last finished layer block (the next block's input;
     /// the tenant mode runs a request as a chain of blocks).
-    activation: Vec<f32>,
+    pub(super) activation: Vec<f32>,
 }
 
 impl Run {
@@ -134,18 +135,6 @@ const MAX_EVENTS_PER_TURN: usize = 256;
 /// admission had let in, against at most 0.2% deciding after each event).
 const MAX_EVENTS_PER_DECISION: usize = 8;
 
-/// Write every element of `v`'s spare capacity, so that the memory reserved for it is resident
-/// from now on. The outbox is filled from its start every turn, so left untouched its pages
-/// became resident one by one, whenever a turn completed more requests than any turn before:
-/// memory that grew with the load's history (the one-arena 30-minute soak found +124 KiB of
-/// the outbox's 580 KiB touched after warm-up, ARCHITECTURE.md §9). Tables that requests cycle
-/// through (the rings, the request tables) are all touched within the first turns of ids.
-fn touch_spare<T>(v: &mut Vec<T>) {
-    v.spare_capacity_mut().iter_mut().for_each(|slot| *slot = std::mem::MaybeUninit::zeroed());
-    // The writes are never read: keep the optimiser from dropping them.
-    std::hint::black_box(v.spare_capacity_mut().as_mut_ptr());
-}
-
 /// The engine's own data of a request, as the core carries it.
 type Live = Box<Pending>;
 
@@ -178,49 +167,9 @@ impl Drop for ModelState {
     }
 }
 
-/// The work of a layer block `[first, end)` over `requests` (padded to `batch` rows): each row's
-/// values entering layer `first` — its input for the first block, what its previous block left
-/// otherwise (moved, not copied).
-fn layer_work(
-    core: &mut EngineCore<Live, Option<Arc<TaskData>>>,
-    state: &ModelState,
-    requests: &[RequestId],
-    (first, end): (usize, usize),
-    batch: usize,
-) -> Result<Work> {
-    let Some(&in_len) = state.bounds.get(first).filter(|_| first < end && end < state.bounds.len()) else {
-        return Err(Error::internal(format!(
-            "layers {first}..{end} of a model of {} layers",
-            state.bounds.len().saturating_sub(1)
-        )));
-    };
-    // Row `i` at `i × in_len`: a request no longer held (it cannot be: its task holds it)
-    // leaves its row zeroed rather than shift the rows after it.
-    let mut input = if requests.len() == 1 { Vec::new() } else { vec![0.0; batch * in_len] };
-    for (i, id) in requests.iter().enumerate() {
-        let Some(r) = core.request_mut(*id) else { continue };
-        if first == 0 {
-            input.resize(input.len().max((i + 1) * in_len), 0.0);
-            state.net.dense_row(&r.data.input, &mut input[i * in_len..(i + 1) * in_len]);
-            continue;
-        }
-        let act = &mut r.data.run.activation;
-        if act.len() != in_len {
-            return Err(Error::internal(format!(
-                "request {id} carries {} values into layer {first}, which takes {in_len}",
-                act.len()
-            )));
-        }
-        if requests.len() == 1 {
-            input = std::mem::take(act);
-        } else {
-            input[i * in_len..(i + 1) * in_len].copy_from_slice(act);
-            act.clear();
-        }
-    }
-    // Padding rows are zeros.
-    input.resize(batch * in_len, 0.0);
-    Ok(Work::Layers { first, last: end, input })
+/// The error of a task whose output is shorter than its rows need.
+pub(super) fn short_output(task: TaskId, len: usize, rows: usize, out_len: usize) -> Error {
+    Error::internal(format!("task {task} produced {len} values for {rows} rows of {out_len}"))
 }
 
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine
@@ -610,41 +559,11 @@ impl Engine {
                 }
             })
         } else if let Work::Layers { last, .. } = io.work {
-            // A layer block: each row's values go on to its next block, or are its result
-            // after the model's last layer; a failed block ends its row (its error the result).
-            let (rows, out_len) = (data.rows, state.bounds.get(last).copied().unwrap_or(0));
-            let complete = last + 1 == state.bounds.len();
-            let recycle = state.admission.recycler();
+            let (bounds, recycle, error) = (&state.bounds, state.admission.recycler(), error.as_ref());
             let mut output = Some(output);
+            let block = (task, data.rows, last);
             self.core.task_done(now, group, &report, |row, r, _| {
-                let values = output.as_deref().and_then(|o| o.get(row * out_len..(row + 1) * out_len));
-                match (&error, values) {
-                    (Some(e), _) => {
-                        r.data.run.result = Some(Err(Error::new(Code::Backend, e.message())));
-                        RowEnd::Early
-                    }
-                    (None, Some(v)) if complete => {
-                        r.data.run.result = Some(Ok(Output::F32(recycle.output(v))));
-                        RowEnd::Continue
-                    }
-                    // A one-row block's output moves on whole.
-                    (None, Some(_)) if rows == 1 => {
-                        r.data.run.activation = output.take().unwrap_or_default();
-                        RowEnd::Continue
-                    }
-                    (None, Some(v)) => {
-                        r.data.run.activation.clear();
-                        r.data.run.activation.extend_from_slice(v);
-                        RowEnd::Continue
-                    }
-                    (None, None) => {
-                        r.data.run.result = Some(Err(Error::internal(format!(
-                            "task {task} produced {} values for {rows} rows of {out_len}",
-                            output.as_ref().map_or(0, Vec::len),
-                        ))));
-                        RowEnd::Early
-                    }
-                }
+                block_row_done(&mut r.data, row, block, bounds, error, &mut output, recycle)
             })
         } else {
             let rows = data.rows;
@@ -654,10 +573,7 @@ impl Engine {
                     Some(e) => Err(Error::new(Code::Backend, e.message())),
                     None => match output.get(row * out_len..(row + 1) * out_len) {
                         Some(v) => Ok(Output::F32(recycle.output(v))),
-                        None => Err(Error::internal(format!(
-                            "task {task} produced {} values for {rows} rows of {out_len}",
-                            output.len(),
-                        ))),
+                        None => Err(short_output(task, output.len(), rows, out_len)),
                     },
                 });
                 RowEnd::Continue
@@ -702,7 +618,7 @@ impl Engine {
         self.core.add_model(idx, group, runner.state_slots(), held);
         self.outbox.reserve(self.core.max_requests().saturating_sub(self.outbox.len()));
         touch_spare(&mut self.outbox);
-        let bounds = if net.layers().is_empty() { Vec::new() } else { net.layer_bounds() };
+        let bounds = net.layer_bounds();
         self.models[idx] = Some(ModelState {
             net,
             io: runner.io_lens(),
@@ -762,7 +678,8 @@ impl Engine {
         let work = if let TaskShape::Layers { first, last } = t.shape {
             let (first, end) = (first as usize, last as usize + 1);
             let (requests, batch) = (t.requests.clone(), t.batch);
-            layer_work(&mut self.core, state, &requests, (first, end), batch).unwrap_or_else(|e| {
+            let model = (&*state.net, &state.bounds[..]);
+            block_work(&mut self.core, model, &requests, (first, end), batch).unwrap_or_else(|e| {
                 unrunnable = Some(e);
                 Work::Layers { first, last: end, input: Vec::new() }
             })
@@ -958,40 +875,5 @@ impl Drop for Engine {
     /// complete `Cancelled` as their replies drop with the core.
     fn drop(&mut self) {
         flush(&mut self.outbox);
-    }
-}
-
-#[cfg(all(test, target_os = "linux", not(miri)))]
-mod touch_tests {
-    use super::touch_spare;
-
-    /// Of the pages spanned by `len` bytes from `ptr`: how many are resident (`mincore`), and
-    /// how many there are.
-    fn resident_pages(ptr: *const u8, len: usize) -> (usize, usize) {
-        // SAFETY: sysconf has no memory preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let start = ptr as usize & !(page - 1);
-        let pages = (ptr as usize + len - start).div_ceil(page);
-        let mut flags = vec![0u8; pages];
-        // SAFETY: [start, start + pages·page) is page-aligned and lies within one live
-        // allocation's mapping (a Vec of many pages, mmapped by the allocator, owned by the
-        // caller for the call), and `flags` has one byte per page, as mincore writes.
-        let rc = unsafe { libc::mincore(start as *mut libc::c_void, pages * page, flags.as_mut_ptr()) };
-        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
-        (flags.iter().filter(|f| **f & 1 == 1).count(), pages)
-    }
-
-    #[test]
-    fn touching_the_spare_capacity_makes_it_resident() {
-        // 8 MiB: the allocator maps it fresh, so nothing of it is resident before it is written.
-        let mut v: Vec<[u64; 9]> = Vec::with_capacity((8 << 20) / size_of::<[u64; 9]>());
-        v.push([1; 9]);
-        let bytes = v.capacity() * size_of::<[u64; 9]>();
-        let (before, pages) = resident_pages(v.as_ptr().cast(), bytes);
-        touch_spare(&mut v);
-        let (after, _) = resident_pages(v.as_ptr().cast(), bytes);
-        assert!(before < 16, "{before} of {pages} pages resident before any write");
-        assert_eq!(after, pages, "resident after touching");
-        assert_eq!(v, [[1; 9]], "the elements are untouched");
     }
 }

@@ -7,6 +7,7 @@
 //! which completes the task's requests into their tickets or completion queues.
 
 pub(crate) mod admission;
+mod blocks;
 pub(crate) mod cells;
 pub mod coldstart;
 pub(crate) mod core;

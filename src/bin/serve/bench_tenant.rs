@@ -155,6 +155,8 @@ struct Served<'a> {
     tenants: Vec<Tenant>,
     nets: &'a [(&'static str, Network)],
     shares: &'a [f64],
+    /// Each model's profiled solo latency (the same profile for every scheme), seconds.
+    solo_s: &'a [f64],
 }
 
 /// Poisson arrivals at `rate` for `duration`, each query of a model drawn by the shares, every
@@ -220,7 +222,7 @@ fn probe(s: &Served, rate: f64, duration: Duration, seed: u64) -> CliResult<Prob
                 if c.result.is_ok() {
                     let latency = now.saturating_duration_since(start + offsets[i]);
                     completed += 1;
-                    ratio_sum += latency.as_secs_f64() / t.solo().as_secs_f64();
+                    ratio_sum += latency.as_secs_f64() / s.solo_s[pick[i]];
                     let met = usize::from(latency <= t.profile.qos());
                     out.met += met;
                     out.per_model[pick[i]].1 += met;
@@ -306,6 +308,7 @@ pub(crate) fn cmd_bench_tenant(a: BenchTenantArgs) -> CliResult<()> {
         base.clone(),
     )?;
     let solo: Vec<Duration> = profiled.iter().map(Tenant::solo).collect();
+    let solo_s: Vec<f64> = solo.iter().map(Duration::as_secs_f64).collect();
     let specs: Vec<TenantSpec> = nets
         .iter()
         .zip(&profiled)
@@ -356,7 +359,7 @@ pub(crate) fn cmd_bench_tenant(a: BenchTenantArgs) -> CliResult<()> {
     for &scheme in &schemes {
         println!("## {scheme}");
         let tenants = rt.add_tenants(specs.clone(), TenantOptions { scheme, ..base.clone() })?;
-        let served = Served { rt: &rt, tenants, nets: &nets, shares: &shares };
+        let served = Served { rt: &rt, tenants, nets: &nets, shares: &shares, solo_s: &solo_s };
         let (best, mut probes) = qps_at_95(&served, hi, a.steps, duration, a.seed)?;
         for &rate in &a.rate {
             let p = probe(&served, rate, duration, a.seed)?;
