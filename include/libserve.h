@@ -20,7 +20,8 @@
  * Threads. A function taking `const T *` may be called concurrently with any other such call on
  * the same object: serve_runtime, serve_model, serve_queue, serve_completion, serve_error,
  * serve_stats and serve_metrics are thread-safe in that sense. Functions taking `T *` (option setters, _free) need
- * exclusive access. Option builders may be shared as `const` once set.
+ * exclusive access. Option builders (serve_*_options, serve_tenants) may be shared as `const`
+ * once set.
  *
  * Completion. Every request accepted by a serve_submit_* function completes exactly once, into
  * the completion queue given at submit: with its output, or with an error code (CANCELLED,
@@ -32,6 +33,9 @@
  * workers of a model with several. It must return (not throw, not longjmp) and must not block on
  * the completion of its own model's requests. Its user data lives until the free function given
  * with it runs, once, after the last call.
+ * A custom model served as a tenant (serve_runtime_add_tenants) is called on a core lease: the
+ * CPUs in serve_custom_call.cpus are its alone until the call returns, and the calling thread
+ * runs pinned to the first.
  *
  * Versioning. SERVE_VERSION_MAJOR/MINOR/PATCH describe this header; serve_version() the linked
  * library. Within one major version functions and enum values are only appended; the shared
@@ -160,6 +164,11 @@ typedef struct serve_stats serve_stats;
 // submits.
 typedef struct serve_submit_options serve_submit_options;
 
+// A group of tenant models and how they share the cores: an opaque builder, filled with
+// `serve_tenants_add_*` and `serve_tenants_set_*`, then given to `serve_runtime_add_tenants`.
+// Not thread-safe while being filled; a `const serve_tenants *` may be shared.
+typedef struct serve_tenants serve_tenants;
+
 // One batched call of a custom model's execute callback. Valid only during the call.
 typedef struct {
   // The worker (stream) running the call: calls of one worker never overlap; calls of
@@ -185,6 +194,14 @@ typedef struct {
   // `message_capacity` bytes, NUL included); it becomes the requests' error message.
   char *message;
   size_t message_capacity;
+  // The CPUs a core lease gives the call (a tenant model, `serve_runtime_add_tenants`):
+  // `cpu_count` CPU numbers (as `sched_setaffinity` numbers them), equal to `cores`, leased to
+  // this call alone until it returns; the calling thread runs pinned to `cpus[0]`, and an
+  // engine with threads of its own may place them on the others. `cpu_count` is 0 (and `cpus`
+  // NULL) for a call without a lease (a model added with `serve_runtime_add_custom_model`).
+  // Read-only, valid during the call.
+  const size_t *cpus;
+  size_t cpu_count;
 } serve_custom_call;
 
 // A custom model's computation: return 0 when every row's output is written, any other value
@@ -657,6 +674,81 @@ serve_error *serve_submit_tree(const serve_model *model,
                                size_t len,
                                const serve_submit_options *options,
                                uint64_t *request_id);
+
+// Create an empty group of tenants with the defaults: scheme `"veltair"`, every CPU this thread
+// may run on (at most the CPU backend's compute threads), 5 interference levels 0.25 apart,
+// layer budgets summing to 0.85 of each QoS target, the runtime's admission bound.
+// On success `*out` owns the group.
+serve_error *serve_tenants_new(serve_tenants **out);
+
+// Free a group of tenants (NULL is ignored). Models already added keep serving.
+void serve_tenants_free(serve_tenants *tenants);
+
+// Add the layer model in directory `dir` (mlp, resnet or bert; loaded now) as a tenant named
+// `name` (copied; NULL: the directory's name) whose queries should complete within `qos_ns`
+// nanoseconds (1 ns to one hour). The QoS target plans its blocks; submit with a deadline to
+// enforce it. Errors: those of `serve_runtime_load_model` for the directory,
+// `SERVE_CODE_INVALID_ARGUMENT` for a QoS out of range or more than 256 tenants. A recurrent model loads here and is refused by `serve_runtime_add_tenants`.
+serve_error *serve_tenants_add_model(serve_tenants *tenants,
+                                     const char *dir,
+                                     const char *name,
+                                     uint64_t qos_ns);
+
+// Add a custom model (`serve_custom_model_options`, with its layers declared) as a tenant named
+// `name` (copied) with QoS target `qos_ns` (as `serve_tenants_add_model`). Its callback runs
+// layer ranges on core leases: `serve_custom_call.cpus` names the leased CPUs. The options may
+// be freed after this call (the group shares their callback and user data).
+serve_error *serve_tenants_add_custom_model(serve_tenants *tenants,
+                                            const serve_custom_model_options *options,
+                                            const char *name,
+                                            uint64_t qos_ns);
+
+// The scheme sharing the cores: `"veltair"` (default), `"veltair-as"`, `"veltair-ac"`,
+// `"layer-wise"`, `"model-wise"`, `"fixed-N"` (blocks of N layers, N ≥ 1) or `"prema"`.
+// `SERVE_CODE_INVALID_ARGUMENT` for any other name.
+serve_error *serve_tenants_set_scheme(serve_tenants *tenants, const char *scheme);
+
+// The cores shared: the first `cores` CPUs the thread calling `serve_runtime_add_tenants` may
+// run on; 0 (default) for all of them, at most the CPU backend's compute threads. A count above
+// that is refused by `serve_runtime_add_tenants`.
+serve_error *serve_tenants_set_cores(serve_tenants *tenants, size_t cores);
+
+// Interference levels of the profile, 1 to 16 (default 5), and the slowdown one level adds,
+// 0 to 10 (default 0.25: level 4 is twice the solo time).
+serve_error *serve_tenants_set_levels(serve_tenants *tenants, size_t levels, double level_step);
+
+// Each tenant's admission bound (requests queued or running; default: the runtime's).
+serve_error *serve_tenants_set_admission_bound(serve_tenants *tenants, size_t bound);
+
+// Tenant models in the group (NULL: 0).
+size_t serve_tenants_len(const serve_tenants *tenants);
+
+// Serve the group's models as tenants of `runtime` sharing its CPU cores (the CPU backend
+// only). Each model is profiled first (every layer at every core count, one row: the call takes
+// milliseconds to seconds), then all start serving together. `models` points to `models_len`
+// slots (NULL when 0), which must equal `serve_tenants_len(tenants)`; on success slot `i` owns the `i`-th
+// model added (free each with `serve_model_free`; submit with `serve_submit_f32`). Errors:
+// `SERVE_CODE_UNSUPPORTED` (a device backend), `SERVE_CODE_INVALID_ARGUMENT` (NULL arguments,
+// no tenant, `models_len` not the group's size, a model without layers, a pool of more cores
+// than this thread may run on), an error naming the layer when one cannot be profiled (a custom
+// callback that fails), `SERVE_CODE_SHUTDOWN`. On error no slot is written and nothing serves.
+//
+// A model whose whole chain of layers cannot meet its QoS alone on every core is still served
+// (best-effort) and flagged: `serve_model_tenant_feasible`. More tenants than cores is allowed.
+// The group may be freed or reused after the call.
+serve_error *serve_runtime_add_tenants(const serve_runtime *runtime,
+                                       const serve_tenants *tenants,
+                                       serve_model **models,
+                                       size_t models_len);
+
+// Whether tenant `model`'s whole chain of layers meets its QoS target alone on every core of
+// the pool (as profiled); when not, it is served best-effort. `SERVE_CODE_INVALID_ARGUMENT` for
+// a model that is not a tenant.
+serve_error *serve_model_tenant_feasible(const serve_model *model, bool *out);
+
+// Tenant `model`'s profiled time alone on every core of the pool, its whole chain of layers,
+// in nanoseconds. `SERVE_CODE_INVALID_ARGUMENT` for a model that is not a tenant.
+serve_error *serve_model_tenant_solo_ns(const serve_model *model, uint64_t *out);
 
 // The version of the linked library, "MAJOR.MINOR.PATCH" (static storage). Compare with the
 // `SERVE_VERSION_*` macros of the header compiled against to detect a mismatched library.

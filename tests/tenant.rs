@@ -170,7 +170,12 @@ fn bad_tenants_are_refused_precisely() {
         (
             vec![TenantSpec { qos: Duration::ZERO, ..fixture_spec("resnet_small", 10) }],
             TenantOptions::default(),
-            "QoS target of 0",
+            "QoS target of 0ns",
+        ),
+        (
+            vec![TenantSpec { qos: Duration::from_secs(7200), ..fixture_spec("resnet_small", 10) }],
+            TenantOptions::default(),
+            "QoS target of 7200s (above 0, at most 3600s)",
         ),
     ];
     for (specs, opts, want) in cases {

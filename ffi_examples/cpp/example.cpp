@@ -22,7 +22,8 @@
  * futures concurrently (retrying on BUSY) with every output checked against expected.json
  * (relative tolerance 1e-4, absolute below magnitude 1); refused submits throwing the right code
  * and producing no completion; a deadline expiring (DEADLINE_EXCEEDED from the future); cancel
- * (CANCELLED from the future); the caller-drained Queue API (batch next(), fd(), Completion
+ * (CANCELLED from the future); the tenant mode (two mlp tenants sharing the cores); the
+ * caller-drained Queue API (batch next(), fd(), Completion
  * outputs); stats consistency; shutdown (pending futures complete, later submits and loads throw
  * SHUTDOWN); moves; a Model outliving its Runtime; futures resolving when everything is
  * destroyed. With the recurrent arguments also, under the cellular and the padding policy: lstm
@@ -473,6 +474,43 @@ void run_fixed_policies(const serve::Runtime& rt, const std::string& dir, const 
   }
 }
 
+/// The tenant mode through the wrapper: two copies of the mlp sharing the cores under VELTAIR,
+/// every output checked; a bad scheme, an empty group and a plain model's tenant profile throw
+/// INVALID_ARGUMENT.
+void run_tenants(const serve::Runtime& rt, const serve::Model& plain, const std::string& dir,
+                 const Expected& e) {
+  expect_error(SERVE_CODE_INVALID_ARGUMENT, "Tenants::scheme(\"fastest\")",
+               [] { serve::Tenants().scheme("fastest"); });
+  expect_error(SERVE_CODE_INVALID_ARGUMENT, "Tenants::add_model(qos 0)",
+               [&] { serve::Tenants().add_model(dir, "zero", 0ns); });
+  expect_error(SERVE_CODE_INVALID_ARGUMENT, "add_tenants(an empty group)",
+               [&] { rt.add_tenants(serve::Tenants()); });
+  expect_error(SERVE_CODE_INVALID_ARGUMENT, "tenant_feasible() of a plain model",
+               [&] { plain.tenant_feasible(); });
+  serve::Tenants group;
+  group.scheme("veltair").levels(3, 0.5).add_model(dir, "tenant-a", 100ms).add_model(dir, "", 200ms);
+  check(group.size() == 2, "Tenants::size() is " + std::to_string(group.size()));
+  std::vector<serve::Model> tenants = rt.add_tenants(group);
+  check(tenants.size() == 2, std::to_string(tenants.size()) + " tenant models");
+  for (const serve::Model& t : tenants) {
+    check(t.tenant_feasible(), "a tenant mlp flagged infeasible at 100 ms");
+    check(t.tenant_solo() > 0ns && t.tenant_solo() < 100ms, "tenant solo time out of range");
+  }
+  std::vector<std::pair<std::size_t, std::future<Vec>>> out;
+  for (std::size_t i = 0; i < 60; i++) {
+    const std::size_t k = i % e.inputs.size();
+    out.emplace_back(k, tenants[i % 2].submit(e.inputs[k]));
+  }
+  for (auto& p : out) {
+    try {
+      check_output(e, p.first, p.second.get(), "tenant");
+    } catch (const serve::Error& err) {
+      fail(std::string("tenant: ") + err.what());
+    }
+  }
+  say("tenants: 2 mlp tenants served 60 requests");
+}
+
 int run(const std::string& dir) {
   // Version: the header compiled against must match the linked library.
   const std::string want = std::to_string(SERVE_VERSION_MAJOR) + "." +
@@ -514,6 +552,7 @@ int run(const std::string& dir) {
   unsigned long expired = run_deadline_and_cancel(rt, slow, e);
   good += run_queue(model, e);
   run_fixed_policies(rt, dir, e);
+  run_tenants(rt, model, dir, e);
 
   {
     serve::Stats st = rt.stats();

@@ -827,6 +827,23 @@ class Model {
   /// The C handle (still owned by *this); nullptr if moved-from.
   const serve_model* get() const noexcept { return h_.get(); }
 
+  /// For a model of Runtime::add_tenants: whether its whole chain of layers meets its QoS target
+  /// alone on every core of the pool (when not, it is served best-effort). Throws
+  /// INVALID_ARGUMENT for a model that is not a tenant.
+  bool tenant_feasible() const {
+    bool out = false;
+    detail::check(serve_model_tenant_feasible(get_checked(), &out));
+    return out;
+  }
+
+  /// For a model of Runtime::add_tenants: its profiled time alone on every core of the pool.
+  /// Throws INVALID_ARGUMENT for a model that is not a tenant.
+  std::chrono::nanoseconds tenant_solo() const {
+    std::uint64_t ns = 0;
+    detail::check(serve_model_tenant_solo_ns(get_checked(), &ns));
+    return std::chrono::nanoseconds(static_cast<std::chrono::nanoseconds::rep>(ns));
+  }
+
  private:
   friend class Runtime;
   Model(std::shared_ptr<detail::Core> core, serve_model* raw) noexcept
@@ -864,6 +881,65 @@ class Model {
   detail::Handle<serve_model, serve_model_free> h_;
 };
 
+/// A group of layer models sharing the CPU cores under libserve's tenant scheduler (VELTAIR), each
+/// with its own QoS target, for Runtime::add_tenants. Defaults: scheme "veltair", every CPU (at
+/// most the CPU backend's threads), 5 interference levels 0.25 apart, the runtime's admission
+/// bound. Adders and setters throw serve::Error as their C functions fail (serve_tenants_*) and
+/// return *this. Move-only; not thread-safe while being filled; shareable as const.
+class Tenants {
+ public:
+  Tenants() {
+    serve_tenants* raw = nullptr;
+    detail::check(serve_tenants_new(&raw));
+    h_.reset(raw);
+  }
+  /// The layer model in `dir` (loaded now; NOT_FOUND, FORMAT as load_model), named `name` (empty:
+  /// the directory's name), whose queries should complete within `qos` (1 ns to one hour).
+  Tenants& add_model(const std::string& dir, const std::string& name, std::chrono::nanoseconds qos) {
+    detail::check(serve_tenants_add_model(get_checked(), dir.c_str(), name.empty() ? nullptr : name.c_str(),
+                                          detail::option_ns(qos, "qos")));
+    return *this;
+  }
+  /// A custom model with its layers declared (C options, only read; see libserve.h).
+  Tenants& add_custom_model(const serve_custom_model_options* options, const std::string& name,
+                            std::chrono::nanoseconds qos) {
+    detail::check(
+        serve_tenants_add_custom_model(get_checked(), options, name.c_str(), detail::option_ns(qos, "qos")));
+    return *this;
+  }
+  /// "veltair", "veltair-as", "veltair-ac", "layer-wise", "model-wise", "fixed-N" or "prema".
+  Tenants& scheme(const std::string& name) {
+    detail::check(serve_tenants_set_scheme(get_checked(), name.c_str()));
+    return *this;
+  }
+  /// The first `cores` CPUs the calling thread may run on; 0 = all of them.
+  Tenants& cores(std::size_t cores) {
+    detail::check(serve_tenants_set_cores(get_checked(), cores));
+    return *this;
+  }
+  /// Interference levels (1 to 16) and the slowdown one level adds (0 to 10).
+  Tenants& levels(std::size_t levels, double level_step) {
+    detail::check(serve_tenants_set_levels(get_checked(), levels, level_step));
+    return *this;
+  }
+  /// Each tenant's admission bound; at least 1.
+  Tenants& admission_bound(std::size_t bound) {
+    detail::check(serve_tenants_set_admission_bound(get_checked(), bound));
+    return *this;
+  }
+  /// Models added so far.
+  std::size_t size() const noexcept { return serve_tenants_len(h_.get()); }
+  /// The C handle (still owned by *this); nullptr if moved-from.
+  const serve_tenants* get() const noexcept { return h_.get(); }
+
+ private:
+  serve_tenants* get_checked() const {
+    if (!h_) detail::throw_moved_from("Tenants");
+    return h_.get();
+  }
+  detail::Handle<serve_tenants, serve_tenants_free> h_;
+};
+
 /// A libserve runtime: backend, engine threads, loaded models, plus the callback queue that
 /// fulfils the futures of Model::submit() and its siblings (one libserve-owned thread).
 /// Move-only; every const member is thread-safe. Destroying it shuts it down with no drain (see
@@ -896,6 +972,21 @@ class Runtime {
     serve_model* raw = nullptr;
     detail::check(serve_runtime_load_model(core().runtime(), dir.c_str(), options.get(), &raw));
     return Model(core_, raw);
+  }
+
+  /// Serve the group's models as tenants sharing the CPU cores (serve_runtime_add_tenants): each
+  /// is profiled first (milliseconds to seconds), then all serve together. Returns one Model per
+  /// model added, in order. Throws serve::Error: UNSUPPORTED (a device backend),
+  /// INVALID_ARGUMENT (no tenant, a model without layers, too many cores), an error naming a
+  /// layer that cannot be profiled, SHUTDOWN.
+  std::vector<Model> add_tenants(const Tenants& tenants) const {
+    if (tenants.get() == nullptr) detail::throw_moved_from("Tenants");
+    std::vector<serve_model*> raw(tenants.size(), nullptr);
+    std::vector<Model> models;
+    models.reserve(raw.size());  // before the call: nothing below may throw once handles exist
+    detail::check(serve_runtime_add_tenants(core().runtime(), tenants.get(), raw.data(), raw.size()));
+    for (serve_model* m : raw) models.push_back(Model(core_, m));
+    return models;
   }
 
   /// Stop accepting requests, let pending ones finish for up to `drain` (forever = no limit),

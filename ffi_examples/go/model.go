@@ -360,6 +360,11 @@ func (r *Runtime) LoadModel(dir string, opts *ModelOptions) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	return r.newModel(ptr), nil
+}
+
+// newModel wraps a serve_model the caller owns (now the Model's).
+func (r *Runtime) newModel(ptr *C.serve_model) *Model {
 	ms := &modelState{ptr: ptr}
 	liveModels.Add(1)
 	m := &Model{
@@ -370,7 +375,7 @@ func (r *Runtime) LoadModel(dir string, opts *ModelOptions) (*Model, error) {
 		outputLen: int(C.serve_model_output_len(ptr)),
 	}
 	runtime.AddCleanup(m, func(ms *modelState) { ms.close() }, ms)
-	return m, nil
+	return m
 }
 
 // Kind returns the model's kind: "mlp", "lstm", "seq2seq" or "treelstm".

@@ -1,12 +1,16 @@
 //! The runner of a custom model (`model::custom`, ARCHITECTURE.md §5.4), on every backend: one
 //! ordered stream thread per worker (as the CPU backend's), each task one call of the model's
 //! [`CustomExecute`] on that thread with the task's rows, its core bound and its layer range.
+//! A task with a core lease (the tenant mode) runs with the stream thread pinned to the lease's
+//! first CPU, and the call names the leased CPUs, so an engine with threads of its own can place
+//! them there.
 //! A call that returns an error fails the task's requests with `BACKEND` and `the custom model
 //! failed: <its message>`; a panic (a Rust implementation) fails them with `BACKEND` and the
 //! panic's message. The next task runs as usual.
 
 use std::sync::{Arc, Mutex};
 
+use crate::backend::cpu::affinity::pin;
 use crate::backend::cpu::stream::{CpuStream, launch_task, task_threads};
 use crate::backend::{CompletionSignal, Notify, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
@@ -14,7 +18,8 @@ use crate::model::{CustomCall, CustomModel, Network};
 
 pub(crate) struct CustomRunner {
     model: Arc<CustomModel>,
-    streams: Vec<Mutex<CpuStream<()>>>,
+    /// Each stream's state: the CPU its thread is pinned to, if a leased task pinned it.
+    streams: Vec<Mutex<CpuStream<Option<usize>>>>,
     max_batch: usize,
     threads: usize,
 }
@@ -32,7 +37,7 @@ impl CustomRunner {
             return Err(Error::internal(format!("a custom runner cannot run a {} model", net.kind())));
         };
         let streams = (0..workers)
-            .map(|w| CpuStream::new(format!("serve-custom-{w}"), (), notify.clone()).map(Mutex::new))
+            .map(|w| CpuStream::new(format!("serve-custom-{w}"), None, notify.clone()).map(Mutex::new))
             .collect::<Result<Vec<_>>>()?;
         Ok(CustomRunner { model: Arc::new(m.clone()), streams, max_batch, threads: threads.max(1) })
     }
@@ -60,7 +65,8 @@ impl Runner for CustomRunner {
             self.streams.get(worker).ok_or_else(|| Error::internal(format!("no worker {worker}")))?;
         let model = self.model.clone();
         let cores = task_threads(&task, self.threads);
-        launch_task(stream, self.max_batch, task, move |_: &mut (), io, rows| {
+        let lease = task.lease.clone();
+        launch_task(stream, self.max_batch, task, move |pinned: &mut Option<usize>, io, rows| {
             let n = model.layers.len();
             if n == 0 && matches!(io.work, Work::Layers { .. }) {
                 io.error = Some(Error::new(
@@ -88,7 +94,16 @@ impl Runner for CustomRunner {
             let mut output = std::mem::take(&mut io.output);
             output.clear();
             output.resize(rows * outl, 0.0);
-            let mut call = CustomCall { worker, cores, batch: rows, layers, input, output: &mut output };
+            // A leased task runs where its lease is (the thread stays there until a task leased
+            // elsewhere comes: a pinned thread is moved only when the lease differs).
+            if let Some(&first) = lease.first()
+                && *pinned != Some(first)
+            {
+                *pinned = pin(first).then_some(first);
+            }
+            let cores = if lease.is_empty() { cores } else { lease.len() };
+            let mut call =
+                CustomCall { worker, cores, cpus: &lease, batch: rows, layers, input, output: &mut output };
             match model.exec.execute(&mut call) {
                 Ok(()) => io.output = output,
                 Err(msg) => {

@@ -41,6 +41,14 @@ pub struct serve_custom_call {
     /// `message_capacity` bytes, NUL included); it becomes the requests' error message.
     pub message: *mut c_char,
     pub message_capacity: usize,
+    /// The CPUs a core lease gives the call (a tenant model, `serve_runtime_add_tenants`):
+    /// `cpu_count` CPU numbers (as `sched_setaffinity` numbers them), equal to `cores`, leased to
+    /// this call alone until it returns; the calling thread runs pinned to `cpus[0]`, and an
+    /// engine with threads of its own may place them on the others. `cpu_count` is 0 (and `cpus`
+    /// NULL) for a call without a lease (a model added with `serve_runtime_add_custom_model`).
+    /// Read-only, valid during the call.
+    pub cpus: *const usize,
+    pub cpu_count: usize,
 }
 
 /// A custom model's computation: return 0 when every row's output is written, any other value
@@ -90,6 +98,8 @@ impl CustomExecute for CExecute {
             output_stride: call.output.len() / call.batch.max(1),
             message: message.as_mut_ptr().cast(),
             message_capacity: message.len(),
+            cpus: if call.cpus.is_empty() { std::ptr::null() } else { call.cpus.as_ptr() },
+            cpu_count: call.cpus.len(),
         };
         // SAFETY: `c` and the buffers it points to live for the call; the callback's contract
         // (header) is to read `input`, write `output` and `message` within their stated sizes.
@@ -115,6 +125,18 @@ pub struct serve_custom_model_options {
     output_len: usize,
     exec: Arc<CExecute>,
     layers: Vec<LayerInfo>,
+}
+
+impl serve_custom_model_options {
+    /// The model these options describe (sharing their callback).
+    pub(crate) fn model(&self) -> CustomModel {
+        CustomModel {
+            input_len: self.input_len,
+            output_len: self.output_len,
+            layers: self.layers.clone(),
+            exec: self.exec.clone(),
+        }
+    }
 }
 
 /// Describe a custom model: `input_len` f32 values in and `output_len` out per request (each 1 ..
@@ -200,18 +222,13 @@ pub extern "C" fn serve_runtime_add_custom_model(
         // SAFETY: as above.
         let o = unsafe { arg(options, "options") }?;
         out_arg(out, "out")?;
-        let model = CustomModel {
-            input_len: o.input_len,
-            output_len: o.output_len,
-            layers: o.layers.clone(),
-            exec: o.exec.clone(),
-        };
+        let model = o.model();
         let net = Network::Custom(model.clone());
         // SAFETY: NULL or a live options handle (contract).
         let opts = unsafe { resolve_options(model_options, &net) }?;
         let model = r.rt.add_custom(model, &name, opts)?;
         // SAFETY: checked non-NULL.
-        unsafe { write_out(out, into_handle(serve_model { model })) };
+        unsafe { write_out(out, into_handle(serve_model { model, tenant: None })) };
         Ok(())
     }
 }

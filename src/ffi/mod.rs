@@ -24,6 +24,7 @@ pub mod model;
 pub mod queue;
 pub mod runtime;
 pub mod submit;
+pub mod tenant;
 pub mod version;
 
 use std::ffi::{CStr, c_char};

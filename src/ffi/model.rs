@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::ffi::c_char;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -15,6 +16,7 @@ use crate::model::Network;
 use crate::runtime::{Model, ModelOptions, PolicyConfig, check};
 use crate::sched::adaptive::Streams;
 use crate::sched::elastic::{MAX_RING_SLOTS, MAX_WORKERS};
+use crate::sched::tenant::TenantModel;
 use crate::{AdaptiveConfig, CellularOptions, ElasticConfig, PaddingConfig, TimeoutConfig};
 
 /// Options for `serve_runtime_load_model`: an opaque builder. Not thread-safe while being set; a
@@ -170,6 +172,9 @@ impl Knobs {
 /// `SERVE_CODE_SHUTDOWN`).
 pub struct serve_model {
     pub(crate) model: Model,
+    /// The profile its tenant scheduler plans with, for a model added by
+    /// `serve_runtime_add_tenants`.
+    pub(crate) tenant: Option<Arc<TenantModel>>,
 }
 
 /// Create model options with the defaults: the model kind's own policy (`SERVE_POLICY_AUTO`:
@@ -544,7 +549,7 @@ pub extern "C" fn serve_runtime_load_model(
             Ok(())
         })?;
         // SAFETY: checked non-NULL.
-        unsafe { write_out(out, into_handle(serve_model { model })) };
+        unsafe { write_out(out, into_handle(serve_model { model, tenant: None })) };
         Ok(())
     }
 }
@@ -565,7 +570,7 @@ pub(crate) unsafe fn resolve_options(
 }
 
 /// A path argument: any bytes on Unix, UTF-8 elsewhere.
-unsafe fn path_arg<'a>(p: *const c_char) -> crate::Result<&'a Path> {
+pub(crate) unsafe fn path_arg<'a>(p: *const c_char) -> crate::Result<&'a Path> {
     #[cfg(unix)]
     {
         use std::os::unix::ffi::OsStrExt;

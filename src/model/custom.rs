@@ -20,6 +20,10 @@ pub struct CustomCall<'a> {
     pub worker: usize,
     /// The cores the task may use (its policy's bound, or the backend's thread count).
     pub cores: usize,
+    /// The CPUs a core lease gives the task (the tenant mode, `Runtime::add_tenants`): `cores`
+    /// of them, leased to this call alone until it returns; the calling thread runs pinned to
+    /// the first. Empty when the task has no lease (every other policy).
+    pub cpus: &'a [usize],
     /// Rows (requests, padding included) of the task.
     pub batch: usize,
     /// The layers `[first, last)` to run; `(0, layers)` (with `layers` the count the model

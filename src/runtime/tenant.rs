@@ -109,9 +109,7 @@ impl Tenant {
 
     /// Its profiled time alone on every core, the whole chain.
     pub fn solo(&self) -> Duration {
-        let layers = 0..self.profile.layers().len();
-        let us = self.profile.block_time(layers, tenant::Versions::SoloBest, 0, self.profile.cores(), 0);
-        Duration::from_secs_f64(us * 1e-6)
+        self.profile.solo()
     }
 }
 
@@ -152,6 +150,9 @@ impl Runtime {
         let cpus = pool_cpus(opts.cores, self.shared.backend.cpu_threads())?;
         let cores = cpus.len();
         let mut prepared = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            tenant::profile::check_qos(&spec.name, spec.qos)?;
+        }
         for spec in &specs {
             spec.net.check()?;
             if spec.net.layers().is_empty() {

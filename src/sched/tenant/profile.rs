@@ -31,6 +31,9 @@ pub const MIN_US: f64 = 1e-3;
 pub const MAX_US: f64 = 1e12;
 /// Most FLOPs of one layer (their sum over [`MAX_LAYERS`] layers stays finite).
 pub const MAX_FLOPS: f64 = 1e18;
+/// The longest QoS target a tenant may have: an hour (a target is a per-query latency; the
+/// bound keeps a deadline arithmetic in range whatever a caller passes).
+pub const MAX_QOS: Duration = Duration::from_secs(3600);
 
 /// One layer's profile.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,6 +67,16 @@ pub struct TenantModel {
     avg_solo: Vec<usize>,
 }
 
+/// A tenant's QoS target is above 0 and at most [`MAX_QOS`].
+pub fn check_qos(name: &str, qos: Duration) -> Result<()> {
+    if qos.is_zero() || qos > MAX_QOS {
+        return Err(Error::invalid(format!(
+            "tenant model `{name}`: a QoS target of {qos:?} (above 0, at most {MAX_QOS:?})"
+        )));
+    }
+    Ok(())
+}
+
 /// Which versions a scheduler runs: each level's own choice, or the solo-best set throughout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Versions {
@@ -74,12 +87,10 @@ pub enum Versions {
 impl TenantModel {
     /// Check and prepare a profile: at least one layer (at most [`MAX_LAYERS`]), each with 1 to
     /// [`MAX_VERSIONS`] versions, every table `levels × cores` alike (1 to [`MAX_LEVELS`] ×
-    /// 1 to [`MAX_CORES`]), times finite and positive, FLOPs finite and positive, QoS > 0.
+    /// 1 to [`MAX_CORES`]), times finite and positive, FLOPs finite and positive, QoS in (0, [`MAX_QOS`]].
     pub fn new(name: &str, qos: Duration, mut layers: Vec<LayerProfile>) -> Result<TenantModel> {
         let bad = |what: String| Err(Error::invalid(format!("tenant model `{name}`: {what}")));
-        if qos.is_zero() {
-            return bad("a QoS target of 0".into());
-        }
+        check_qos(name, qos)?;
         if layers.is_empty() || layers.len() > MAX_LAYERS {
             return bad(format!("{} layers (1 to {MAX_LAYERS})", layers.len()));
         }
@@ -306,6 +317,13 @@ impl TenantModel {
             0,
         ));
         t <= self.qos.as_secs_f64() * 1e6
+    }
+
+    /// The whole model's time alone on all `C` cores with the solo-best versions (the
+    /// profile's solo latency).
+    pub fn solo(&self) -> Duration {
+        let us = self.block_time(0..self.layers.len(), Versions::SoloBest, 0, self.cores, 0);
+        Duration::from_secs_f64(us.clamp(0.0, MAX_US) * 1e-6)
     }
 }
 
