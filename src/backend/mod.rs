@@ -64,9 +64,11 @@ pub trait CompletionSignal: Send + Sync {
     /// Tasks completed so far. An acquire load: the task's outputs are visible once counted.
     fn completed(&self) -> u64;
 
-    /// Whether the stream calls its [`Notify`] after advancing the counter (CPU streams). A
-    /// signal that does not (a CUDA counter, written by the device) makes the poller spin instead
-    /// of parking while tasks are in flight on it.
+    /// Whether the stream calls its [`Notify`] after advancing the counter (CPU streams), with a
+    /// `SeqCst` fence between the two: the engine then does not wake the poller for a watch on
+    /// it, relying on that call (`runtime/poller.rs`, "Waking it"). A signal that does not (a
+    /// CUDA counter, written by the device) makes the poller spin instead of parking while
+    /// tasks are in flight on it.
     fn notifies(&self) -> bool {
         true
     }

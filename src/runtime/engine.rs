@@ -44,7 +44,7 @@ use crate::runtime::cells::{Decoding, Finished, RowOutcome, push_path_row, push_
 use crate::runtime::core::{CoreOutput, EngineCore, RowEnd, Submit};
 use crate::runtime::inbox::{ArrivalRing, ControlBudget, Event};
 use crate::runtime::metrics::ModelMetrics;
-use crate::runtime::poller::PollerCmd;
+use crate::runtime::poller::PollerHandle;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled, touch_spare};
 use crate::runtime::stats::Stats;
@@ -206,10 +206,7 @@ pub(crate) struct Engine {
     group_ids: ModelIndices,
     /// Each group's free CPUs to lease (tenant groups; empty for the others), by group index.
     free_cpus: Vec<Vec<usize>>,
-    poller: Sender<PollerCmd>,
-    /// Unparked after every watch, so a poller parked between a fast completion and the watch
-    /// that announces it does not sleep out its park.
-    poller_thread: std::thread::Thread,
+    poller: PollerHandle,
     stats: Arc<Stats>,
     outbox: Vec<(Arc<QueueShared>, Completion)>,
     drain_until: Option<Instant>,
@@ -228,8 +225,7 @@ pub(crate) struct Engine {
 impl Engine {
     pub(crate) fn new(
         epoch: Instant,
-        poller: Sender<PollerCmd>,
-        poller_thread: std::thread::Thread,
+        poller: PollerHandle,
         stats: Arc<Stats>,
         indices: Arc<Mutex<ModelIndices>>,
         reaper: Sender<Box<dyn Send>>,
@@ -243,7 +239,6 @@ impl Engine {
             group_ids: ModelIndices::default(),
             free_cpus: Vec::new(),
             poller,
-            poller_thread,
             stats,
             outbox: Vec::new(),
             drain_until: None,
@@ -310,7 +305,7 @@ impl Engine {
         }
         // Requests still in the channel or a ring (none, with the submit gate closed first) are
         // dropped with it; their replies complete them `Cancelled`.
-        let _ = self.poller.send(PollerCmd::Stop);
+        self.poller.stop();
         // Policies and runners go now: streams finish the task in hand and their threads end.
         self.core = EngineCore::default();
         self.models.clear();
@@ -764,14 +759,9 @@ impl Engine {
                 0
             }
         };
-        let signal = state.runner.signal(worker);
-        let cmd = PollerCmd::Watch { model, worker, task, target, signal };
-        if self.poller.send(cmd).is_err() {
-            // The poller has stopped (the engine is going away, or the poller thread died): the
-            // task is never reported, and its requests complete `Cancelled` with the engine.
-            return;
-        }
-        self.poller_thread.unpark();
+        // If the poller has stopped (the engine is going away, or the poller thread died), the
+        // task is never reported, and its requests complete `Cancelled` with the engine.
+        let _ = self.poller.watch((model, worker, task), target, state.runner.signal(worker));
     }
 
     fn complete(
@@ -855,7 +845,7 @@ impl Engine {
         // Sent before the index is free, so it reaches the poller before any watch of a model
         // that reuses the index. (The slot is empty before the index is free, and a model added
         // under it is seen by this thread only after the drop.)
-        let _ = self.poller.send(PollerCmd::Forget { model: idx });
+        self.poller.forget(idx);
         let state = self.models.get_mut(idx).and_then(|s| s.take());
         self.indices.lock().unwrap_or_else(|p| p.into_inner()).give_back(idx);
         // Dropped by the reaper thread; here only if it is gone.

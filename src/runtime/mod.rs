@@ -462,8 +462,7 @@ impl Runtime {
             .map_err(spawn_err)?;
         let engine = Engine::new(
             epoch,
-            poll_tx,
-            poller.thread().clone(),
+            poller::PollerHandle::new(poll_tx, poller.thread().clone()),
             stats.clone(),
             model_indices.clone(),
             reap_tx,

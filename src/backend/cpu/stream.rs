@@ -93,6 +93,10 @@ impl<S: Send + 'static> CpuStream<S> {
                         on_panic(Error::internal(format!("task panicked: {}", panic_message(&*p))));
                     }
                     sig.advance();
+                    // Pairs with the engine's fence between a watch and its read of this counter
+                    // (runtime/poller.rs, "Waking it"): a watch the engine did not wake the
+                    // poller for is in its channel before this wake-up.
+                    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
                     notify();
                 }
             })
