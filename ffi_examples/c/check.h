@@ -1,7 +1,8 @@
-/* Failure reporting shared by the C programs of ffi_examples/c (example.c, soak.c): a check that
- * fails prints `FAIL: ...` on its own line and is counted in g_failures; the program's exit
- * status comes from the count. Include after libserve.h, <stdarg.h>, <stdatomic.h>,
- * <stdbool.h>, <stdint.h> and <stdio.h>. Header-private (static) to each program. */
+/* Failure reporting shared by the C programs of ffi_examples/c (example.c, soak.c,
+ * custom_model.c, tenants.c): a check that fails prints `FAIL: ...` on its own line and is
+ * counted in g_failures; the program's exit status comes from the count. Include after
+ * libserve.h, <stdarg.h>, <stdatomic.h>, <stdbool.h>, <stdint.h>, <stdio.h> and <string.h>.
+ * Header-private (static) to each program. */
 #ifndef SERVE_EXAMPLES_CHECK_H
 #define SERVE_EXAMPLES_CHECK_H
 
@@ -33,6 +34,21 @@ static bool ok(serve_error *err, const char *what) {
        serve_error_message(err));
   serve_error_free(err);
   return false;
+}
+
+/* Expect `err` to be code `code` with `needle` in its message; free it. (Inline: not every
+ * program uses it.) */
+static inline void expect_error(serve_error *err, serve_code code, const char *needle,
+                                const char *what) {
+  if (err == NULL) {
+    fail("%s: succeeded, expected %s", what, serve_code_name((uint32_t)code));
+    return;
+  }
+  CHECK(serve_error_code(err) == code, "%s: code %s, expected %s", what,
+        serve_code_name((uint32_t)serve_error_code(err)), serve_code_name((uint32_t)code));
+  CHECK(strstr(serve_error_message(err), needle) != NULL, "%s: message `%s` lacks `%s`", what,
+        serve_error_message(err), needle);
+  serve_error_free(err);
 }
 
 #endif

@@ -104,18 +104,6 @@ static void free_engine(void *user_data) {
   atomic_fetch_add(&e->freed, 1);
 }
 
-static void expect_error(serve_error *err, serve_code code, const char *needle, const char *what) {
-  if (err == NULL) {
-    fail("%s: succeeded, expected %s", what, serve_code_name((uint32_t)code));
-    return;
-  }
-  CHECK(serve_error_code(err) == code, "%s: code %s, expected %s", what,
-        serve_code_name((uint32_t)serve_error_code(err)), serve_code_name((uint32_t)code));
-  CHECK(strstr(serve_error_message(err), needle) != NULL, "%s: message `%s` lacks `%s`", what,
-        serve_error_message(err), needle);
-  serve_error_free(err);
-}
-
 /* A custom engine's options: three layers (or none). */
 static serve_custom_model_options *engine_options(engine *e, bool layers) {
   serve_custom_model_options *co = NULL;
