@@ -33,9 +33,10 @@
  * workers of a model with several. It must return (not throw, not longjmp) and must not block on
  * the completion of its own model's requests. Its user data lives until the free function given
  * with it runs, once, after the last call.
- * A custom model served as a tenant (serve_runtime_add_tenants) is called on a core lease: the
- * CPUs in serve_custom_call.cpus are its alone until the call returns, and the calling thread
- * runs pinned to the first.
+ * A custom model served as a tenant (serve_runtime_add_tenants) is called on a core lease: no
+ * other call of its tenant group is leased the CPUs in serve_custom_call.cpus until the call
+ * returns (or the stall watchdog gives up on it), and on Linux the calling thread runs pinned to
+ * the first.
  *
  * Versioning. SERVE_VERSION_MAJOR/MINOR/PATCH describe this header; serve_version() the linked
  * library. Within one major version functions and enum values are only appended; the shared
@@ -195,9 +196,11 @@ typedef struct {
   char *message;
   size_t message_capacity;
   // The CPUs a core lease gives the call (a tenant model, `serve_runtime_add_tenants`):
-  // `cpu_count` CPU numbers (as `sched_setaffinity` numbers them), equal to `cores`, leased to
-  // this call alone until it returns; the calling thread runs pinned to `cpus[0]`, and an
-  // engine with threads of its own may place them on the others. `cpu_count` is 0 (and `cpus`
+  // `cpu_count` CPU numbers (as `sched_setaffinity` numbers them), equal to `cores`. Within
+  // its tenant group no other call is leased them until this one returns (unless the stall
+  // watchdog gives up on it first; another group shares the same CPUs). On Linux the calling
+  // thread runs pinned to `cpus[0]` (when the system allows it), and an engine with threads of
+  // its own may place them on the others. `cpu_count` is 0 (and `cpus`
   // NULL) for a call without a lease (a model added with `serve_runtime_add_custom_model`).
   // Read-only, valid during the call.
   const size_t *cpus;

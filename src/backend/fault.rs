@@ -159,10 +159,15 @@ impl Runner for FaultyRunner {
     }
 
     fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal> {
+        // A stall holds the counter back after the stream has advanced it and notified, and
+        // releases it later with no notify at all: such a signal cannot promise the wake-up a
+        // notifying one does (runtime/poller.rs, "Waking it"), so it says it does not notify.
+        let holds = self.faults.iter().any(|f| matches!(f.kind, FaultKind::Stall { .. }));
         Arc::new(FaultySignal {
             inner: self.inner.signal(worker),
             faults: self.workers[worker].clone(),
             lost: self.lost.clone(),
+            holds,
         })
     }
 
@@ -226,6 +231,8 @@ struct FaultySignal {
     inner: Arc<dyn CompletionSignal>,
     faults: Arc<Mutex<WorkerFaults>>,
     lost: Arc<AtomicBool>,
+    /// The model has a stall fault, which may hold the counter back.
+    holds: bool,
 }
 
 impl CompletionSignal for FaultySignal {
@@ -246,7 +253,7 @@ impl CompletionSignal for FaultySignal {
     }
 
     fn notifies(&self) -> bool {
-        self.inner.notifies()
+        self.inner.notifies() && !self.holds
     }
 
     fn failure(&self) -> Option<Error> {

@@ -42,9 +42,11 @@ pub struct serve_custom_call {
     pub message: *mut c_char,
     pub message_capacity: usize,
     /// The CPUs a core lease gives the call (a tenant model, `serve_runtime_add_tenants`):
-    /// `cpu_count` CPU numbers (as `sched_setaffinity` numbers them), equal to `cores`, leased to
-    /// this call alone until it returns; the calling thread runs pinned to `cpus[0]`, and an
-    /// engine with threads of its own may place them on the others. `cpu_count` is 0 (and `cpus`
+    /// `cpu_count` CPU numbers (as `sched_setaffinity` numbers them), equal to `cores`. Within
+    /// its tenant group no other call is leased them until this one returns (unless the stall
+    /// watchdog gives up on it first; another group shares the same CPUs). On Linux the calling
+    /// thread runs pinned to `cpus[0]` (when the system allows it), and an engine with threads of
+    /// its own may place them on the others. `cpu_count` is 0 (and `cpus`
     /// NULL) for a call without a lease (a model added with `serve_runtime_add_custom_model`).
     /// Read-only, valid during the call.
     pub cpus: *const usize,

@@ -84,6 +84,10 @@ pub extern "C" fn serve_tenants_add_model(
             false => unsafe { str_arg(name, "name") }?.to_string(),
             true => dir.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned()),
         };
+        // What `push` checks, before the load (a refused model is not loaded first).
+        if t.specs.len() >= MAX_TENANTS {
+            return Err(Error::invalid(format!("more than {MAX_TENANTS} tenant models")));
+        }
         check_qos(&name, Duration::from_nanos(qos_ns))?;
         let net = crate::model::load(dir)?;
         t.push(net, name, qos_ns)

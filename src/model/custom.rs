@@ -21,8 +21,9 @@ pub struct CustomCall<'a> {
     /// The cores the task may use (its policy's bound, or the backend's thread count).
     pub cores: usize,
     /// The CPUs a core lease gives the task (the tenant mode, `Runtime::add_tenants`): `cores`
-    /// of them, leased to this call alone until it returns; the calling thread runs pinned to
-    /// the first. Empty when the task has no lease (every other policy).
+    /// of them, leased to no other call of the tenant group until this one returns (unless the
+    /// stall watchdog gives up on it first); on Linux the calling thread runs pinned to the
+    /// first when the system allows it. Empty when the task has no lease (every other policy).
     pub cpus: &'a [usize],
     /// Rows (requests, padding included) of the task.
     pub batch: usize,

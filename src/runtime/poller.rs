@@ -58,6 +58,9 @@ pub(crate) enum PollerCmd {
         task: TaskId,
         target: u64,
         signal: Arc<dyn CompletionSignal>,
+        /// When it was sent: the watchdog's clock for the task starts here, not when a parked
+        /// poller takes the watch up.
+        sent: Instant,
     },
     /// Drop the workers of a released model (their signals keep CUDA counters and streams
     /// alive). The engine sends it once every task of the model has been reported, and before
@@ -93,7 +96,10 @@ impl PollerHandle {
     ) -> Result<(), PollerGone> {
         let quiet = !signal.notifies();
         let probe = if quiet { None } else { Some(signal.clone()) };
-        self.tx.send(PollerCmd::Watch { model, worker, task, target, signal }).map_err(|_| PollerGone)?;
+        let sent = Instant::now();
+        self.tx
+            .send(PollerCmd::Watch { model, worker, task, target, signal, sent })
+            .map_err(|_| PollerGone)?;
         // Pairs with the stream's fence between its counter and its wake-up (module docs): if
         // this read falls short of `target`, the stream's wake-up follows the watch.
         fence(Ordering::SeqCst);
@@ -202,17 +208,17 @@ fn run_with(
                 Err(TryRecvError::Disconnected) => return,
             };
             match cmd {
-                PollerCmd::Watch { model, worker, task, target, signal } => {
+                PollerCmd::Watch { model, worker, task, target, signal, sent } => {
                     let now = Instant::now();
                     let w = streams.entry((model, worker)).or_insert_with(|| Watched {
                         notifies: signal.notifies(),
                         signal,
                         fifo: VecDeque::new(),
-                        head_since: now,
+                        head_since: sent,
                         abandoned: None,
                     });
                     if w.fifo.is_empty() {
-                        w.head_since = now;
+                        w.head_since = sent;
                     }
                     w.fifo.push_back((target, task));
                     in_flight += 1;
@@ -506,8 +512,16 @@ mod tests {
     fn notifying_streams_still_let_the_poller_park() {
         let p = Poller::start();
         let sig = Arc::new(FakeSignal { notifies: true, ..FakeSignal::default() });
+        // A quiet task first, so the poller is awake and takes the notifying watch up at once;
+        // once it has polled that one (beyond the watch's own read), it parks with it in flight.
+        let waker = Arc::new(FakeSignal { notifies: false, ..FakeSignal::default() });
+        waker.count.store(1, Ordering::Release);
+        p.watch_as(2, 0, 9, 1, &waker);
         p.watch(0, 1, 1, &sig);
-        until(|| p.parks.load(Ordering::SeqCst) > 0);
+        assert!(matches!(p.next(), Event::TaskDone { model: 2, task: 9, failure: None }));
+        until(|| sig.polls.load(Ordering::Relaxed) >= 2);
+        let parks = p.parks.load(Ordering::SeqCst);
+        until(|| p.parks.load(Ordering::SeqCst) > parks);
         p.advance(&sig, 1); // the stream's notify
         assert_eq!(p.done(), 1);
         // Mixed: a quiet stream in flight keeps it spinning even with a notifying one idle.
