@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::backend::cpu::affinity::pin;
+use crate::backend::cpu::affinity::PinnedTo;
 use crate::backend::cpu::stream::{CpuStream, launch_task, task_threads};
 use crate::backend::{CompletionSignal, Notify, Runner, TaskData, Work};
 use crate::error::{Code, Error, Result};
@@ -19,7 +19,7 @@ use crate::model::{CustomCall, CustomModel, Network};
 pub(crate) struct CustomRunner {
     model: Arc<CustomModel>,
     /// Each stream's state: the CPU its thread is pinned to, if a leased task pinned it.
-    streams: Vec<Mutex<CpuStream<Option<usize>>>>,
+    streams: Vec<Mutex<CpuStream<PinnedTo>>>,
     max_batch: usize,
     threads: usize,
 }
@@ -37,7 +37,10 @@ impl CustomRunner {
             return Err(Error::internal(format!("a custom runner cannot run a {} model", net.kind())));
         };
         let streams = (0..workers)
-            .map(|w| CpuStream::new(format!("serve-custom-{w}"), None, notify.clone()).map(Mutex::new))
+            .map(|w| {
+                CpuStream::new(format!("serve-custom-{w}"), PinnedTo::default(), notify.clone())
+                    .map(Mutex::new)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(CustomRunner { model: Arc::new(m.clone()), streams, max_batch, threads: threads.max(1) })
     }
@@ -66,7 +69,7 @@ impl Runner for CustomRunner {
         let model = self.model.clone();
         let cores = task_threads(&task, self.threads);
         let lease = task.lease.clone();
-        launch_task(stream, self.max_batch, task, move |pinned: &mut Option<usize>, io, rows| {
+        launch_task(stream, self.max_batch, task, move |pinned: &mut PinnedTo, io, rows| {
             let n = model.layers.len();
             if n == 0 && matches!(io.work, Work::Layers { .. }) {
                 io.error = Some(Error::new(
@@ -96,10 +99,8 @@ impl Runner for CustomRunner {
             output.resize(rows * outl, 0.0);
             // A leased task runs where its lease is (the thread stays there until a task leased
             // elsewhere comes: a pinned thread is moved only when the lease differs).
-            if let Some(&first) = lease.first()
-                && *pinned != Some(first)
-            {
-                *pinned = pin(first).then_some(first);
+            if let Some(&first) = lease.first() {
+                pinned.pin(first);
             }
             let cores = if lease.is_empty() { cores } else { lease.len() };
             let mut call =

@@ -27,12 +27,20 @@ pub struct serve_tenants {
 }
 
 impl serve_tenants {
-    fn push(&mut self, net: Network, name: String, qos_ns: u64) -> crate::Result<()> {
+    /// Add the tenant `net` makes, once the group has room and the QoS is in range (so a refused
+    /// model directory is not loaded first).
+    fn push(
+        &mut self,
+        name: String,
+        qos_ns: u64,
+        net: impl FnOnce() -> crate::Result<Network>,
+    ) -> crate::Result<()> {
         if self.specs.len() >= MAX_TENANTS {
             return Err(Error::invalid(format!("more than {MAX_TENANTS} tenant models")));
         }
         let qos = Duration::from_nanos(qos_ns);
         check_qos(&name, qos)?;
+        let net = net()?;
         net.check()?;
         self.specs.push(TenantSpec::new(Arc::new(net), &name, qos));
         Ok(())
@@ -84,13 +92,7 @@ pub extern "C" fn serve_tenants_add_model(
             false => unsafe { str_arg(name, "name") }?.to_string(),
             true => dir.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned()),
         };
-        // What `push` checks, before the load (a refused model is not loaded first).
-        if t.specs.len() >= MAX_TENANTS {
-            return Err(Error::invalid(format!("more than {MAX_TENANTS} tenant models")));
-        }
-        check_qos(&name, Duration::from_nanos(qos_ns))?;
-        let net = crate::model::load(dir)?;
-        t.push(net, name, qos_ns)
+        t.push(name, qos_ns, || crate::model::load(dir))
     }
 }
 
@@ -112,7 +114,7 @@ pub extern "C" fn serve_tenants_add_custom_model(
         let o = unsafe { arg(options, "options") }?;
         // SAFETY: as above.
         let name = unsafe { str_arg(name, "name") }?.to_string();
-        t.push(Network::Custom(o.model()), name, qos_ns)
+        t.push(name, qos_ns, || Ok(Network::Custom(o.model())))
     }
 }
 

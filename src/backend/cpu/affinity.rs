@@ -44,6 +44,21 @@ pub fn pin(core: usize) -> bool {
     }
 }
 
+/// The CPU a thread is pinned to, if it pinned itself: a stream thread that runs leased tasks
+/// (the layer runner's, a custom model's) re-pins only when a task's lease starts elsewhere.
+#[derive(Debug, Default)]
+pub struct PinnedTo(Option<usize>);
+
+impl PinnedTo {
+    /// Pin the calling thread to `cpu` unless it is there already (a failed pin is retried next
+    /// time).
+    pub fn pin(&mut self, cpu: usize) {
+        if self.0 != Some(cpu) {
+            self.0 = pin(cpu).then_some(cpu);
+        }
+    }
+}
+
 #[cfg(all(test, target_os = "linux", not(miri)))]
 mod tests {
     use super::*;

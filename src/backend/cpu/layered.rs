@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::affinity::pin;
+use super::affinity::PinnedTo;
 use super::conv::{ConvLayer, add_relu, chw_to_hwc, global_avg_pool, max_pool_3x3_s2};
 use super::gemm::{PARALLEL_MIN_ROWS, PARALLEL_TASK_MIN_MACS, PackedWeight, Threads, linear};
 use super::pool::{ComputePool, LeasePools};
@@ -305,16 +305,7 @@ struct Worker {
 /// task's first; a task on the same CPU pins nothing again).
 struct StreamState {
     scratch: Scratch,
-    pinned_self: Option<usize>,
-}
-
-impl StreamState {
-    /// Pin the stream thread to `cpu` unless it is there already.
-    fn pin_to(&mut self, cpu: usize) {
-        if self.pinned_self != Some(cpu) {
-            self.pinned_self = pin(cpu).then_some(cpu);
-        }
-    }
+    pinned: PinnedTo,
 }
 
 pub(super) struct LayerRunner {
@@ -343,7 +334,7 @@ impl LayerRunner {
         let (stack, chunk) = Stack::new(&net, max_batch)?;
         let workers = (0..workers)
             .map(|w| {
-                let state = StreamState { scratch: stack.scratch(chunk)?, pinned_self: None };
+                let state = StreamState { scratch: stack.scratch(chunk)?, pinned: PinnedTo::default() };
                 let stream = CpuStream::new(format!("serve-stream-{w}"), state, notify.clone())?;
                 Ok(Worker { stream: Mutex::new(stream), leases: Mutex::new(HashMap::new()) })
             })
@@ -436,7 +427,7 @@ impl Runner for LayerRunner {
                 && task_macs >= PARALLEL_TASK_MIN_MACS
                 && (rows >= PARALLEL_MIN_ROWS || !matches!(*stack, Stack::Mlp(_)));
             if let Some(&first) = lease.first() {
-                state.pin_to(first);
+                state.pinned.pin(first);
             }
             let scratch = &mut state.scratch;
             let mut run = |pool: &ComputePool| {
