@@ -212,6 +212,9 @@ impl Runner for FaultyRunner {
         self.inner.input_ring(slots, row_len)
     }
 
+    fn task_threads(&self, cell: crate::sched::CellType, rows: usize) -> usize {
+        self.inner.task_threads(cell, rows)
+    }
     fn graph_replays(&self) -> u64 {
         self.inner.graph_replays()
     }

@@ -296,6 +296,15 @@ pub trait Runner: Send + Sync {
     fn input_ring(&self, slots: usize, row_len: usize) -> Result<ring::InputRing> {
         ring::InputRing::new(slots, row_len)
     }
+    /// Threads a task of `rows` rows of cell type `cell` runs on when it may use all the
+    /// backend's: 1 when it runs on its stream's thread alone (every device runner: the device
+    /// is not made of host threads), the compute pool's when a CPU task is big enough for it.
+    /// Co-running CPU workers share the pool's cores, and the simulator's CPU cost model
+    /// (`serve profile`, `sim::cost`'s `cores`) shares them as the backend does.
+    fn task_threads(&self, cell: CellType, rows: usize) -> usize {
+        let _ = (cell, rows);
+        1
+    }
     /// Tasks whose layers were replayed from a CUDA graph (the CUDA runner of a fixed-shape
     /// model, `cuda/graph.rs`); 0 on every other runner.
     fn graph_replays(&self) -> u64 {
@@ -418,5 +427,27 @@ impl Backend for CpuFallback {
 
     fn prepare(&self, net: Arc<Network>, shape: RunnerShape, notify: Notify) -> Result<Box<dyn Runner>> {
         self.cpu.prepare(net, shape, notify)
+    }
+
+    fn cpu_threads(&self) -> usize {
+        self.cpu.cpu_threads()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `auto` without a CUDA device is the CPU backend in all the runtime asks of it: its
+    /// compute threads size a tenant pool and the simulator's shared cores (it used to answer 0,
+    /// so a tenant pool on the default backend got one core).
+    #[test]
+    fn auto_on_the_cpu_is_the_cpu_backend_with_its_threads() {
+        let b = create(BackendChoice::Auto, 2).unwrap();
+        if b.kind() == BackendKind::Cpu {
+            assert_eq!(b.cpu_threads(), 2);
+            assert_eq!(b.max_task_steps(), create(BackendChoice::Cpu, 2).unwrap().max_task_steps());
+        }
+        assert_eq!(create(BackendChoice::Cpu, 3).unwrap().cpu_threads(), 3);
     }
 }

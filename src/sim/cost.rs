@@ -21,10 +21,11 @@
 //! counter seen by the poller, its event handled by the engine). Once per request, not per task:
 //! `arrival_us` from the caller's submit to the engine handling the arrival (the channel, the
 //! engine waking), `delivery_us` from the engine completing a request to the caller holding the
-//! completion (the queue, the caller waking). `idle` (optional) is how much longer a task takes
-//! when its stream was idle before it, as `[idle_us, factor]` points (factor 1 at 0, linear
-//! between points, the last factor beyond): a stream that waited for work starts cold (its
-//! thread, its pool's threads, its caches), as `serve profile` measures.
+//! completion (the queue, the caller waking). `idle` (optional) is how much longer a task's first
+//! step takes when its stream was idle before it, as `[idle_us, factor]` points (factor 1 at 0,
+//! linear between points, the last factor beyond): a stream that waited for work starts cold (its
+//! thread, its pool's threads, its caches), as `serve profile` measures; the steps after the first
+//! run warm.
 //!
 //! A cell may also have `issue` points, `[rows, microseconds]` like `points` (optional; none:
 //! nothing): the engine thread's own time to issue one task. One thread issues every worker's
@@ -36,6 +37,14 @@
 //! than its issue. `serve profile` measures it as the time spent in the runner's launch calls.
 //! A task of several steps is one issue: a CPU stream takes the whole task in one launch, and
 //! the CUDA runner runs one step per task (`max_task_steps` 1).
+//!
+//! `cores` (optional; absent or 0: not modelled) says the workers are CPU streams sharing one
+//! pool of that many compute threads, as the CPU backend's are; a cell's `pool_rows` is the
+//! fewest rows of a task that runs on the whole pool (`Runner::task_threads`), smaller tasks
+//! running on their stream's thread alone (absent: every task on one thread). Tasks running at
+//! once on different workers then share the cores: while the threads they want add up to more
+//! than `cores`, each progresses at `cores / Σ threads` of its solo speed (two pool-wide tasks
+//! each at half speed; two one-thread tasks on two cores both at full speed).
 
 use std::path::Path;
 use std::time::Duration;
@@ -74,8 +83,9 @@ pub trait CostModel {
     fn max_task_steps(&self) -> u32 {
         1
     }
-    /// How much longer a task takes when its worker's stream was idle for `idle` before it
-    /// (1: no longer; a factor on [`task_time`](Self::task_time)).
+    /// How much longer a task's first step takes when its worker's stream was idle for `idle`
+    /// before it (1: no longer; a factor on one step's [`task_time`](Self::task_time): a task of
+    /// several steps is longer by `factor − 1` of one step).
     fn idle_factor(&self, idle: Duration) -> f64 {
         let _ = idle;
         1.0
@@ -86,11 +96,23 @@ pub trait CostModel {
     fn shared_device(&self) -> bool {
         false
     }
+    /// The CPU cores co-running workers share (the compute pool's threads); 0: each worker's
+    /// stream runs at full speed whatever the others do.
+    fn cores(&self) -> usize {
+        0
+    }
+    /// The threads a task of `rows` rows of `cell` runs on (1 ..= [`cores`](Self::cores)).
+    fn task_cores(&self, cell: &str, rows: usize) -> usize {
+        let _ = (cell, rows);
+        1
+    }
 }
 
 /// Most points one cell type may have, and most cell types in a file (files come from outside).
 const MAX_POINTS: usize = 4096;
 const MAX_CELLS: usize = 64;
+/// Most cores a cost file may share among its workers (the runtime's thread limit).
+const MAX_CORES: usize = crate::runtime::MAX_CPU_THREADS;
 /// Largest size of a cost file read from disk.
 pub const MAX_COST_FILE_BYTES: u64 = 16 << 20;
 
@@ -104,6 +126,10 @@ pub struct CellCost {
     /// empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub issue: Vec<(usize, f64)>,
+    /// The fewest rows of a task that runs on all the file's `cores` (see the module docs);
+    /// absent: every task runs on one thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_rows: Option<usize>,
 }
 
 /// A cost table (see the module docs).
@@ -137,6 +163,13 @@ pub struct CostFile {
     /// The workers share one device ([`CostModel::shared_device`]); absent: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared_device: bool,
+    /// CPU cores the workers share ([`CostModel::cores`]); absent: 0, not modelled.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cores: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn one_step() -> u32 {
@@ -211,6 +244,14 @@ impl CostFile {
                 return bad(format!("`{k}` is {v}; a finite time ≥ 0 expected"));
             }
         }
+        if self.cores > MAX_CORES {
+            return bad(format!("`cores` is {}; at most {MAX_CORES}", self.cores));
+        }
+        if self.cores > 0 && self.shared_device {
+            return bad(
+                "`cores` (CPU workers sharing cores) and `shared_device` (a GPU) exclude each other".into()
+            );
+        }
         if self.idle.len() > MAX_POINTS {
             return bad(format!("{} idle points; at most {MAX_POINTS}", self.idle.len()));
         }
@@ -245,6 +286,9 @@ impl CostFile {
                         c.cell
                     ));
                 }
+            }
+            if c.pool_rows == Some(0) {
+                return bad(format!("cell `{}`: `pool_rows` 0; at least 1 expected", c.cell));
             }
             if c.issue.len() > MAX_POINTS {
                 return bad(format!(
@@ -316,6 +360,13 @@ impl CostModel for CostFile {
     }
     fn shared_device(&self) -> bool {
         self.shared_device
+    }
+    fn cores(&self) -> usize {
+        self.cores
+    }
+    fn task_cores(&self, cell: &str, rows: usize) -> usize {
+        let pool_rows = self.cells.iter().find(|c| c.cell == cell).and_then(|c| c.pool_rows);
+        if self.cores > 1 && pool_rows.is_some_and(|p| rows >= p) { self.cores } else { 1 }
     }
     fn max_task_steps(&self) -> u32 {
         self.max_task_steps.max(1)

@@ -11,8 +11,8 @@
 //! while the host is still launching the rest) and starts when the stream's previous task has
 //! ended; it cannot end before its issue has (its last launch is the completion signal; on a
 //! shared device, below, a task's end comes from the running set and this bound is not applied),
-//! runs for [`CostModel::task_time`] of its cell type and rows (padding included; longer by
-//! [`CostModel::idle_factor`] when the stream was idle before it), and is
+//! runs for [`CostModel::task_time`] of its cell type and rows per step (padding included; its
+//! first step longer by [`CostModel::idle_factor`] when the stream was idle before it), and is
 //! reported to the core [`CostModel::report_delay`] after its end. A request reaches the core
 //! [`CostModel::arrival_delay`] after its submit, and its caller holds the completion
 //! [`CostModel::delivery_delay`] after the core completes it; latencies run from submit to
@@ -28,7 +28,10 @@
 //! co-running streams), the tasks running at once progress together: each at the same fraction
 //! of its work per second, `1 / t(Σ rows)`, so that tasks started together end together, as one
 //! batch of their summed rows would (E²bird's equal-share model, rate `t(b_w)/t(Σb)` per task);
-//! the running set's predicted end is recomputed whenever a task starts or ends.
+//! the running set's predicted end is recomputed whenever a task starts or ends. With a cost
+//! model of CPU workers sharing cores ([`CostModel::cores`], the CPU backend's one compute
+//! pool), the same machinery shares the cores: while the running tasks want more threads than
+//! there are cores, each progresses at `cores / Σ threads` of its solo speed.
 //!
 //! Deterministic: the same inputs give the identical sequence of decisions (ties in time are
 //! broken by the order events were scheduled).
@@ -45,7 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use cost::{CellCost, CostFile, CostModel};
-use device::Device;
+use device::{Device, Share};
 
 use crate::error::{Code, Error, Result};
 use crate::model::Network;
@@ -229,7 +232,13 @@ pub fn simulate(spec: &SimSpec<'_>, requests: &[SimRequest], load: &Load) -> Res
         seq: 0,
         stream_free: vec![Time::ZERO; workers],
         engine_free: Time::ZERO,
-        device: spec.cost.shared_device().then(|| Device::new(workers)),
+        device: if spec.cost.shared_device() {
+            Some(Device::new(workers, Share::Batch))
+        } else if spec.cost.cores() > 0 {
+            Some(Device::new(workers, Share::Cores(spec.cost.cores())))
+        } else {
+            None
+        },
         wake: None,
         out: SimOutcome::default(),
         next_id: 0,
@@ -397,13 +406,15 @@ impl Sim<'_> {
                     let reaches = issuing + self.spec.cost.launch_delay();
                     if let Some(d) = self.device.as_mut() {
                         // Its time depends on what runs beside it: known when it ends.
-                        d.launch(task, worker, batch, steps, cell);
+                        d.launch(task, worker, (batch, steps, cell), self.spec.cost)?;
                         self.push(reaches, Ev::Reach(task));
                     } else {
                         let free = &mut self.stream_free[worker];
                         let start = reaches.max(*free);
-                        // A stream that waited for this task starts it cold.
-                        let run = run.mul_f64(self.spec.cost.idle_factor(start.since(*free)));
+                        // A stream that waited for this task starts it cold: its first step is
+                        // longer (what a cold start slows is the start, not every step after).
+                        let cold = self.spec.cost.idle_factor(start.since(*free)) - 1.0;
+                        let run = run + step.mul_f64(cold);
                         *free = (start + run).max(issued);
                         let report = *free + self.spec.cost.report_delay();
                         self.push(report, Ev::Done(task, run));

@@ -370,3 +370,72 @@ fn co_running_workers_on_a_shared_device_end_as_one_batch() {
         out.latencies
     );
 }
+
+/// A cold start slows a task's start, not each of its steps: a padded task of 7 steps of 10 µs
+/// on a stream idle for 5 ms (factor 2) is longer by one step, 10 µs (not 70), whether the
+/// workers run alone or share CPU cores.
+#[test]
+fn a_cold_start_lengthens_one_step_of_a_task_not_every_step() {
+    let net = lstm();
+    let policy = PolicyConfig::Padding(PaddingConfig { max_batch: 1, ..PaddingConfig::default() });
+    let reqs = requests(&net, Lengths::Fixed(7), 1, 0).unwrap();
+    for cores in ["", r#","cores":2"#] {
+        let c = CostFile::parse(&format!(
+            r#"{{"name":"t","cells":[{{"cell":"step","points":[[1,10.0]]}}],"launch_us":3.0,"report_us":2.0,
+                "max_task_steps":7,"idle":[[1000.0,2.0]]{cores}}}"#
+        ))
+        .unwrap();
+        let out =
+            simulate(&spec(&net, &policy, &c), &reqs, &Load::Open(vec![Duration::from_millis(5)])).unwrap();
+        assert_eq!(out.tasks, 1);
+        assert_eq!(out.latencies, [Duration::from_micros(3 + 7 * 10 + 10 + 2)], "cores: `{cores}`");
+    }
+}
+
+/// CPU workers share the backend's cores (`cores` in the cost file): two one-thread tasks on two
+/// cores both run at full speed; two tasks that each run on the whole pool (`pool_rows`) get half
+/// of it each and take twice as long, where independent streams would not.
+#[test]
+fn co_running_cpu_workers_share_the_cores() {
+    let net = lstm();
+    // Four requests at once: padding starts one 1-row task on each of its two workers.
+    let policy =
+        PolicyConfig::Padding(PaddingConfig { max_batch: 2, workers: 2, ..PaddingConfig::default() });
+    let reqs = requests(&net, Lengths::Fixed(1), 4, 0).unwrap();
+    let file = |pool_rows: usize, cores: &str| {
+        CostFile::parse(&format!(
+            r#"{{"name":"t","cells":[{{"cell":"step","points":[[1,10.0],[2,20.0]],"pool_rows":{pool_rows}}}],
+                "launch_us":3.0,"report_us":2.0{cores}}}"#
+        ))
+        .unwrap()
+    };
+    let firsts = |c: &CostFile| {
+        let out = simulate(&spec(&net, &policy, c), &reqs, &Load::Open(vec![Duration::ZERO; 4])).unwrap();
+        assert_eq!(out.completed(), 4);
+        let first: Vec<usize> = launches(&out).iter().take(2).map(|l| l.1).collect();
+        assert_eq!((first, launches(&out)[1].0), (vec![1, 1], Time::ZERO), "one row on each worker at once");
+        out.latencies[..2].to_vec()
+    };
+    let us = |v: u64| vec![Duration::from_micros(v); 2];
+    let (one_thread, pool_wide) = (file(2, r#","cores":2"#), file(1, r#","cores":2"#));
+    assert_eq!((one_thread.task_cores("step", 1), one_thread.task_cores("step", 2)), (1, 2));
+    assert_eq!(pool_wide.task_cores("step", 1), 2);
+    assert_eq!(file(1, "").task_cores("step", 2), 1, "no cores: one thread each");
+    assert_eq!(firsts(&one_thread), us(3 + 10 + 2));
+    assert_eq!(firsts(&pool_wide), us(3 + 2 * 10 + 2));
+    assert_eq!(firsts(&file(1, "")), us(3 + 10 + 2), "independent streams");
+}
+
+#[test]
+fn a_cost_file_shares_cores_or_a_device_not_both() {
+    let base = r#""name":"t","cells":[{"cell":"step","points":[[1,10.0]]POOL}]"#;
+    let parse =
+        |pool: &str, more: &str| CostFile::parse(&format!("{{{}{more}}}", base.replace("POOL", pool)));
+    assert!(parse("", r#","cores":4"#).is_ok());
+    let both = parse("", r#","cores":4,"shared_device":true"#).unwrap_err();
+    assert!(both.to_string().contains("exclude each other"), "{both}");
+    let zero = parse(r#","pool_rows":0"#, "").unwrap_err();
+    assert!(zero.to_string().contains("`pool_rows` 0"), "{zero}");
+    let many = parse("", r#","cores":100000"#).unwrap_err();
+    assert!(many.to_string().contains("at most 1024"), "{many}");
+}

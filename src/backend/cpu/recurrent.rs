@@ -22,6 +22,7 @@ use crate::backend::{CellTask, CompletionSignal, Notify, Runner, RunnerShape, Ta
 use crate::error::{Error, Result};
 use crate::model::lstm::LstmStack;
 use crate::model::{DECODER, NO_TOKEN, Network};
+use crate::sched::CellType;
 
 /// An LSTM stack and its embedding `[vocab, E]`: `lstm`, or one of `seq2seq`'s two halves. With
 /// its layer 0 folded (a token-gate table, lstm_cell.rs) the embedding is not kept: the table
@@ -93,6 +94,18 @@ struct Prepared {
     /// Multiply-adds of one row of a step, by cell type (to decide whether to use the thread
     /// pool): each is also the weights one row of the step streams.
     macs_per_row: Vec<usize>,
+}
+
+impl Prepared {
+    /// Whether a task of `rows` rows of cell type `cell` runs on the compute pool (given more
+    /// than one thread) rather than on its stream's thread alone: big enough to be worth waking
+    /// the pool, or a step whose weights stream from memory (which gains a thread's bandwidth
+    /// even for one row).
+    fn pooled(&self, cell: CellType, rows: usize) -> bool {
+        let macs = self.macs_per_row.get(usize::from(cell)).copied().unwrap_or(0);
+        let big = rows >= PARALLEL_MIN_ROWS && rows * macs >= PARALLEL_TASK_MIN_MACS;
+        big || macs * size_of::<f32>() >= STREAMED_WEIGHT_BYTES
+    }
 }
 
 /// Rows of step buffers allocated when a model is prepared.
@@ -405,6 +418,10 @@ impl Runner for RecurrentRunner {
         self.model.arena.slots()
     }
 
+    fn task_threads(&self, cell: CellType, rows: usize) -> usize {
+        if self.threads > 1 && self.model.pooled(cell, rows) { self.threads } else { 1 }
+    }
+
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64> {
         let model = self.model.clone();
         let pool = self.pool.clone();
@@ -423,15 +440,36 @@ impl Runner for RecurrentRunner {
                 return;
             }
             let (out, tokens) = (&mut io.output, &mut io.tokens);
-            let macs = model.macs_per_row.get(usize::from(cells.cell)).copied().unwrap_or(0);
-            let big = rows >= PARALLEL_MIN_ROWS && rows * macs >= PARALLEL_TASK_MIN_MACS;
-            // A step whose weights stream from memory gains a thread's bandwidth even for one row.
-            let streamed = macs * size_of::<f32>() >= STREAMED_WEIGHT_BYTES;
-            if threads > 1 && (big || streamed) {
+            if threads > 1 && model.pooled(cells.cell, rows) {
                 pool.install(|| run(&model, cells, rows, scratch, out, tokens, Threads(threads)));
             } else {
                 run(&model, cells, rows, scratch, out, tokens, Threads(1));
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::{Backend, RunnerShape};
+    use crate::model::{Lstm, Network};
+
+    /// The threads a task runs on (what `serve profile` writes as `pool_rows` for the
+    /// simulator): its stream's thread below the pool's threshold, the whole pool above it, and
+    /// never more than one on a one-thread backend.
+    #[test]
+    fn a_task_runs_on_the_pool_only_when_big_enough() {
+        let net = Arc::new(Network::Lstm(Lstm::random(64, 256, 256, 1, 1)));
+        let shape = RunnerShape { workers: 1, max_batch: 512, state_slots: 8, token_gates_bytes: 0 };
+        let runner =
+            |threads| CpuBackend::new(threads).unwrap().prepare(net.clone(), shape, Arc::new(|| {})).unwrap();
+        let (two, one) = (runner(2), runner(1));
+        assert_eq!((two.task_threads(0, 1), two.task_threads(0, 512)), (1, 2));
+        let first = (1..=512).find(|&r| two.task_threads(0, r) > 1).unwrap();
+        assert!(first > 1 && (first..=512).all(|r| two.task_threads(0, r) == 2), "from {first} rows on");
+        assert!((1..=512).all(|r| one.task_threads(0, r) == 1));
     }
 }

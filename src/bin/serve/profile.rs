@@ -151,6 +151,41 @@ impl Round {
     }
 }
 
+/// Builds the profile's tasks of one cell type: rows on distinct state slots (an odd stride over
+/// the arena from a base that moves on with every task), tokens spread over the vocabulary as
+/// real text's are (the embedding rows a task reads are not all in cache), a tree's internal
+/// rows reading two children each.
+struct CellTasks {
+    kind: serve::ModelKind,
+    cell: u8,
+    slots: usize,
+    vocab: usize,
+    base: usize,
+}
+
+impl CellTasks {
+    fn make(&mut self, b: usize, first: bool) -> Arc<TaskData> {
+        let (base, slots, cell) = (self.base, self.slots, self.cell);
+        let slot = |k: usize| ((base + k * SLOT_STRIDE) % slots) as u32;
+        let mut t =
+            CellTask { cell, rows: Vec::with_capacity(b), children: Vec::new(), ..CellTask::default() };
+        for i in 0..b {
+            let (token, children) = if self.kind == serve::ModelKind::TreeLstm && cell == INTERNAL {
+                let at = t.children.len() as u32;
+                t.children.extend([slot(b + 2 * i), slot(b + 2 * i + 1)]);
+                (NO_TOKEN, at..at + 2)
+            } else if self.kind == serve::ModelKind::Seq2Seq && cell == DECODER {
+                (NO_TOKEN, 0..0)
+            } else {
+                ((((base + i) * TOKEN_STRIDE) % (self.vocab - 3)) as u32 + 3, 0..0)
+            };
+            t.rows.push(CellRow { steps: 1, slot: slot(i), token, first, children, output: false });
+        }
+        self.base = (base + 3 * b + 1) % slots;
+        TaskData::new(b, Work::Cells(t))
+    }
+}
+
 /// Requests timed one at a time: the mean round trip, tasks per request, compute per task.
 struct RoundTrip {
     micros: f64,
@@ -245,35 +280,9 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         let cell = c as u8;
         let mut points = Vec::new();
         let mut issue = Vec::new();
+        let mut tasks_of = CellTasks { kind: net.kind(), cell, slots, vocab, base: 0 };
         for &b in &batches {
-            let mut base = 0usize;
-            let mut task = |first: bool| {
-                // Distinct slots for the rows (and children) of a task: an odd stride over the
-                // arena from a base that moves on with every task.
-                let slot = |k: usize| ((base + k * SLOT_STRIDE) % slots) as u32;
-                let mut t = CellTask {
-                    cell,
-                    rows: Vec::with_capacity(b),
-                    children: Vec::new(),
-                    ..CellTask::default()
-                };
-                for i in 0..b {
-                    let (token, children) = if net.kind() == serve::ModelKind::TreeLstm && cell == INTERNAL {
-                        let at = t.children.len() as u32;
-                        t.children.extend([slot(b + 2 * i), slot(b + 2 * i + 1)]);
-                        (NO_TOKEN, at..at + 2)
-                    } else if net.kind() == serve::ModelKind::Seq2Seq && cell == DECODER {
-                        (NO_TOKEN, 0..0)
-                    } else {
-                        // Tokens spread over the vocabulary, as real text's are (the embedding
-                        // rows a task reads are not all in cache).
-                        ((((base + i) * TOKEN_STRIDE) % (vocab - 3)) as u32 + 3, 0..0)
-                    };
-                    t.rows.push(CellRow { steps: 1, slot: slot(i), token, first, children, output: false });
-                }
-                base = (base + 3 * b + 1) % slots;
-                TaskData::new(b, Work::Cells(t))
-            };
+            let mut task = |first: bool| tasks_of.make(b, first);
             // Warm up, then time rounds of back-to-back tasks until both minimums are met.
             // The warm-up starts every slot's state (first steps), the timed tasks continue it.
             let warmup = if points.is_empty() && cells.is_empty() { WARMUP_TASKS } else { 2 };
@@ -315,7 +324,10 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
             points.push((b, us));
             issue.push((b, r.issue_us));
         }
-        cells.push(CellCost { cell: info.name.to_string(), points, issue });
+        // The fewest rows that run on the whole compute pool (CPU: its threads are shared with
+        // co-running workers, `cores` below); none on a device or a one-thread pool.
+        let pool_rows = (1..=max_batch).find(|&rows| runner.task_threads(cell, rows) > 1);
+        cells.push(CellCost { cell: info.name.to_string(), points, issue, pool_rows });
     }
     // Cold starts: tasks of the first cell type one at a time, the stream idle for a pause
     // before each, their compute as the stream times it; the factor over no pause, the median
@@ -380,9 +392,10 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         delivery_us: 0.0,
         idle,
         max_task_steps: backend.max_task_steps(),
-        // The CPU backend's workers are simulated as streams of their own (their tasks run on
-        // the stream's thread or the compute pool).
+        // The CPU backend's workers are streams of their own whose tasks run on the stream's
+        // thread or the compute pool, sharing the backend's cores; a device's are not.
         shared_device: false,
+        cores: backend.cpu_threads(),
     };
 
     // Engine delays: requests one at a time through a real runtime, each cell step waiting for
