@@ -124,6 +124,9 @@ pub(crate) struct RunResult {
     /// The engine thread's utilization over the run (`StatsSnapshot::engine_busy_ns` over the
     /// run's wall time), for a run of the real runtime.
     pub(crate) engine_busy: Option<f64>,
+    /// The share of the machine's CPU time the hypervisor stole during the run (`steal.rs`), for
+    /// a run of the real runtime on Linux.
+    pub(crate) steal: Option<f64>,
     /// Mean length of token outputs (seq2seq decodes), when the outputs were tokens.
     pub(crate) mean_output_tokens: Option<f64>,
     /// Fields added to this result's JSON object (e.g. `peak_rps`).
@@ -154,6 +157,9 @@ impl RunResult {
             }
             if let Some(b) = self.engine_busy {
                 obj.insert("engine_busy".into(), json!(b));
+            }
+            if let Some(s) = self.steal {
+                obj.insert("steal".into(), json!(s));
             }
             if let Some(t) = self.mean_output_tokens {
                 obj.insert("mean_output_tokens".into(), json!(t));
@@ -301,10 +307,11 @@ pub(crate) fn fmt_ratio(r: Option<f64>) -> String {
 }
 
 /// The results table's header; `qos` adds goodput, `tokens` the mean output length. The last
-/// column, the engine thread's utilization, is `-` where not measured (the simulator, a peer).
+/// columns, the engine thread's utilization and the CPU time the hypervisor stole (a virtual
+/// machine's host running something else), are `-` where not measured (the simulator, a peer).
 pub(crate) fn print_header(qos: bool, tokens: bool) {
     println!(
-        "{:<w$} {:>11} {:>14} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7}{}{}  engine",
+        "{:<w$} {:>11} {:>14} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7}{}{}  engine  steal",
         "policy",
         "offered_rps",
         "throughput_rps",
@@ -324,8 +331,9 @@ pub(crate) fn print_row(r: &RunResult) {
     let goodput = r.goodput_rps.map_or(String::new(), |g| format!("  {g:>11.1}"));
     let tokens = r.mean_output_tokens.map_or(String::new(), |t| format!("  {t:>10.2}"));
     let engine = r.engine_busy.map_or("-".to_string(), |b| format!("{:.0}%", b * 100.0));
+    let steal = r.steal.map_or("-".to_string(), |s| format!("{:.1}%", s * 100.0));
     println!(
-        "{:<w$} {:>11.1} {:>14.1} {:>8.3} {:>8.3} {:>8.3} {:>10.2} {:>9} {:>7}{goodput}{tokens}  {engine:>6}",
+        "{:<w$} {:>11.1} {:>14.1} {:>8.3} {:>8.3} {:>8.3} {:>10.2} {:>9} {:>7}{goodput}{tokens}  {engine:>6} {steal:>6}",
         r.policy,
         r.offered_rps,
         r.throughput_rps,
@@ -635,6 +643,7 @@ pub(crate) fn run_arrivals(
     let mut hist = new_hist()?;
     let lag_hist = new_hist()?;
     let before = rt.stats();
+    let cpu_before = crate::steal::now();
     let run_start = Instant::now();
     let span = offsets.last().copied().unwrap_or_default();
     // After the last arrival, wait this long for the backlog before cancelling what is left.
@@ -731,6 +740,7 @@ pub(crate) fn run_arrivals(
     })?;
     pb.finish_and_clear();
     let after = rt.stats();
+    let steal = crate::steal::share(cpu_before, crate::steal::now());
     let run_wall = run_start.elapsed();
     drop(model);
     drop(rt);
@@ -768,6 +778,7 @@ pub(crate) fn run_arrivals(
             let wall = run_wall.as_nanos() as f64;
             (wall > 0.0).then(|| ns as f64 / wall)
         },
+        steal,
         mean_output_tokens: (token_outputs > 0).then(|| tokens_out as f64 / token_outputs as f64),
         extra: serde_json::Map::new(),
     };

@@ -526,6 +526,7 @@ fn parse_row(v: &Value) -> Result<RunResult, String> {
         error_codes,
         sender_lag_p99_ms: 0.0,
         engine_busy: None,
+        steal: None,
         mean_output_tokens: None,
         extra,
     })

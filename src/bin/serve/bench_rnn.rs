@@ -660,11 +660,16 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     // Peak throughput of every policy.
     let capacity_time = Duration::from_secs_f64(a.capacity_s);
     let mut peaks: Vec<Option<f64>> = vec![None; specs.len()];
+    // The share of the CPU the hypervisor stole while each peak was measured (`steal.rs`).
+    let mut peak_steal: Vec<Option<f64>> = vec![None; specs.len()];
     if measure_peak {
-        for (spec, peak) in specs.iter().zip(&mut peaks) {
+        for ((spec, peak), stolen) in specs.iter().zip(&mut peaks).zip(&mut peak_steal) {
+            let cpu_before = crate::steal::now();
             let p = measure_capacity(&work, spec, capacity_time)?;
+            *stolen = crate::steal::share(cpu_before, crate::steal::now());
+            let steal = stolen.map_or(String::new(), |s| format!(", {:.1}% of the CPU stolen", s * 100.0));
             println!(
-                "# peak throughput {:<w$} {p:>9.1} rps (closed loop, {} requests in flight, {:.1} s)",
+                "# peak throughput {:<w$} {p:>9.1} rps (closed loop, {} requests in flight, {:.1} s{steal})",
                 spec.label,
                 spec.window,
                 a.capacity_s,
@@ -809,8 +814,14 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     if let Some((path, file)) = report_file {
         let peaks_json: Vec<Value> = specs
             .iter()
-            .zip(&peaks)
-            .filter_map(|(s, p)| p.map(|p| json!({"policy": s.label, "peak_rps": p, "window": s.window})))
+            .zip(peaks.iter().zip(&peak_steal))
+            .filter_map(|(s, (p, stolen))| {
+                let mut v = json!({"policy": s.label, "peak_rps": (*p)?, "window": s.window});
+                if let (Some(stolen), Some(obj)) = (stolen, v.as_object_mut()) {
+                    obj.insert("steal".into(), json!(stolen));
+                }
+                Some(v)
+            })
             .collect();
         let report = json!({
             "workload": kind.workload(),

@@ -38,6 +38,7 @@ mod sim;
 mod sim_coldstart;
 mod sim_elastic;
 mod sim_tenant;
+mod steal;
 
 use std::fmt;
 use std::io;

@@ -72,6 +72,7 @@ pub(crate) fn run_result(label: &str, offered: f64, out: &SimOutcome) -> CliResu
         error_codes,
         sender_lag_p99_ms: 0.0,
         engine_busy: None,
+        steal: None,
         mean_output_tokens: None,
         extra: serde_json::Map::new(),
     })
@@ -299,8 +300,10 @@ fn compare(
         let r = sim / real;
         let ok = (r - 1.0).abs() <= THROUGHPUT_TOLERANCE;
         misses += usize::from(!ok);
+        let steal =
+            num(p, "steal").map_or(String::new(), |s| format!(" (real run: {:.1}% stolen)", s * 100.0));
         println!(
-            "peak {label:<30} real {real:>9.1} rps  sim {sim:>9.1} rps  sim/real {r:.2}  {}",
+            "peak {label:<30} real {real:>9.1} rps  sim {sim:>9.1} rps  sim/real {r:.2}  {}{steal}",
             if ok { "ok" } else { "MISS" }
         );
     }
@@ -352,9 +355,12 @@ fn compare(
         );
         let ok = t_ok && p50_ok && p90_ok;
         misses += usize::from(!ok);
+        // The real run's CPU time taken by the hypervisor, which the simulator knows nothing of.
+        let steal =
+            num(r, "steal").map_or(String::new(), |s| format!(" (real run: {:.1}% stolen)", s * 100.0));
         println!(
             "{label:<30} {offered:>9.1} {t:>17} {p50:>17} {p90:>17} {p99:>17} {batch:>15} {task:>17}  p50 s/r {q50:.2} \
-             p90 s/r {q90:.2} {}",
+             p90 s/r {q90:.2} {}{steal}",
             if ok { "ok" } else { "MISS" }
         );
     }
