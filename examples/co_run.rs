@@ -69,7 +69,7 @@ fn main() {
             "b {b:>4}: alone {a:>8.1} us/task, beside an equal task {c:>8.1} us/task: {:.2}x ({} thread(s); even share {:.1}x)",
             c / a,
             runner.task_threads(0, b),
-            (2 * runner.task_threads(0, b)) as f64 / backend.cpu_threads().max(1) as f64
+            ((2 * runner.task_threads(0, b)) as f64 / backend.cpu_threads().max(1) as f64).max(1.0)
         );
     }
 }

@@ -297,10 +297,12 @@ pub trait Runner: Send + Sync {
         ring::InputRing::new(slots, row_len)
     }
     /// Threads a task of `rows` rows of cell type `cell` runs on when it may use all the
-    /// backend's: 1 when it runs on its stream's thread alone (every device runner: the device
-    /// is not made of host threads), the compute pool's when a CPU task is big enough for it.
-    /// Co-running CPU workers share the pool's cores, and the simulator's CPU cost model
-    /// (`serve profile`, `sim::cost`'s `cores`) shares them as the backend does.
+    /// backend's: 1 when it runs on its stream's thread alone, the compute pool's when a CPU
+    /// recurrent task is big enough for it. Co-running CPU workers share the pool's cores, and
+    /// the simulator's CPU cost model (`serve profile`, `sim::cost`'s `cores`) shares them as the
+    /// backend does. Runners that do not say answer 1: device runners (the device is not made of
+    /// host threads), and the CPU layer and custom runners, whose tasks `serve profile` does not
+    /// time per cell type.
     fn task_threads(&self, cell: CellType, rows: usize) -> usize {
         let _ = (cell, rows);
         1

@@ -10,7 +10,9 @@
 //! stream [`CostModel::launch_delay`] after its issue starts (a GPU runs a task's first kernels
 //! while the host is still launching the rest) and starts when the stream's previous task has
 //! ended; it cannot end before its issue has (its last launch is the completion signal; on a
-//! shared device, below, a task's end comes from the running set and this bound is not applied),
+//! shared device or shared CPU cores, below, a task's end comes from the running set and this
+//! bound is not applied: a GPU's issue overlaps its kernels, a CPU task's issue is a queue push
+//! of well under a microsecond),
 //! runs for [`CostModel::task_time`] of its cell type and rows per step (padding included; its
 //! first step longer by [`CostModel::idle_factor`] when the stream was idle before it), and is
 //! reported to the core [`CostModel::report_delay`] after its end. A request reaches the core
@@ -31,7 +33,8 @@
 //! the running set's predicted end is recomputed whenever a task starts or ends. With a cost
 //! model of CPU workers sharing cores ([`CostModel::cores`], the CPU backend's one compute
 //! pool), the same machinery shares the cores: while the running tasks want more threads than
-//! there are cores, each progresses at `cores / Σ threads` of its solo speed.
+//! there are cores, each progresses at `cores / Σ threads` of its solo speed. On both, a task
+//! that starts on a worker idle before it starts cold, as on a stream of its own.
 //!
 //! Deterministic: the same inputs give the identical sequence of decisions (ties in time are
 //! broken by the order events were scheduled).

@@ -393,8 +393,8 @@ fn a_cold_start_lengthens_one_step_of_a_task_not_every_step() {
 }
 
 /// CPU workers share the backend's cores (`cores` in the cost file): two one-thread tasks on two
-/// cores both run at full speed; two tasks that each run on the whole pool (`pool_rows`) get half
-/// of it each and take twice as long, where independent streams would not.
+/// cores both run at full speed (on one core, at half); two tasks that each run on the whole pool
+/// (`pool_rows`) get half of it each and take twice as long, where independent streams would not.
 #[test]
 fn co_running_cpu_workers_share_the_cores() {
     let net = lstm();
@@ -422,6 +422,8 @@ fn co_running_cpu_workers_share_the_cores() {
     assert_eq!(pool_wide.task_cores("step", 1), 2);
     assert_eq!(file(1, "").task_cores("step", 2), 1, "no cores: one thread each");
     assert_eq!(firsts(&one_thread), us(3 + 10 + 2));
+    // The same one-thread tasks on one core: each at half speed.
+    assert_eq!(firsts(&file(2, r#","cores":1"#)), us(3 + 2 * 10 + 2));
     assert_eq!(firsts(&pool_wide), us(3 + 2 * 10 + 2));
     assert_eq!(firsts(&file(1, "")), us(3 + 10 + 2), "independent streams");
 }

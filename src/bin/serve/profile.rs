@@ -393,7 +393,8 @@ pub(crate) fn cmd_profile(a: ProfileArgs) -> CliResult<()> {
         idle,
         max_task_steps: backend.max_task_steps(),
         // The CPU backend's workers are streams of their own whose tasks run on the stream's
-        // thread or the compute pool, sharing the backend's cores; a device's are not.
+        // thread or the compute pool, sharing the backend's cores; a device's are not. The
+        // pool's threads are the cores shared (with the default `--threads 0`, one per core).
         shared_device: false,
         cores: backend.cpu_threads(),
     };

@@ -1,15 +1,16 @@
 //! The hypervisor's steal time (Linux `/proc/stat`): on a virtual machine, CPU time the host gave
-//! to something else while this guest's vCPUs had work. `serve bench` prints its share of each
-//! run's CPU time beside the run's figures: a run that lost a tenth of its CPU to the host is not
-//! comparable with one that lost none, and a cloud VM's speed drifts with it (README, "sim").
+//! to something else while this guest's vCPUs had work. `serve bench` prints, beside each run's
+//! figures, the share of the time the guest's CPUs wanted (busy or stolen, not idle) that the host
+//! took: a run that lost a tenth of it is not comparable with one that lost none.
 
 use std::io::Read;
 
-/// The machine's CPU time so far, in clock ticks: all of it, and the part stolen.
+/// The machine's CPU time so far, in clock ticks: the time its CPUs wanted (all but idle and
+/// I/O wait), and the part of it stolen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct CpuTimes {
     steal: u64,
-    total: u64,
+    wanted: u64,
 }
 
 /// Most bytes of `/proc/stat` read (its first line is all that is used).
@@ -22,12 +23,12 @@ pub(crate) fn now() -> Option<CpuTimes> {
     parse(&text)
 }
 
-/// The share of the CPU time between two readings that was stolen (0 to 1), if both exist and
-/// time passed.
+/// The share of the CPU time wanted between two readings that was stolen (0 to 1), if both exist
+/// and the CPUs wanted any.
 pub(crate) fn share(before: Option<CpuTimes>, after: Option<CpuTimes>) -> Option<f64> {
     let (b, a) = (before?, after?);
-    let total = a.total.checked_sub(b.total).filter(|&t| t > 0)?;
-    Some(a.steal.saturating_sub(b.steal) as f64 / total as f64)
+    let wanted = a.wanted.checked_sub(b.wanted).filter(|&t| t > 0)?;
+    Some((a.steal.saturating_sub(b.steal) as f64 / wanted as f64).min(1.0))
 }
 
 /// The summed `cpu` line: `cpu user nice system idle iowait irq softirq steal [guest guest_nice]`
@@ -39,7 +40,12 @@ fn parse(text: &str) -> Option<CpuTimes> {
         return None;
     }
     let ticks: Vec<u64> = fields.take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
-    (ticks.len() == 8).then(|| CpuTimes { steal: ticks[7], total: ticks.iter().sum() })
+    if ticks.len() != 8 {
+        return None;
+    }
+    // user nice system [idle iowait] irq softirq steal.
+    let wanted = [0, 1, 2, 5, 6, 7].iter().try_fold(0u64, |sum, &i| sum.checked_add(ticks[i]))?;
+    Some(CpuTimes { steal: ticks[7], wanted })
 }
 
 #[cfg(test)]
@@ -50,9 +56,10 @@ mod tests {
     fn the_steal_share_is_read_from_the_summed_cpu_line() {
         let before = parse("cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n").unwrap();
         let after = parse("cpu  200 0 100 1500 10 0 0 90 0 0\n").unwrap();
-        assert_eq!(before, CpuTimes { steal: 40, total: 1000 });
-        // 50 of the 900 ticks between them were stolen.
-        assert!((share(Some(before), Some(after)).unwrap() - 50.0 / 900.0).abs() < 1e-12);
+        assert_eq!(before, CpuTimes { steal: 40, wanted: 190 });
+        // Between them the CPUs wanted 100 + 50 + 50 ticks (700 idle ones not counted), and 50
+        // of those were stolen.
+        assert!((share(Some(before), Some(after)).unwrap() - 50.0 / 200.0).abs() < 1e-12);
         assert_eq!(share(Some(after), Some(after)), None, "no time passed");
         assert_eq!(share(None, Some(after)), None);
         // Kernels before 2.6.11 had no steal field; anything else is not the summed line.
