@@ -87,6 +87,24 @@ fn every_scheme_serves_the_fixtures_with_pytorch_s_results() {
     }
 }
 
+/// On the default backend (`auto`, the CPU where no CUDA device is), a tenant group gets as many
+/// cores as the CPU backend has threads: `auto` used to report no compute threads, and a pool of
+/// two cores was refused (a default pool got one core).
+#[test]
+fn the_default_backend_gives_a_tenant_group_all_its_threads() {
+    let rt = Runtime::builder().cpu_threads(2).build().unwrap();
+    if rt.backend_kind() != serve::BackendKind::Cpu || serve::backend::cpu::affinity::allowed_cpus().len() < 2
+    {
+        eprintln!("skipped: needs the CPU backend under `auto` and two CPUs");
+        return;
+    }
+    let mlp = serve::model::Mlp::random(&[16, 8, 4], 1);
+    let opts = TenantOptions { cores: 2, ..TenantOptions::default() };
+    let tenants = rt.add_tenants(vec![spec("mlp", Network::Mlp(mlp), 100)], opts).unwrap();
+    let got = tenants[0].model.submit(Input::F32(common::input(16, 0)), SubmitOptions::default()).unwrap();
+    assert!(got.wait().is_ok());
+}
+
 /// An mlp tenant's blocks chain the activations of the whole model: a layer-wise chain gives
 /// the model's own result (served whole under the default policy).
 #[test]
