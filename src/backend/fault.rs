@@ -215,6 +215,7 @@ impl Runner for FaultyRunner {
     fn task_threads(&self, cell: crate::sched::CellType, rows: usize) -> usize {
         self.inner.task_threads(cell, rows)
     }
+
     fn graph_replays(&self) -> u64 {
         self.inner.graph_replays()
     }

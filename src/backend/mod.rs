@@ -440,16 +440,16 @@ impl Backend for CpuFallback {
 mod tests {
     use super::*;
 
-    /// `auto` without a CUDA device is the CPU backend in all the runtime asks of it: its
-    /// compute threads size a tenant pool and the simulator's shared cores (it used to answer 0,
-    /// so a tenant pool on the default backend got one core).
+    /// `auto` without a CUDA device (`CpuFallback`, built here whatever the machine has) is the
+    /// CPU backend in all the runtime asks of it: its compute threads size a tenant pool and the
+    /// simulator's shared cores (it used to answer 0, so a tenant pool on the default backend got
+    /// one core).
     #[test]
     fn auto_on_the_cpu_is_the_cpu_backend_with_its_threads() {
-        let b = create(BackendChoice::Auto, 2).unwrap();
-        if b.kind() == BackendKind::Cpu {
-            assert_eq!(b.cpu_threads(), 2);
-            assert_eq!(b.max_task_steps(), create(BackendChoice::Cpu, 2).unwrap().max_task_steps());
-        }
+        let b = CpuFallback { cpu: cpu::CpuBackend::new(2).unwrap(), why: "no CUDA device (test)".into() };
+        let cpu = create(BackendChoice::Cpu, 2).unwrap();
+        assert_eq!((b.kind(), b.cpu_threads()), (BackendKind::Cpu, 2));
+        assert_eq!(b.max_task_steps(), cpu.max_task_steps());
         assert_eq!(create(BackendChoice::Cpu, 3).unwrap().cpu_threads(), 3);
     }
 }

@@ -108,6 +108,12 @@ pub trait CostModel {
     }
 }
 
+/// [`CostModel::task_time`], or INVALID_ARGUMENT naming the cell type the model has no figure for.
+pub(crate) fn time_of(cost: &dyn CostModel, cell: &str, rows: usize) -> Result<Duration> {
+    cost.task_time(cell, rows)
+        .ok_or_else(|| Error::invalid(format!("the cost model has no time for cell type `{cell}`")))
+}
+
 /// Most points one cell type may have, and most cell types in a file (files come from outside).
 const MAX_POINTS: usize = 4096;
 const MAX_CELLS: usize = 64;

@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use super::CostModel;
-use crate::error::{Error, Result};
+use super::cost::time_of;
+use crate::error::Result;
 use crate::sched::{TaskId, Time, WorkerId};
 
 /// How the running tasks share the device.
@@ -42,8 +43,6 @@ pub(super) struct Shared {
     step: f64,
     /// Threads it runs on (CPU cores).
     threads: usize,
-    /// Seconds one unit of its work takes in the current running set.
-    unit_time: f64,
     pub started: Time,
 }
 
@@ -61,7 +60,9 @@ pub(super) struct Device {
     /// Per worker: when its last task ended (it has been idle since, unless one runs).
     free_since: Vec<Time>,
     share: Share,
-    /// When the running set last changed.
+    /// Seconds one unit of work takes in the running set (a GPU: `t(Σ rows)`; CPU cores: the
+    /// slowdown; 0 when nothing runs), and when the set last changed.
+    unit_time: f64,
     last: Time,
     generation: u64,
 }
@@ -74,6 +75,7 @@ impl Device {
             running: vec![None; workers],
             free_since: vec![Time::ZERO; workers],
             share,
+            unit_time: 0.0,
             last: Time::ZERO,
             generation: 0,
         }
@@ -92,20 +94,10 @@ impl Device {
         let (step, threads) = match self.share {
             Share::Batch => (1.0, 1),
             Share::Cores(cores) => {
-                let t = cost.task_time(cell, rows).ok_or_else(|| no_time(cell))?;
-                (t.as_secs_f64(), cost.task_cores(cell, rows).clamp(1, cores.max(1)))
+                (time_of(cost, cell, rows)?.as_secs_f64(), cost.task_cores(cell, rows).clamp(1, cores.max(1)))
             }
         };
-        let s = Shared {
-            task,
-            rows,
-            cell,
-            left: step * steps,
-            step,
-            threads,
-            unit_time: 0.0,
-            started: Time::ZERO,
-        };
+        let s = Shared { task, rows, cell, left: step * steps, step, threads, started: Time::ZERO };
         self.reaching.insert(task, (worker, s));
         Ok(())
     }
@@ -132,9 +124,10 @@ impl Device {
         self.advance(now);
         // Done: less than a nanosecond of work left (the clock's resolution; rounding must not
         // leave a sliver that would end "now" again and again).
+        let t = self.unit_time;
         let mut ended = Vec::new();
         for (w, run) in self.running.iter_mut().enumerate() {
-            if run.is_some_and(|s| s.left * s.unit_time < 1e-9)
+            if run.is_some_and(|s| s.left * t < 1e-9)
                 && let Some(s) = run.take()
             {
                 self.free_since[w] = now;
@@ -146,10 +139,10 @@ impl Device {
 
     /// Every running task's progress up to `now` (the running set has not changed since `last`).
     fn advance(&mut self, now: Time) {
-        let dt = now.since(self.last).as_secs_f64();
-        for s in self.running.iter_mut().flatten() {
-            if s.unit_time > 0.0 {
-                s.left -= dt / s.unit_time;
+        if self.unit_time > 0.0 {
+            let done = now.since(self.last).as_secs_f64() / self.unit_time;
+            for s in self.running.iter_mut().flatten() {
+                s.left -= done;
             }
         }
         self.last = now;
@@ -171,31 +164,26 @@ impl Device {
         }
         self.generation += 1;
         let running = || self.running.iter().flatten();
-        match (running().max_by_key(|s| s.rows), self.share) {
-            (None, _) => {}
+        self.unit_time = match (running().max_by_key(|s| s.rows), self.share) {
+            (None, _) => 0.0,
             (Some(widest), Share::Batch) => {
                 let rows = running().map(|s| s.rows).sum();
-                let t = cost.task_time(widest.cell, rows).ok_or_else(|| no_time(widest.cell))?;
-                let t = t.as_secs_f64().max(1e-12);
-                self.running.iter_mut().flatten().for_each(|s| s.unit_time = t);
+                time_of(cost, widest.cell, rows)?.as_secs_f64().max(1e-12)
             }
+            // The even share: `C / Σ c` of solo speed once the threads outnumber the cores.
             (Some(_), Share::Cores(cores)) => {
-                // The even share: `C / Σ c` of solo speed once the threads outnumber the cores.
-                let threads: usize = running().map(|s| s.threads).sum();
-                let slowdown = (threads as f64 / cores.max(1) as f64).max(1.0);
-                self.running.iter_mut().flatten().for_each(|s| s.unit_time = slowdown);
+                (running().map(|s| s.threads).sum::<usize>() as f64 / cores.max(1) as f64).max(1.0)
             }
-        }
-        let first =
-            self.running.iter().flatten().map(|s| s.left.max(0.0) * s.unit_time).min_by(f64::total_cmp);
+        };
+        let first = running().map(|s| s.left.max(0.0)).min_by(f64::total_cmp);
         // At least a nanosecond on: time always advances.
-        Ok(first
-            .map(|secs| (now + Duration::from_secs_f64(secs).max(Duration::from_nanos(1)), self.generation)))
+        Ok(first.map(|left| {
+            (
+                now + Duration::from_secs_f64(left * self.unit_time).max(Duration::from_nanos(1)),
+                self.generation,
+            )
+        }))
     }
-}
-
-fn no_time(cell: &str) -> Error {
-    Error::invalid(format!("the cost model has no time for cell type `{cell}`"))
 }
 
 #[cfg(test)]

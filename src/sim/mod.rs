@@ -394,9 +394,7 @@ impl Sim<'_> {
                 CoreOutput::Launch { group, task } => {
                     let t = self.core.task(group, task).expect("a launched task is in flight");
                     let cell = self.cell_names.get(usize::from(t.cell())).copied().unwrap_or("?");
-                    let step = self.spec.cost.task_time(cell, t.batch).ok_or_else(|| {
-                        Error::invalid(format!("the cost model has no time for cell type `{cell}`"))
-                    })?;
+                    let step = cost::time_of(self.spec.cost, cell, t.batch)?;
                     // A task of several steps (a padded batch run in one call) costs each of them.
                     let run = step * t.shape.steps();
                     let (worker, rows, batch, steps) = (t.worker, t.requests.len(), t.batch, t.shape.steps());

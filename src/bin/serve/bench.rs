@@ -424,11 +424,12 @@ pub(crate) fn run_bench(plan: &BenchPlan) -> CliResult<()> {
     let rates = match &plan.rates {
         Some(r) => r.clone(),
         None => {
-            let cap = measure_capacity(&work, &batched, plan.capacity_time)?;
+            let Capacity { rps: cap, steal } = measure_capacity(&work, &batched, plan.capacity_time)?;
             println!(
-                "# capacity: {cap:.1} rps ({}, closed loop, {:.1} s); offered rates at {} of it",
+                "# capacity: {cap:.1} rps ({}, closed loop, {:.1} s{}); offered rates at {} of it",
                 batched.label,
                 plan.capacity_time.as_secs_f64(),
+                crate::steal::note(steal),
                 plan.fractions.iter().map(|f| f.to_string()).collect::<Vec<_>>().join(", ")
             );
             capacity = Some(cap);
@@ -532,11 +533,19 @@ fn progress(len: Option<u64>, label: String) -> ProgressBar {
     }
 }
 
+/// A closed-loop capacity and the share of the CPU the hypervisor stole while it was measured
+/// (`steal.rs`).
+pub(crate) struct Capacity {
+    pub(crate) rps: f64,
+    pub(crate) steal: Option<f64>,
+}
+
 /// Closed-loop capacity: keep `policy.window` requests in flight for `time` (each completion is
 /// replaced by a new request at once), count the completions after a 20 % settling period; the
 /// backlog left at the end is cancelled, not waited for.
-pub(crate) fn measure_capacity(work: &Workload, policy: &PolicySpec, time: Duration) -> CliResult<f64> {
+pub(crate) fn measure_capacity(work: &Workload, policy: &PolicySpec, time: Duration) -> CliResult<Capacity> {
     let (rt, model) = start_model(work, policy)?;
+    let cpu_before = crate::steal::now();
     let queue = CompletionQueue::new()?;
     let window = policy.window.max(1);
     let pb = progress(None, format!("capacity {}", policy.label));
@@ -586,6 +595,7 @@ pub(crate) fn measure_capacity(work: &Workload, policy: &PolicySpec, time: Durat
         }
     }
     pb.finish_and_clear();
+    let steal = crate::steal::share(cpu_before, crate::steal::now());
     drop(model);
     drop(rt);
     let span = measured_from.map_or(0.0, |from| (last - from).as_secs_f64());
@@ -596,7 +606,7 @@ pub(crate) fn measure_capacity(work: &Workload, policy: &PolicySpec, time: Durat
             policy.label
         )));
     }
-    Ok(counted as f64 / span)
+    Ok(Capacity { rps: counted as f64 / span, steal })
 }
 
 /// Sets a flag when dropped, so a sender that panics still ends the drain loop.

@@ -36,8 +36,8 @@ use serve::{
 };
 
 use crate::bench::{
-    PolicySpec, RunResult, Workload, fmt_ratio, measure_capacity, open_report, print_header, print_row,
-    ratio, requests_per_run, run_open_loop, start_model, write_report,
+    Capacity, PolicySpec, RunResult, Workload, fmt_ratio, measure_capacity, open_report, print_header,
+    print_row, ratio, requests_per_run, run_open_loop, start_model, write_report,
 };
 use crate::bench_alone::measure_alone;
 use crate::bench_peer::{self, PeerPlan};
@@ -664,15 +664,14 @@ pub(crate) fn cmd_bench_rnn(kind: RnnKind, a: BenchRnnArgs) -> CliResult<()> {
     let mut peak_steal: Vec<Option<f64>> = vec![None; specs.len()];
     if measure_peak {
         for ((spec, peak), stolen) in specs.iter().zip(&mut peaks).zip(&mut peak_steal) {
-            let cpu_before = crate::steal::now();
-            let p = measure_capacity(&work, spec, capacity_time)?;
-            *stolen = crate::steal::share(cpu_before, crate::steal::now());
-            let steal = stolen.map_or(String::new(), |s| format!(", {:.1}% of the CPU stolen", s * 100.0));
+            let Capacity { rps: p, steal } = measure_capacity(&work, spec, capacity_time)?;
+            *stolen = steal;
             println!(
-                "# peak throughput {:<w$} {p:>9.1} rps (closed loop, {} requests in flight, {:.1} s{steal})",
+                "# peak throughput {:<w$} {p:>9.1} rps (closed loop, {} requests in flight, {:.1} s{})",
                 spec.label,
                 spec.window,
                 a.capacity_s,
+                crate::steal::note(steal),
                 w = 30
             );
             *peak = Some(p);

@@ -283,6 +283,10 @@ fn compare(
         })
     };
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    // The real run's CPU time taken by the hypervisor, which the simulator knows nothing of.
+    let stolen = |v: &Value| {
+        num(v, "steal").map_or(String::new(), |s| format!(" (real run: {:.1}% stolen)", s * 100.0))
+    };
     println!(
         "# simulator vs runtime ({}): targets throughput within {:.0}%, p50/p90 within {:.0}%",
         path.display(),
@@ -300,11 +304,10 @@ fn compare(
         let r = sim / real;
         let ok = (r - 1.0).abs() <= THROUGHPUT_TOLERANCE;
         misses += usize::from(!ok);
-        let steal =
-            num(p, "steal").map_or(String::new(), |s| format!(" (real run: {:.1}% stolen)", s * 100.0));
         println!(
-            "peak {label:<30} real {real:>9.1} rps  sim {sim:>9.1} rps  sim/real {r:.2}  {}{steal}",
-            if ok { "ok" } else { "MISS" }
+            "peak {label:<30} real {real:>9.1} rps  sim {sim:>9.1} rps  sim/real {r:.2}  {}{}",
+            if ok { "ok" } else { "MISS" },
+            stolen(p)
         );
     }
     println!(
@@ -355,9 +358,7 @@ fn compare(
         );
         let ok = t_ok && p50_ok && p90_ok;
         misses += usize::from(!ok);
-        // The real run's CPU time taken by the hypervisor, which the simulator knows nothing of.
-        let steal =
-            num(r, "steal").map_or(String::new(), |s| format!(" (real run: {:.1}% stolen)", s * 100.0));
+        let steal = stolen(r);
         println!(
             "{label:<30} {offered:>9.1} {t:>17} {p50:>17} {p90:>17} {p99:>17} {batch:>15} {task:>17}  p50 s/r {q50:.2} \
              p90 s/r {q90:.2} {}{steal}",

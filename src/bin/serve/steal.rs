@@ -31,6 +31,11 @@ pub(crate) fn share(before: Option<CpuTimes>, after: Option<CpuTimes>) -> Option
     Some((a.steal.saturating_sub(b.steal) as f64 / wanted as f64).min(1.0))
 }
 
+/// `, 3.1% of the CPU stolen` after a measurement's figures, or nothing when not known.
+pub(crate) fn note(share: Option<f64>) -> String {
+    share.map_or(String::new(), |s| format!(", {:.1}% of the CPU stolen", s * 100.0))
+}
+
 /// The summed `cpu` line: `cpu user nice system idle iowait irq softirq steal [guest guest_nice]`
 /// (guest time is already counted in user and nice).
 fn parse(text: &str) -> Option<CpuTimes> {
