@@ -1,7 +1,8 @@
 //! The hand-off a layer block pays in the tenant mode (ARCHITECTURE.md §3.5, §7.9): one query at a
 //! time through a chain of `LAYERS` (default 16) layers that only copy 4 values, scheduled
 //! layer-wise on `CORES` (default 1) core, so each block is one task and nearly all of its time is
-//! the stream → poller → engine → stream round trip. Prints the time per query and per layer.
+//! the engine → stream → engine round trip (two wake-ups: the engine watches CPU streams itself,
+//! ARCHITECTURE.md §3.5). Prints the time per query and per layer.
 //!
 //! `cargo run --release --example block_handoff` (`LAYERS=1` gives one task's round trip;
 //! `perf stat -e context-switches` beside it counts the wake-ups).

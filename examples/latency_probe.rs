@@ -1,6 +1,6 @@
 //! Isolated-request latency: one request at a time (no batching possible) through the Rust API,
 //! submit → completion queue, on a 1-layer 16×16 mlp. Measures the runtime's fixed path (engine,
-//! stream, poller and queue hand-offs), the floor under any batching policy's latency.
+//! stream and queue hand-offs), the floor under any batching policy's latency.
 //!
 //! `cargo run --release --example latency_probe`
 

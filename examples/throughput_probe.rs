@@ -1,7 +1,7 @@
 //! Round-trip cost per request under a full pipeline: windows of 1024 requests submitted to a
 //! completion queue and drained, on a 1-layer 16×16 mlp (timeout policy, no wait, batches up to
 //! 64, one CPU thread). The model is tiny, so the figure is the runtime's own cost per request
-//! (submit, admission, engine, policy, stream, poller, delivery), the number the "no
+//! (submit, admission, engine, policy, stream, delivery), the number the "no
 //! regression" checks compare between revisions.
 //!
 //! `cargo run --release --example throughput_probe [WINDOWS] [rust|c|lstm]` (default 200 windows

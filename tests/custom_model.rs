@@ -188,3 +188,94 @@ fn layer_range_calls_reach_the_computation() {
     let (_, e) = run(Network::Custom(bare), Work::Layers { first: 0, last: 1, input: vec![0.0; 6] });
     assert_eq!(e.map(|e| e.code()), Some(Code::Unsupported));
 }
+
+/// Holds its stream while `hold` is set (at most 30 s, so a bug fails instead of hanging), and
+/// answers [Σx, 2·x₀] otherwise.
+struct Holding {
+    hold: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl CustomExecute for Holding {
+    fn execute(&self, call: &mut CustomCall<'_>) -> Result<(), String> {
+        let give_up = std::time::Instant::now() + Duration::from_secs(30);
+        while self.hold.load(Ordering::SeqCst) && std::time::Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for (x, y) in call.input.chunks(3).zip(call.output.chunks_mut(2)) {
+            y.copy_from_slice(&[x.iter().sum(), x[0] * 2.0]);
+        }
+        Ok(())
+    }
+}
+
+/// A CPU stream notifies, so the engine watches it itself (not the poller): its stall watchdog
+/// still gives up on a custom computation that hangs, the other models keep serving, and once
+/// the computation returns the worker recovers and serves again.
+#[test]
+fn the_watchdog_gives_up_on_a_hanging_custom_computation_and_sees_it_recover() {
+    // Long enough that the other model's tasks are not taken for stalled on a loaded machine.
+    let timeout = Duration::from_millis(500);
+    let rt = Runtime::builder().backend(BackendChoice::Cpu).stall_timeout(Some(timeout)).build().unwrap();
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let exec = Arc::new(Holding { hold: hold.clone() });
+    let custom = |exec: Arc<Holding>| CustomModel { input_len: 3, output_len: 2, layers: Vec::new(), exec };
+    let one = |max_batch| ModelOptions {
+        policy: PolicyConfig::Timeout(TimeoutConfig {
+            max_batch,
+            max_wait: Duration::from_micros(1),
+            ..TimeoutConfig::default()
+        }),
+        ..ModelOptions::default()
+    };
+    let stuck = rt.add_custom(custom(exec), "stuck", one(1)).unwrap();
+    let free = Arc::new(Holding { hold: Arc::new(std::sync::atomic::AtomicBool::new(false)) });
+    let fine = rt.add_custom(custom(free), "fine", one(1)).unwrap();
+    let input = |x: f32| Input::F32(vec![x, 1.0, 1.0]);
+
+    let t0 = std::time::Instant::now();
+    let held = stuck.submit(input(1.0), SubmitOptions::default()).unwrap();
+    // Served within 10 s (the hanging call gives up after 30: a bug fails instead of waiting).
+    let served = |t: serve::Ticket| t.wait_timeout(Duration::from_secs(10)).ok().expect("served in time");
+    // While it hangs, the other model serves.
+    for k in 0..20 {
+        let out = served(fine.submit(input(k as f32), SubmitOptions::default()).unwrap()).unwrap();
+        assert_eq!(out, Output::F32(vec![k as f32 + 2.0, 2.0 * k as f32]));
+    }
+    let e = served(held).expect_err("the hanging call's request fails");
+    assert_eq!(e.code(), Code::Backend, "{e}");
+    assert!(e.message().contains("stalled"), "{e}");
+    assert!(t0.elapsed() >= timeout, "given up on before the stall timeout: {:?}", t0.elapsed());
+    let stalls = |rt: &Runtime| {
+        let text = rt.metrics_text();
+        text.lines()
+            .any(|l| l.starts_with("serve_worker_stalls_total{") && l.contains("stuck") && l.ends_with(" 1"))
+    };
+    assert!(stalls(&rt), "{}", rt.metrics_text());
+    // The call still hangs (its stream holds the task): the engine does not wait for it, the
+    // other model serves, and the stalled worker's model fails at once.
+    for k in 0..5 {
+        let out = served(fine.submit(input(k as f32), SubmitOptions::default()).unwrap()).unwrap();
+        assert_eq!(out, Output::F32(vec![k as f32 + 2.0, 2.0 * k as f32]));
+    }
+    let e = served(stuck.submit(input(2.0), SubmitOptions::default()).unwrap()).expect_err("stalled");
+    assert!(e.message().contains("stalled"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(25), "the call may have returned already");
+
+    // The call returns: the worker catches up and its model serves again.
+    hold.store(false, Ordering::SeqCst);
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match served(stuck.submit(input(3.0), SubmitOptions::default()).unwrap()) {
+            Ok(out) => {
+                assert_eq!(out, Output::F32(vec![5.0, 6.0]));
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::Backend, "{e}");
+                assert!(std::time::Instant::now() < give_up, "never recovered: {e}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    rt.shutdown(Duration::from_secs(5));
+}

@@ -160,8 +160,8 @@ impl Runner for FaultyRunner {
 
     fn signal(&self, worker: usize) -> Arc<dyn CompletionSignal> {
         // A stall holds the counter back after the stream has advanced it and notified, and
-        // releases it later with no notify at all: such a signal cannot promise the wake-up a
-        // notifying one does (runtime/poller.rs, "Waking it"), so it says it does not notify.
+        // releases it later with no notify at all: such a signal cannot promise a notify after
+        // every advance (runtime/watch.rs), so it says it does not notify (the poller watches it).
         let holds = self.faults.iter().any(|f| matches!(f.kind, FaultKind::Stall { .. }));
         Arc::new(FaultySignal {
             inner: self.inner.signal(worker),

@@ -4,8 +4,9 @@
 //! [`Runner`] with one ordered stream per worker; the runtime launches a task on a worker's stream
 //! and learns of its completion only through that worker's [`CompletionSignal`], a counter that
 //! the executing side increments once per finished task (a CPU thread's atomic store here; the
-//! signaling kernel's system-scope write on CUDA). The poller thread reads the counters with
-//! acquire loads; nothing else reports completion.
+//! signaling kernel's system-scope write on CUDA). The runtime reads the counters with acquire
+//! loads — the engine thread those of streams that notify, the poller thread the others — and
+//! nothing else reports completion.
 
 pub mod cpu;
 pub mod cuda;
@@ -64,17 +65,18 @@ pub trait CompletionSignal: Send + Sync {
     /// Tasks completed so far. An acquire load: the task's outputs are visible once counted.
     fn completed(&self) -> u64;
 
-    /// Whether the stream calls its [`Notify`] after advancing the counter (CPU streams), with a
-    /// `SeqCst` fence between the two: the engine then does not wake the poller for a watch on
-    /// it, relying on that call (`runtime/poller.rs`, "Waking it"). A signal that does not (a
-    /// CUDA counter, written by the device) makes the poller spin instead of parking while
-    /// tasks are in flight on it.
+    /// Whether the stream calls its [`Notify`] after every advance of the counter (CPU streams):
+    /// the engine then watches the counter itself, woken by that call (`runtime/watch.rs`). A
+    /// signal that does not (a CUDA counter, written by the device) is watched by the poller
+    /// thread, which spins on it while tasks are in flight. `false` unless the signal promises
+    /// it: a signal that says `true` and skips a notify leaves a completion unseen, one that
+    /// says `false` only costs the poller's spinning.
     fn notifies(&self) -> bool {
-        true
+        false
     }
 
     /// Why the stream can no longer advance the counter (a device fault), or `None` while it
-    /// works. The poller asks now and then while it waits on a stream that does not notify; on
+    /// works. The watcher asks at every health pass while it waits on the stream; on
     /// `Some` it reports the stream's pending tasks done, and the runner's
     /// [`collect`](Runner::collect) gives them the stream's error.
     fn failure(&self) -> Option<Error> {
@@ -82,9 +84,9 @@ pub trait CompletionSignal: Send + Sync {
     }
 }
 
-/// Called by a stream after it has advanced its counter, so a sleeping poller wakes at once.
-/// (The poller spins instead on signals that do not notify; the counter stays the only source of
-/// truth.)
+/// Called by a stream after it has advanced its counter, so the engine, which watches the
+/// counters of streams that notify, wakes at once. (The poller spins instead on signals that do
+/// not notify; the counter stays the only source of truth.)
 pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
 /// The host-side data of one batched task. The engine fills `work`; the task's results reach
@@ -271,7 +273,7 @@ pub trait Runner: Send + Sync {
     fn launch(&self, worker: usize, task: Arc<TaskData>) -> Result<u64>;
     /// Make a finished task's results readable in its [`TaskIo`]. The engine calls it once for
     /// each task it handed to [`launch`](Runner::launch) on `worker` (also when the launch failed:
-    /// then there is nothing to do), after the poller has seen the task's count (or reported the
+    /// then there is nothing to do), after its count was seen (or its watcher reported the
     /// stream failed or stalled), before it reads `output`, `tokens` and `error`. A task reported
     /// without its count (a failed stream, or one the stall watchdog gave up on) may still be
     /// running: `collect` must then set its error and free nothing the stream may still use

@@ -1,9 +1,11 @@
 //! The engine thread: drives each model's sans-IO policy with the wall clock and carries out its
 //! decisions (launch a task on a worker's stream, complete a request).
 //!
-//! Arrivals come through their model's ring, every other event (cancel, task done, model added
-//! or freed, shutdown) through one channel (inbox.rs: how they wake the engine, and why a cancel
-//! never overtakes its arrival); the engine owns all request and task state, so nothing here is
+//! Arrivals come through their model's ring, every other event (cancel, a CUDA task done, model
+//! added or freed, shutdown) through one channel (inbox.rs: how they wake the engine, and why a
+//! cancel never overtakes its arrival). A CPU task's end is seen here directly: the engine
+//! watches the counters of the streams that notify (watch.rs), so a CPU task's hand-off is two
+//! wake-ups (engine → stream → engine), not three through the poller. The engine owns all request and task state, so nothing here is
 //! shared or locked (but the pool of model indices, which submitters' threads take from when
 //! they add a model).
 //!
@@ -23,19 +25,21 @@
 //! When the last handle of a model is dropped, [`Event::RemoveModel`] marks it *closing*. No
 //! request can arrive for it any more (every submit went through a handle, and sent its arrival
 //! before the handle's drop sent the removal). Its pending requests complete as usual; once it
-//! has no request left and no task in flight (the poller has reported every launched task), the
-//! engine tells the poller to forget its workers, empties its slot, returns its index to the
+//! has no request left and no task in flight (every launched task was reported), its workers'
+//! watches are dropped (the engine's and the poller's), the engine empties its slot, returns its index to the
 //! [`ModelIndices`] pool (a later model may reuse the slot: the engine's per-model storage is as
 //! long as the most models ever loaded at once), and hands its policy and runner to the reaper
-//! thread, which drops them (joining its stream threads, which by then have nothing left to run,
-//! and freeing its arena and buffers) while the engine goes on.
+//! thread, which drops them (joining its stream threads, which by then have nothing left to run
+//! but a task given up on that still hangs, and freeing its arena and buffers) while the engine
+//! goes on.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::backend::ring::InputRing;
-use crate::backend::{CellTask, Runner, TaskData, Work};
+use crate::backend::{CellTask, Runner, StageTimes, TaskData, TaskIo, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::{Input, Network, Output};
 use crate::runtime::admission::Admission;
@@ -48,6 +52,7 @@ use crate::runtime::poller::PollerHandle;
 use crate::runtime::queue::{Completion, QueueShared};
 use crate::runtime::request::{Reply, flush, shutdown_cancelled, touch_spare};
 use crate::runtime::stats::Stats;
+use crate::runtime::watch::Watcher;
 use crate::sched::{CellGraph, Policy, RequestId, TaskId, TaskReport, TaskShape, Time};
 
 /// A request admitted by submit. It travels to the engine boxed and stays in that box, carried
@@ -172,6 +177,18 @@ pub(super) fn short_output(task: TaskId, len: usize, rows: usize, out_len: usize
     Error::internal(format!("task {task} produced {len} values for {rows} rows of {out_len}"))
 }
 
+/// Work of `shape`'s kind with nothing in it (allocates nothing): what the engine reads of a task
+/// given up on while its stream still holds the task's io.
+fn empty_work(shape: &TaskShape) -> Work {
+    match shape {
+        TaskShape::Dense => Work::Dense(Vec::new()),
+        TaskShape::Cells { .. } => Work::Cells(CellTask::default()),
+        &TaskShape::Layers { first, last } => {
+            Work::Layers { first: first as usize, last: last as usize + 1, input: Vec::new() }
+        }
+    }
+}
+
 /// The indices of the engine's model slots: taken when a model is added, returned by the engine
 /// once the model is released (see the module docs), a free one reused before a new one.
 #[derive(Default)]
@@ -207,6 +224,18 @@ pub(crate) struct Engine {
     /// Each group's free CPUs to lease (tenant groups; empty for the others), by group index.
     free_cpus: Vec<Vec<usize>>,
     poller: PollerHandle,
+    /// The launched tasks of the streams that notify, watched here rather than by the poller
+    /// (watch.rs).
+    watcher: Watcher,
+    /// Raised by those streams after they advance their counters ([`StreamBell`]).
+    ///
+    /// [`StreamBell`]: crate::runtime::inbox::StreamBell
+    advanced: Arc<AtomicBool>,
+    /// A task was watched here whose target may be reached without a notify (a failed launch):
+    /// look at the counters in the next turn.
+    recheck: bool,
+    /// The tasks found done in a look at the counters, before they are handled (kept for reuse).
+    reaped: Vec<(usize, TaskId)>,
     stats: Arc<Stats>,
     outbox: Vec<(Arc<QueueShared>, Completion)>,
     drain_until: Option<Instant>,
@@ -225,7 +254,7 @@ pub(crate) struct Engine {
 impl Engine {
     pub(crate) fn new(
         epoch: Instant,
-        poller: PollerHandle,
+        (poller, watcher, advanced): (PollerHandle, Watcher, Arc<AtomicBool>),
         stats: Arc<Stats>,
         indices: Arc<Mutex<ModelIndices>>,
         reaper: Sender<Box<dyn Send>>,
@@ -239,6 +268,10 @@ impl Engine {
             group_ids: ModelIndices::default(),
             free_cpus: Vec::new(),
             poller,
+            watcher,
+            advanced,
+            recheck: false,
+            reaped: Vec::new(),
             stats,
             outbox: Vec::new(),
             drain_until: None,
@@ -287,6 +320,7 @@ impl Engine {
                 turn = Instant::now();
                 self.take_waiting(&events);
             }
+            self.check_streams(turn);
             self.clock = None;
             let now = self.now();
             self.core.tick(now);
@@ -312,11 +346,13 @@ impl Engine {
         self.publish();
     }
 
-    /// Handle what is waiting — events from the channel, arrivals from the rings — but never so
-    /// much that timers and deliveries starve under a steady stream: at most
-    /// [`MAX_EVENTS_PER_TURN`] of each. Returns how many were handled. A closed channel (every
+    /// Handle what is waiting — the CPU tasks done, events from the channel, arrivals from the
+    /// rings — but never so much that timers and deliveries starve under a steady stream: at most
+    /// [`MAX_EVENTS_PER_TURN`] each of events and arrivals (tasks done are bounded by the tasks in
+    /// flight). Returns how many were handled. A closed channel (every
     /// sender gone) stops the engine at once.
     fn take_waiting(&mut self, events: &Receiver<Event>) -> usize {
+        let reported = self.take_done_streams();
         let mut taken = 0;
         while taken < MAX_EVENTS_PER_TURN {
             match events.try_recv() {
@@ -334,7 +370,39 @@ impl Engine {
                 }
             }
         }
-        taken + self.take_arrivals(MAX_EVENTS_PER_TURN)
+        reported + taken + self.take_arrivals(MAX_EVENTS_PER_TURN)
+    }
+
+    /// Report the tasks of the streams watched here (those that notify) whose counters passed
+    /// them, once one of those streams has rung ([`StreamBell`]) or a failed launch was
+    /// watched; returns how many.
+    ///
+    /// [`StreamBell`]: crate::runtime::inbox::StreamBell
+    fn take_done_streams(&mut self) -> usize {
+        // Lowered before the counters are read: an advance after this rings again (inbox.rs).
+        let rung = self.advanced.swap(false, Ordering::Acquire);
+        let recheck = std::mem::take(&mut self.recheck);
+        if !(rung || recheck) {
+            return 0;
+        }
+        let mut reaped = std::mem::take(&mut self.reaped);
+        self.watcher.take_done(|model, task| reaped.push((model, task)));
+        let n = reaped.len();
+        for (model, task) in reaped.drain(..) {
+            self.handle(Event::TaskDone { model, task, failure: None });
+        }
+        self.reaped = reaped;
+        n
+    }
+
+    /// The health pass over the streams watched here (failures, the stall watchdog, recovery;
+    /// watch.rs), when it is due.
+    fn check_streams(&mut self, now: Instant) {
+        let mut events = Vec::new();
+        self.watcher.health(now, |ev| events.push(ev));
+        for ev in events {
+            self.handle(ev);
+        }
     }
 
     /// Take up to `budget` arrivals, the models' rings taking turns at going first.
@@ -385,7 +453,7 @@ impl Engine {
 
     fn next_wakeup(&self) -> Option<Instant> {
         let core = self.core.next_wakeup().map(|t| self.instant_of(t));
-        core.into_iter().chain(self.drain_until).min()
+        core.into_iter().chain(self.drain_until).chain(self.watcher.next_health()).min()
     }
 
     /// Handle one event. What it leads policies to decide is carried out once everything waiting
@@ -484,14 +552,15 @@ impl Engine {
         }
     }
 
-    /// A task finished on its worker (the poller reports a worker's tasks in launch order, those
+    /// A task finished on its worker (its watcher reports a worker's tasks in launch order, those
     /// whose launch failed included): split its output (or error) among its requests, then the
     /// core tells the policy.
     fn task_done(&mut self, model: usize, task: TaskId, failure: Option<Error>) {
         let now = self.now();
         let Some(group) = self.core.group(model) else { return };
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        let Some((worker, Some(data))) = self.core.task(group, task).map(|t| (t.worker, t.data.clone()))
+        let Some((worker, Some(data), kind)) =
+            self.core.task(group, task).map(|t| (t.worker, t.data.clone(), empty_work(&t.shape)))
         else {
             return;
         };
@@ -503,7 +572,33 @@ impl Engine {
         // The runner makes the results readable (the CUDA runner copies them from pinned memory).
         state.runner.collect(worker, &data);
         let out_len = state.io.1;
-        let mut io = data.io.lock().unwrap_or_else(|p| p.into_inner());
+        // A CPU stream holds the task's io while it runs it. A task given up on may still be
+        // running (a computation that hangs): the engine never waits for it, and reads a stand-in
+        // of the same kind with nothing in it (its requests complete with `failure`).
+        let (mut held, mut stand_in);
+        let io: &mut TaskIo = match data.io.try_lock() {
+            Ok(g) => {
+                held = g;
+                &mut held
+            }
+            Err(TryLockError::Poisoned(p)) => {
+                held = p.into_inner();
+                &mut held
+            }
+            Err(TryLockError::WouldBlock) if failure.is_some() => {
+                if matches!(kind, Work::Dense(_)) {
+                    // It may be reading ring slots, which its policy frees now (see below).
+                    state.ring = None;
+                }
+                let stages = StageTimes::default();
+                stand_in = TaskIo { work: kind, output: Vec::new(), tokens: Vec::new(), error: None, stages };
+                &mut stand_in
+            }
+            Err(TryLockError::WouldBlock) => {
+                held = data.io.lock().unwrap_or_else(|p| p.into_inner());
+                &mut held
+            }
+        };
         // A task given up on never delivers what its stream may still write (the runner's error,
         // if it set one, says more).
         if failure.is_some() && matches!(io.work, Work::Ring(_)) {
@@ -582,7 +677,6 @@ impl Engine {
         // A layer block is a part of its rows' work, not a row's: it does not measure the time
         // per row (the tenant policy expires its queries at block boundaries itself).
         let block = matches!(io.work, Work::Layers { .. });
-        drop(io);
         if let Some(done) = done {
             state.metrics.worker_busy(done.worker, done.busy);
             if let Some(c) = report.compute {
@@ -661,7 +755,7 @@ impl Engine {
     }
 
     /// Gather the batch input and start it on its worker. A task whose launch fails carries the
-    /// error and is watched like any other, with a target reached at once: the poller reports it
+    /// error and is watched like any other, with a target reached at once: it is reported
     /// after the tasks launched before it on its worker, and policies rely on a worker's tasks
     /// finishing in launch order.
     fn launch(&mut self, group: usize, task: TaskId) {
@@ -759,9 +853,17 @@ impl Engine {
                 0
             }
         };
-        // If the poller has stopped (the engine is going away, or the poller thread died), the
-        // task is never reported, and its requests complete `Cancelled` with the engine.
-        let _ = self.poller.watch((model, worker, task), target, state.runner.signal(worker));
+        // A stream that notifies is watched here; one that does not, by the poller. If the poller
+        // has stopped (the engine is going away, or the poller thread died), the task is never
+        // reported, and its requests complete `Cancelled` with the engine.
+        let signal = state.runner.signal(worker);
+        if signal.notifies() {
+            self.watcher.watch((model, worker, task), target, &signal, Instant::now());
+            // A failed launch's target is reached with no notify to say so.
+            self.recheck |= target == 0;
+        } else {
+            let _ = self.poller.watch((model, worker, task), target, signal);
+        }
     }
 
     fn complete(
@@ -825,12 +927,12 @@ impl Engine {
         }
     }
 
-    /// The core released a closing model (no request left, every task reported): the poller
-    /// forgets its workers, its policy and runner are dropped, and its index becomes free.
+    /// The core released a closing model (no request left, every task reported): its workers'
+    /// watches are forgotten, its policy and runner are dropped, and its index becomes free.
     ///
     /// The policy and runner are dropped on the reaper thread, so the engine never waits for
-    /// them. Dropping the runner joins its stream threads. None has a task left (the poller saw
-    /// every task's count, which a stream advances after the task), so each only returns from
+    /// them. Dropping the runner joins its stream threads. None has a task left (every task's
+    /// count was seen, which a stream advances after the task), so each only returns from
     /// its last notify and sees its queue closed: the wait is short and bounded. (A CUDA
     /// runner's drop waits for the device context to be idle, so for the work other models have
     /// in flight: the reason it is not done here.)
@@ -846,6 +948,7 @@ impl Engine {
         // that reuses the index. (The slot is empty before the index is free, and a model added
         // under it is seen by this thread only after the drop.)
         self.poller.forget(idx);
+        self.watcher.forget(idx);
         let state = self.models.get_mut(idx).and_then(|s| s.take());
         self.indices.lock().unwrap_or_else(|p| p.into_inner()).give_back(idx);
         // Dropped by the reaper thread; here only if it is gone.

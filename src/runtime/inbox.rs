@@ -7,9 +7,12 @@
 //!   submitting thread allocated a block per 31 events and the engine freed it; under an
 //!   overload the blocks alive grew with the backlog, and the allocator's arenas with them:
 //!   the 30-minute soak's RSS crept by the pages those blocks first touched, §9.)
+//! * **A CPU task's end** is no message at all: its stream rings the engine's bell
+//!   ([`StreamBell`]: a flag and a wake-up), and the engine reads the counters it watches
+//!   (watch.rs).
 //! * **Every other event** (cancels, flushes, models added and removed, shutdown, the poller's
-//!   reports) goes through the event channel, as does an arrival that finds its ring full (a
-//!   model whose bound is larger than the reserved places).
+//!   reports of CUDA tasks) goes through the event channel, as does an arrival that finds its
+//!   ring full (a model whose bound is larger than the reserved places).
 //!
 //! The engine never blocks in the channel: it takes what is waiting, and with nothing waiting
 //! it parks until its next timer. Everyone who hands it something unparks it afterwards
@@ -73,14 +76,14 @@ pub(crate) enum Event {
     RemoveModel(usize),
     Arrive(Box<Pending>),
     Cancel(RequestId),
-    /// A launched task is over: its count was seen, or (with `failure`) the poller gave up on
+    /// A launched task is over: its count was seen, or (with `failure`) its watcher gave up on
     /// it — its stream failed or stalled — and its requests complete with that error.
     TaskDone {
         model: usize,
         task: TaskId,
         failure: Option<Error>,
     },
-    /// The stall watchdog gave up on the worker's stream (poller.rs): launch nothing more on it
+    /// The stall watchdog gave up on the worker's stream (watch.rs): launch nothing more on it
     /// until it recovers; its tasks complete `BACKEND` at once.
     WorkerStalled {
         model: usize,
@@ -102,7 +105,7 @@ pub(crate) enum Event {
 impl Event {
     /// Whether the arrivals already written into the rings are taken before this event is
     /// handled: a caller's cancel, flush, model drop or shutdown follows its submits (inbox.rs).
-    /// The poller's reports concern tasks, which arrivals do not change.
+    /// The watchers' reports concern tasks, which arrivals do not change.
     pub(crate) fn follows_arrivals(&self) -> bool {
         !matches!(self, Event::TaskDone { .. } | Event::WorkerStalled { .. } | Event::WorkerRecovered { .. })
     }
@@ -198,6 +201,42 @@ impl EventSender {
     /// Wake the engine: it has something new to take (an arrival written into a ring).
     pub(crate) fn wake(&self) {
         if let Some(t) = self.engine.get() {
+            t.unpark();
+        }
+    }
+}
+
+impl EventSender {
+    /// The bell the engine's watched streams ring ([`StreamBell`]), raising `advanced`.
+    pub(crate) fn bell(&self, advanced: Arc<AtomicBool>) -> StreamBell {
+        StreamBell { advanced, engine: self.engine.clone() }
+    }
+}
+
+/// What a stream that notifies calls after advancing its completion counter (the runtime's
+/// `Notify` for its runners): it raises the engine's *advanced* flag, then wakes the engine,
+/// which reads the counters of the streams it watches (watch.rs). Holds no sender, so the
+/// runners that keep it never hold the event channel open.
+///
+/// No advance is missed. Each stream raises the flag with a release swap after its counter, and
+/// the engine lowers it with an acquire swap before it reads the counters. Every raise is a
+/// read-modify-write, so it continues the release sequence of the raises before it: whichever
+/// raise the engine's swap reads, it sees the counters of all of them. An advance the engine did
+/// not see raises the flag again after that swap, and `unpark` before `park` makes that `park`
+/// return at once. (A plain store would not do: reading another stream's later store, the engine
+/// could miss the first stream's count.) A raise that finds the flag up leaves the wake-up to
+/// the stream that raised it.
+#[derive(Clone)]
+pub(crate) struct StreamBell {
+    advanced: Arc<AtomicBool>,
+    engine: Arc<OnceLock<Thread>>,
+}
+
+impl StreamBell {
+    pub(crate) fn ring(&self) {
+        if !self.advanced.swap(true, Ordering::Release)
+            && let Some(t) = self.engine.get()
+        {
             t.unpark();
         }
     }

@@ -46,7 +46,7 @@ use crate::sched::Time;
 /// | `serve_worker_stalls_total` | counter | model, worker | times the stall watchdog gave up on the worker's stream |
 ///
 /// A worker counts as busy from a task's launch (or the end of the task before it on the same
-/// stream, whichever is later) until the poller sees the task's completion; of that, the backend
+/// stream, whichever is later) until the engine learns of the task's completion; of that, the backend
 /// measured its compute (the CPU stream times each task on its thread, the CUDA runner with
 /// events on its stream): busy minus compute is the engine's hand-off time.
 pub const METRICS: &[&str] = &[

@@ -3,8 +3,9 @@
 //! Lifecycle of a request (ARCHITECTURE.md §3): `submit` validates the input and deadline, passes
 //! admission (bounded per model; `Busy` when full), and hands the request to the engine thread,
 //! whose policy forms batched tasks; a worker stream executes each task and advances its
-//! completion counter; the poller sees the counter move and reports `task_done` to the engine,
-//! which completes the task's requests into their tickets or completion queues.
+//! completion counter; the task's watcher sees the counter move (the engine itself for a CPU
+//! stream, which rings it; the poller thread, which reports to the engine, for a CUDA one —
+//! watch.rs), and the engine completes the task's requests into their tickets or completion queues.
 
 pub(crate) mod admission;
 mod blocks;
@@ -22,6 +23,7 @@ mod stats;
 pub mod tenant;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -407,10 +409,20 @@ struct Shared {
     default_bound: usize,
     /// The engine's model slots in use and free (a released model's index is reused).
     model_indices: Arc<Mutex<ModelIndices>>,
-    poller_thread: std::thread::Thread,
+    /// What the models' streams call after advancing their counters (the runners' `Notify`).
+    bell: inbox::StreamBell,
     /// Bounds the cancels and flushes in the event channel (inbox.rs, `MAX_PENDING_CONTROL`).
     control: Arc<ControlBudget>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Shared {
+    /// The `Notify` a model's runner gets: its streams ring the engine's bell after advancing
+    /// their counters (watch.rs).
+    fn notify(&self) -> Notify {
+        let bell = self.bell.clone();
+        Arc::new(move || bell.ring())
+    }
 }
 
 /// A libserve runtime. Thread-safe; share it by reference or `Arc`. Dropping it shuts it down
@@ -460,9 +472,15 @@ impl Runtime {
             .name("serve-reaper".into())
             .spawn(move || reap_rx.into_iter().for_each(drop))
             .map_err(spawn_err)?;
+        let advanced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let bell = ev_tx.bell(advanced.clone());
         let engine = Engine::new(
             epoch,
-            poller::PollerHandle::new(poll_tx, poller.thread().clone()),
+            (
+                poller::PollerHandle::new(poll_tx, poller.thread().clone()),
+                watch::Watcher::new(stall_timeout),
+                advanced,
+            ),
             stats.clone(),
             model_indices.clone(),
             reap_tx,
@@ -484,7 +502,7 @@ impl Runtime {
             metrics: Metrics::new(),
             default_bound,
             model_indices,
-            poller_thread: poller.thread().clone(),
+            bell,
             control,
             threads: Mutex::new(vec![engine_thread, poller, reaper]),
         });
@@ -546,8 +564,7 @@ impl Runtime {
             Some(n) => n,
             None => default_state_slots(&net, bound),
         };
-        let poller = self.shared.poller_thread.clone();
-        let notify: Notify = Arc::new(move || poller.unpark());
+        let notify = self.shared.notify();
         let shape = match net.is_recurrent() {
             true => RunnerShape {
                 workers,

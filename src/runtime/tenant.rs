@@ -28,7 +28,7 @@ use std::time::Duration;
 use super::engine::EngineGroup;
 use super::{Model, Runtime, check};
 use crate::backend::cpu::affinity::allowed_cpus;
-use crate::backend::{Notify, Runner, RunnerShape, TaskData, Work};
+use crate::backend::{Runner, RunnerShape, TaskData, Work};
 use crate::error::{Code, Error, Result};
 use crate::model::Network;
 use crate::sched::tenant::{self, CapRule, LayerProfile, Scheme, TenantConfig, TenantModel, TenantPolicy};
@@ -163,8 +163,7 @@ impl Runtime {
                     spec.net.kind()
                 )));
             }
-            let poller = self.shared.poller_thread.clone();
-            let notify: Notify = Arc::new(move || poller.unpark());
+            let notify = self.shared.notify();
             let runner: Arc<dyn Runner> = Arc::from(self.shared.backend.prepare(
                 spec.net.clone(),
                 RunnerShape::fixed(cores, 1),

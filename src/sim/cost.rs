@@ -18,7 +18,8 @@
 //! `dense` for a fixed-shape model). `launch_us` is the time from a launch decision to the
 //! worker's stream taking the task up (the engine gathering the batch and handing it over),
 //! `report_us` from the stream finishing a task to the engine learning of it (the completion
-//! counter seen by the poller, its event handled by the engine). Once per request, not per task:
+//! counter seen by its watcher — the engine itself for a CPU stream, the poller for a CUDA one —
+//! and handled by the engine). Once per request, not per task:
 //! `arrival_us` from the caller's submit to the engine handling the arrival (the channel, the
 //! engine waking), `delivery_us` from the engine completing a request to the caller holding the
 //! completion (the queue, the caller waking). `idle` (optional) is how much longer a task's first

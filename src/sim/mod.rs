@@ -2,7 +2,7 @@
 //! driven on virtual time, with task durations from a [`CostModel`] instead of a backend.
 //!
 //! It is the engine's second driver. The threaded engine reads the wall clock, launches tasks on
-//! a backend's streams and learns of their ends from the poller; the simulator keeps an event
+//! a backend's streams and learns of their ends from their counters; the simulator keeps an event
 //! heap (arrivals, task ends, policy wakeups) and a clock that jumps from one event to the next.
 //! Each worker is one in-order stream: a task is issued by the engine thread
 //! ([`CostModel::issue_time`]; one engine thread issues every worker's tasks one after another,

@@ -7,7 +7,7 @@
 //! time in safe Rust. A relaxed access compiles to a plain load or store. The arena itself orders
 //! nothing: a step that reads a slot written by an earlier step (of any worker) sees those writes
 //! because the runtime only launches it after observing the earlier task's completion signal, which
-//! the writing stream advances with a release increment after its job and the poller reads with an
+//! the writing stream advances with a release increment after its job and the engine reads with an
 //! acquire load (the protocol of [`CpuSignal`](super::stream::CpuSignal)); launching then hands the
 //! task over through a channel, itself a release/acquire pair. Two tasks in flight at once must
 //! not share a slot (the scheduler never gives one slot to two requests).

@@ -2,7 +2,8 @@
 //!
 //! A real backend, not a mock: GEMM from the `gemm` crate on a thread pool with an explicit core
 //! count, one ordered stream thread per worker, and per-stream completion counters read by the
-//! same poller code the CUDA backend uses.
+//! same watcher code the CUDA backend's are (runtime/watch.rs; the engine reads these, woken by
+//! each stream's notify).
 
 pub mod activation;
 pub mod affinity;

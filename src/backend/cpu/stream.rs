@@ -29,6 +29,11 @@ impl CompletionSignal for CpuSignal {
     fn completed(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }
+
+    /// The stream thread calls its notify after every advance ([`CpuStream::new`]).
+    fn notifies(&self) -> bool {
+        true
+    }
 }
 
 /// A job run on the stream with its state. A panic inside is caught and reported through
@@ -93,10 +98,8 @@ impl<S: Send + 'static> CpuStream<S> {
                         on_panic(Error::internal(format!("task panicked: {}", panic_message(&*p))));
                     }
                     sig.advance();
-                    // Pairs with the engine's fence between a watch and its read of this counter
-                    // (runtime/poller.rs, "Waking it"): a watch the engine did not wake the
-                    // poller for is in its channel before this wake-up.
-                    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+                    // After the count: the engine, woken, reads it (runtime/watch.rs; the
+                    // ordering is the bell's, runtime/inbox.rs `StreamBell`).
                     notify();
                 }
             })

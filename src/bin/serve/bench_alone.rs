@@ -1,7 +1,7 @@
 //! Where one request's time goes with nothing else in flight (`serve bench lstm|seq2seq|treelstm`,
 //! before the peaks): requests served one at a time, each submitted when the previous one has
 //! completed. The runtime's stats give the compute its tasks measured on their stream; the rest
-//! of its latency is outside compute — per task, the engine ↔ stream ↔ poller hand-offs, and
+//! of its latency is outside compute — per task, the engine ↔ stream hand-offs, and
 //! once per request the submit and the caller's wake-up. At low load this is what a request's
 //! latency is made of.
 
