@@ -294,7 +294,10 @@ void serve_custom_model_options_free(serve_custom_model_options *options);
 // Threading: the callback runs on the model's worker threads (one per worker of its policy),
 // never twice at once on one worker; with several workers, calls of different workers overlap.
 // Lifetime: the callback may be called until `serve_model_free` has returned and the model's
-// last request has completed; `free_user_data` runs after its last call.
+// last request has completed; `free_user_data` runs after its last call. A call that does not
+// return is given up on by the stall watchdog (its requests complete `SERVE_CODE_BACKEND`, the
+// runtime keeps serving), but the model's worker thread is joined, so releasing the model and
+// `serve_runtime_free` wait until that call returns.
 serve_error *serve_runtime_add_custom_model(const serve_runtime *runtime,
                                             const char *name,
                                             const serve_custom_model_options *options,

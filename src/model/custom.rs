@@ -38,7 +38,10 @@ pub struct CustomCall<'a> {
 }
 
 /// A custom model's computation. `execute` returns `Err(message)` to fail every request of the
-/// task with `BACKEND` and that message; the model keeps serving.
+/// task with `BACKEND` and that message; the model keeps serving. A call that does not return is
+/// given up on by the stall watchdog (its requests complete `BACKEND`, the runtime keeps
+/// serving), but the model's worker thread is joined: releasing the model and dropping the
+/// runtime wait until that call returns.
 pub trait CustomExecute: Send + Sync + 'static {
     fn execute(&self, call: &mut CustomCall<'_>) -> std::result::Result<(), String>;
 }
