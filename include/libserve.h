@@ -296,8 +296,10 @@ void serve_custom_model_options_free(serve_custom_model_options *options);
 // Lifetime: the callback may be called until `serve_model_free` has returned and the model's
 // last request has completed; `free_user_data` runs after its last call. A call that does not
 // return is given up on by the stall watchdog (its requests complete `SERVE_CODE_BACKEND`, the
-// runtime keeps serving), but the model's worker thread is joined, so releasing the model and
-// `serve_runtime_free` wait until that call returns.
+// runtime keeps serving), but the model's worker threads are joined, so releasing the model and
+// `serve_runtime_free` wait until that call returns. Calls queued on that worker behind it
+// before the watchdog fired still run once it returns (their requests completed `BACKEND`
+// already), then `free_user_data`.
 serve_error *serve_runtime_add_custom_model(const serve_runtime *runtime,
                                             const char *name,
                                             const serve_custom_model_options *options,

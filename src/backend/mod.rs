@@ -68,8 +68,9 @@ pub trait CompletionSignal: Send + Sync {
     /// Whether the stream calls its [`Notify`] after every advance of the counter (CPU streams):
     /// the engine then watches the counter itself, woken by that call (`runtime/watch.rs`). A
     /// signal that does not (a CUDA counter, written by the device) is watched by the poller
-    /// thread, which spins on it while tasks are in flight. `false` unless the signal promises
-    /// it: a signal that says `true` and skips a notify leaves a completion unseen, one that
+    /// thread, which spins on it while tasks are in flight. The answer must not change over a
+    /// signal's life (a worker's tasks would be split between two watchers and lose their
+    /// order). `false` unless the signal promises it: a signal that says `true` and skips a notify leaves a completion unseen, one that
     /// says `false` only costs the poller's spinning.
     fn notifies(&self) -> bool {
         false

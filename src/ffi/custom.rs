@@ -209,8 +209,10 @@ pub extern "C" fn serve_custom_model_options_free(options: *mut serve_custom_mod
 /// Lifetime: the callback may be called until `serve_model_free` has returned and the model's
 /// last request has completed; `free_user_data` runs after its last call. A call that does not
 /// return is given up on by the stall watchdog (its requests complete `SERVE_CODE_BACKEND`, the
-/// runtime keeps serving), but the model's worker thread is joined, so releasing the model and
-/// `serve_runtime_free` wait until that call returns.
+/// runtime keeps serving), but the model's worker threads are joined, so releasing the model and
+/// `serve_runtime_free` wait until that call returns. Calls queued on that worker behind it
+/// before the watchdog fired still run once it returns (their requests completed `BACKEND`
+/// already), then `free_user_data`.
 #[unsafe(no_mangle)]
 pub extern "C" fn serve_runtime_add_custom_model(
     runtime: *const serve_runtime,

@@ -933,7 +933,9 @@ impl Engine {
     /// The policy and runner are dropped on the reaper thread, so the engine never waits for
     /// them. Dropping the runner joins its stream threads. None has a task left (every task's
     /// count was seen, which a stream advances after the task), so each only returns from
-    /// its last notify and sees its queue closed: the wait is short and bounded. (A CUDA
+    /// its last notify and sees its queue closed: the wait is short and bounded — unless a
+    /// stream still runs a task given up on (a custom call that hangs): then the reaper waits
+    /// for that call, and the models released after this one wait their turn behind it. (A CUDA
     /// runner's drop waits for the device context to be idle, so for the work other models have
     /// in flight: the reason it is not done here.)
     fn release(&mut self, idx: usize, group: usize, policy: Option<Box<dyn Policy>>) {

@@ -16,7 +16,7 @@
 //!
 //! The engine never blocks in the channel: it takes what is waiting, and with nothing waiting
 //! it parks until its next timer. Everyone who hands it something unparks it afterwards
-//! ([`EventSender::wake`]); `unpark` before `park` makes that `park` return at once, so no
+//! ([`EventSender::wake`], [`StreamBell::ring`]); `unpark` before `park` makes that `park` return at once, so no
 //! wake-up is lost between the engine's last look and its park, and an unpark of a running
 //! engine costs one atomic swap.
 //!
@@ -181,9 +181,10 @@ impl EventSender {
         EventSender { tx: Some(tx), engine: Arc::new(OnceLock::new()) }
     }
 
-    /// Name the engine's thread, for every clone. Called right after it is spawned, before
-    /// anything can be handed to it: the runtime's handle does not exist yet, and the poller
-    /// only reports tasks the engine launched after this.
+    /// Name the engine's thread, for every clone (and every [`StreamBell`]). Called right after
+    /// it is spawned, before anything can be handed to it: the runtime's handle does not exist
+    /// yet, so no model's stream can ring, and the poller only reports tasks the engine launched
+    /// after this.
     pub(crate) fn set_engine(&self, engine: Thread) {
         let _ = self.engine.set(engine);
     }
@@ -224,8 +225,9 @@ impl EventSender {
 /// raise the engine's swap reads, it sees the counters of all of them. An advance the engine did
 /// not see raises the flag again after that swap, and `unpark` before `park` makes that `park`
 /// return at once. (A plain store would not do: reading another stream's later store, the engine
-/// could miss the first stream's count.) A raise that finds the flag up leaves the wake-up to
-/// the stream that raised it.
+/// could miss the first stream's count.) Every raise unparks, also one that finds the flag up:
+/// the stream that raised it may not have unparked yet (an unpark of a running engine is one
+/// atomic swap).
 #[derive(Clone)]
 pub(crate) struct StreamBell {
     advanced: Arc<AtomicBool>,
@@ -234,9 +236,8 @@ pub(crate) struct StreamBell {
 
 impl StreamBell {
     pub(crate) fn ring(&self) {
-        if !self.advanced.swap(true, Ordering::Release)
-            && let Some(t) = self.engine.get()
-        {
+        self.advanced.swap(true, Ordering::Release);
+        if let Some(t) = self.engine.get() {
             t.unpark();
         }
     }

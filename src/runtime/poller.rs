@@ -3,7 +3,7 @@
 //! Streams that notify (CPU streams) are watched by the engine itself (watch.rs).
 //!
 //! For every such stream it keeps the launched tasks in FIFO order with the counter value that
-//! marks each one done ([`StreamWatch`]). It reads counters with acquire loads only. When nothing
+//! marks each one done (`watch.rs`'s `StreamWatch`). It reads counters with acquire loads only. When nothing
 //! is pending it parks; while tasks are in flight it spins — acquire loads and `spin_loop` hints,
 //! yielding its core now and then — until they are done, so a completion is seen within a pass.
 //! Every few milliseconds it runs the health pass (failures, the stall watchdog, recovery;
@@ -339,11 +339,12 @@ mod tests {
         let stuck = Arc::new(FakeSignal::default());
         let fine = Arc::new(FakeSignal::default());
         let start = std::time::Instant::now();
-        // Done before it is watched: reported at the first pass, long before any stall.
+        // Done before it is watched, and watched first: reported at the first pass, long
+        // before any stall.
         fine.count.store(1, Ordering::Release);
+        p.watch(1, 3, 1, &fine);
         p.watch(0, 1, 1, &stuck);
         p.watch(0, 2, 2, &stuck);
-        p.watch(1, 3, 1, &fine);
         // The healthy stream's task is reported as usual, before the watchdog fires.
         assert!(matches!(p.next(), Event::TaskDone { model: 0, task: 3, failure: None }));
         // The engine hears of the stall first, then both pending tasks fail BACKEND.

@@ -1,7 +1,7 @@
 //! One stream's launched tasks, watched until its completion counter passes them — with no
 //! thread and no clock of its own (the watcher passes the time in).
 //!
-//! Two watchers use it (ARCHITECTURE.md §3.2):
+//! Two watchers use it (ARCHITECTURE.md §3.5):
 //! * **the engine**, for streams that notify (CPU streams): a stream's notify raises the
 //!   engine's *advanced* flag and wakes it, and the engine reads the counters of its watched
 //!   streams itself. A CPU task's hand-off is then two wake-ups (engine → stream → engine), not
@@ -47,7 +47,9 @@ pub(crate) struct Watcher {
     stalled: usize,
     /// The stall watchdog's limit (`None`: no watchdog).
     stall_timeout: Option<Duration>,
-    /// The next health pass: set while a task is in flight or a stream is stalled.
+    /// The next health pass: set while a task is in flight or a stream is stalled, with or
+    /// without a watchdog. It also bounds how late the engine sees a raised bell whose unpark
+    /// comes late: it wakes for the pass and looks at the flag.
     next_health: Option<Instant>,
 }
 
