@@ -559,8 +559,7 @@ impl Engine {
         let now = self.now();
         let Some(group) = self.core.group(model) else { return };
         let Some(state) = self.models.get_mut(model).and_then(|s| s.as_mut()) else { return };
-        let Some((worker, Some(data), kind)) =
-            self.core.task(group, task).map(|t| (t.worker, t.data.clone(), empty_work(&t.shape)))
+        let Some((worker, Some(data))) = self.core.task(group, task).map(|t| (t.worker, t.data.clone()))
         else {
             return;
         };
@@ -586,6 +585,9 @@ impl Engine {
                 &mut held
             }
             Err(TryLockError::WouldBlock) if failure.is_some() => {
+                // Built only here, off the hot path (the task is still in the core).
+                let kind =
+                    self.core.task(group, task).map_or(Work::Dense(Vec::new()), |t| empty_work(&t.shape));
                 if matches!(kind, Work::Dense(_)) {
                     // It may be reading ring slots, which its policy frees now (see below).
                     state.ring = None;
